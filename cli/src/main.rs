@@ -1,0 +1,66 @@
+//! `vkfuse`: run a model or schedule, benchmark it, inspect it, list devices.
+
+mod decode;
+mod metrics;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// vkfuse: LLM decode with the host out of the way.
+///
+/// `vkfuse run` feeds prompt token ids one at a time, then decodes greedily.
+#[derive(Parser)]
+#[command(name = "vkfuse", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Feed token ids one at a time, then decode greedily; print the generated ids.
+    Run(RunArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The CPU reference interpreter (f32, f64 accumulation): the oracle, not fast.
+    Reference,
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// A Hugging Face model directory (config.json + *.safetensors).
+    pub model: PathBuf,
+    /// Which executor runs the decode step.
+    #[arg(long, value_enum, default_value = "reference")]
+    pub backend: Backend,
+    /// Prompt token ids, comma-separated (e.g. 1,2,3).
+    #[arg(long, value_delimiter = ',', required = true, num_args = 1..)]
+    pub ids: Vec<u32>,
+    /// How many tokens to generate greedily after the prompt.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub max_new_tokens: usize,
+    /// Write the logits after every fed and generated token but the last as float32 .npy
+    /// of shape [positions, vocab].
+    #[arg(long, value_name = "PATH.npy")]
+    pub logits_out: Option<PathBuf>,
+    /// Print one JSON object (generated ids and per-token counters) as the last stdout line.
+    #[arg(long)]
+    pub json: bool,
+    /// KV-cache capacity in tokens (default: the model's max_position_embeddings, at most 4096).
+    #[arg(long, value_name = "N")]
+    pub max_context: Option<usize>,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result: Result<()> = match cli.command {
+        Command::Run(args) => decode::run(&args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,118 @@
+//! Everything that can go wrong while importing a model directory.
+//!
+//! Every variant names the file it is about, and the field or tensor when there is one, so that
+//! its `Display` alone tells the user what to fix.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// An import failure. `Display` reads as `<file>: <what is wrong>`.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// A file or directory could not be read (absent, not a directory, no permission, ...).
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A JSON file (config.json, model.safetensors.index.json) does not parse.
+    #[error("{}:{line}:{column}: invalid JSON: {message}", file.display())]
+    BadJson { file: PathBuf, line: usize, column: usize, message: String },
+
+    /// A field is missing or has the wrong type or range. `field` is a dotted path such as
+    /// `rope_parameters.factor`.
+    #[error("{}: field \"{field}\": {message}", file.display())]
+    BadField { file: PathBuf, field: String, message: String },
+
+    /// Fields that are each well formed but do not fit together.
+    #[error("{}: {message}", file.display())]
+    Inconsistent { file: PathBuf, message: String },
+
+    /// `architectures[0]` is not one of the model classes vkfuse implements.
+    #[error(
+        "{}: architecture \"{found}\" is not supported (supported: {})",
+        file.display(),
+        supported.join(", ")
+    )]
+    UnsupportedArchitecture { file: PathBuf, found: String, supported: &'static [&'static str] },
+
+    /// A well-formed setting whose semantics vkfuse does not implement (a RoPE type, an
+    /// activation, sliding-window attention, ...).
+    #[error("{}: field \"{field}\": {message}", file.display())]
+    Unsupported { file: PathBuf, field: String, message: String },
+
+    /// The directory has neither model.safetensors, an index, nor any *.safetensors file.
+    #[error(
+        "{}: no weights found (expected model.safetensors, model.safetensors.index.json or *.safetensors)",
+        dir.display()
+    )]
+    NoWeights { dir: PathBuf },
+
+    /// The index names a shard that is not in the directory.
+    #[error("{}: shard \"{shard}\" is listed in weight_map but {} does not exist", index.display(), path.display())]
+    MissingShard { index: PathBuf, shard: String, path: PathBuf },
+
+    /// A safetensors file is truncated or its header is corrupt.
+    #[error("{}: not a valid safetensors file: {message}", file.display())]
+    BadSafetensors { file: PathBuf, message: String },
+
+    /// Two shards hold a tensor of the same name.
+    #[error("tensor \"{tensor}\" is stored twice: in {} and in {}", first.display(), second.display())]
+    DuplicateTensor { tensor: String, first: PathBuf, second: PathBuf },
+
+    /// A tensor the model needs is not in the checkpoint. `file` is the checkpoint's entry point
+    /// (model.safetensors, the index, or the directory when the shards were found by globbing).
+    #[error("{}: no tensor named \"{tensor}\"", file.display())]
+    MissingTensor { file: PathBuf, tensor: String },
+
+    /// A tensor has a different shape than the config implies.
+    #[error(
+        "{}: tensor \"{tensor}\" has shape {}, expected {}",
+        file.display(),
+        ShapeText(found),
+        ShapeText(expected)
+    )]
+    WrongShape { file: PathBuf, tensor: String, found: Vec<usize>, expected: Vec<usize> },
+
+    /// A requested tensor is stored in a dtype vkfuse does not read (only F32, F16 and BF16 are).
+    #[error(
+        "{}: tensor \"{tensor}\" has dtype {dtype}, which vkfuse cannot read (supported: F32, F16, BF16)",
+        file.display()
+    )]
+    UnsupportedDtype { file: PathBuf, tensor: String, dtype: String },
+}
+
+/// `[160, 64]`; `[]` for a scalar.
+struct ShapeText<'a>(&'a [usize]);
+
+impl fmt::Display for ShapeText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+impl ImportError {
+    /// An [`ImportError::Io`] for `path`.
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> ImportError {
+        let path = path.into();
+        move |source| ImportError::Io { path, source }
+    }
+
+    /// A [`ImportError::BadJson`] for `file` from serde_json's error.
+    pub(crate) fn json(file: impl Into<PathBuf>, e: &serde_json::Error) -> ImportError {
+        // serde_json appends " at line L column C" to its Display; we report those separately.
+        let text = e.to_string();
+        let suffix = format!(" at line {} column {}", e.line(), e.column());
+        let message = text.strip_suffix(&suffix).unwrap_or(&text).to_string();
+        ImportError::BadJson { file: file.into(), line: e.line(), column: e.column(), message }
+    }
+}

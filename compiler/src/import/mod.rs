@@ -1,0 +1,61 @@
+//! Hugging Face model import: a model directory (config.json + safetensors) in, a typed
+//! [`ModelConfig`] and a memory-mapped [`TensorStore`] out.
+//!
+//! Import resolves config.json the way transformers 5.x does for the three supported classes
+//! (`LlamaForCausalLM`, `Qwen3ForCausalLM`, `Qwen3NextForCausalLM`): every default applied,
+//! RoPE resolved, cross-field constraints checked. It does not know which tensors a model
+//! needs; the trace asks for each with [`TensorStore::expect`], which checks presence, dtype
+//! and shape. Every failure is an [`ImportError`] naming the file and the field or tensor;
+//! nothing here panics on any input.
+
+mod config;
+mod error;
+mod fields;
+mod hybrid;
+mod rope;
+mod tensors;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use config::{Family, ModelConfig};
+pub use error::ImportError;
+pub use hybrid::{HybridConfig, LayerType};
+pub use rope::{RopeConfig, RopeScaling};
+pub use tensors::{TensorInfo, TensorStore};
+
+/// An imported model: its directory, resolved config and tensors.
+#[derive(Debug)]
+pub struct Model {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub tensors: TensorStore,
+}
+
+/// Loads the model directory `dir`: `config.json` and its safetensors, memory-mapped.
+pub fn load(dir: &Path) -> Result<Model, ImportError> {
+    let meta = std::fs::metadata(dir).map_err(ImportError::io(dir))?;
+    if !meta.is_dir() {
+        let source = std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a model directory");
+        return Err(ImportError::Io { path: dir.to_path_buf(), source });
+    }
+    let config = ModelConfig::from_file(&dir.join("config.json"))?;
+    let tensors = TensorStore::open(dir)?;
+    Ok(Model { dir: dir.to_path_buf(), config, tensors })
+}
+
+/// The config paragraph, then one line on the checkpoint.
+impl fmt::Display for Model {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.config)?;
+        write!(
+            f,
+            "{} tensors, {} parameters, {:.2} MB in {} file(s) under {}",
+            self.tensors.len(),
+            self.tensors.total_params(),
+            self.tensors.total_bytes() as f64 / 1e6,
+            self.tensors.files().count(),
+            self.dir.display()
+        )
+    }
+}

@@ -1,0 +1,323 @@
+//! The checkpoint's tensors: safetensors files memory-mapped, their headers parsed by the
+//! `safetensors` crate, and one sorted index from tensor name to dtype, shape, file and bytes.
+//!
+//! Which files: `model.safetensors`; else `model.safetensors.index.json`, whose `weight_map`
+//! names the shard of each tensor; else every `*.safetensors` file in the directory.
+//!
+//! Tensors stored as F32, F16 or BF16 are readable. Others (I64, F8, ...) are indexed too, so
+//! that [`TensorStore::contains`] tells the truth, but asking for them ([`TensorStore::expect`],
+//! [`TensorStore::bytes`], [`TensorStore::to_f32`]) is an [`ImportError::UnsupportedDtype`]:
+//! a checkpoint may carry tensors the model never reads.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+use super::error::ImportError;
+use super::fields::show;
+use crate::ir::DType;
+
+type R<T> = Result<T, ImportError>;
+
+/// A tensor's description. `file` is the safetensors file that stores it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub file: PathBuf,
+}
+
+impl TensorInfo {
+    /// The number of elements (1 for a scalar).
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// One memory-mapped safetensors file.
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+}
+
+/// What the index knows of one tensor.
+struct Entry {
+    shard: usize,
+    /// Byte range inside the shard's map.
+    data: Range<usize>,
+    kind: EntryKind,
+}
+
+enum EntryKind {
+    Readable(TensorInfo),
+    /// A dtype vkfuse does not read, as the safetensors header names it.
+    Unreadable { dtype: String, numel: usize },
+}
+
+/// All tensors of a checkpoint, indexed by name, their bytes borrowed from the memory maps.
+pub struct TensorStore {
+    /// The checkpoint's entry point, named in [`ImportError::MissingTensor`]: model.safetensors,
+    /// the index, or the directory.
+    source: PathBuf,
+    shards: Vec<Shard>,
+    index: BTreeMap<String, Entry>,
+}
+
+impl std::fmt::Debug for TensorStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorStore")
+            .field("source", &self.source)
+            .field("files", &self.shards.len())
+            .field("tensors", &self.index.len())
+            .finish()
+    }
+}
+
+/// Maps `path` read-only.
+fn map_file(path: &Path) -> R<Mmap> {
+    let file = File::open(path).map_err(ImportError::io(path))?;
+    // SAFETY: the map is read-only and lives inside the TensorStore. Mapping a file is unsafe
+    // only because another process could modify or truncate it while mapped; vkfuse never
+    // writes a checkpoint, and a model directory must not be rewritten while it is being
+    // compiled (the same contract as the `safetensors` Python loader's mmap).
+    unsafe { Mmap::map(&file) }.map_err(ImportError::io(path))
+}
+
+fn readable(dtype: Dtype) -> Option<DType> {
+    match dtype {
+        Dtype::F32 => Some(DType::F32),
+        Dtype::F16 => Some(DType::F16),
+        Dtype::BF16 => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+impl TensorStore {
+    /// Opens the safetensors files of the model directory `dir` (see the module doc).
+    pub fn open(dir: &Path) -> R<TensorStore> {
+        let single = dir.join("model.safetensors");
+        if single.is_file() {
+            return TensorStore::from_files(single.clone(), &[single]);
+        }
+        let index = dir.join("model.safetensors.index.json");
+        if index.is_file() {
+            return TensorStore::from_index(dir, &index);
+        }
+        let entries = std::fs::read_dir(dir).map_err(ImportError::io(dir))?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let path = entry.map_err(ImportError::io(dir))?.path();
+            if path.extension().is_some_and(|e| e == "safetensors") {
+                files.push(path);
+            }
+        }
+        if files.is_empty() {
+            return Err(ImportError::NoWeights { dir: dir.to_path_buf() });
+        }
+        files.sort();
+        TensorStore::from_files(dir.to_path_buf(), &files)
+    }
+
+    /// Opens the shards named by an index, checking that each tensor is where it says.
+    fn from_index(dir: &Path, index: &Path) -> R<TensorStore> {
+        let text = std::fs::read_to_string(index).map_err(ImportError::io(index))?;
+        let root: Value = serde_json::from_str(&text).map_err(|e| ImportError::json(index, &e))?;
+        let bad = |message: String| ImportError::BadField {
+            file: index.to_path_buf(),
+            field: "weight_map".into(),
+            message,
+        };
+        let Some(map) = root.get("weight_map") else {
+            return Err(bad("missing; expected an object from tensor name to shard file".into()));
+        };
+        let Some(map) = map.as_object() else {
+            return Err(bad(format!("expected an object from tensor name to shard file, found {}", show(map))));
+        };
+        let mut wanted: BTreeMap<&str, &str> = BTreeMap::new();
+        for (tensor, shard) in map {
+            let Some(shard) = shard.as_str() else {
+                return Err(bad(format!("\"{tensor}\": expected a shard file name, found {}", show(shard))));
+            };
+            wanted.insert(tensor, shard);
+        }
+        let mut shard_names: Vec<&str> = wanted.values().copied().collect();
+        shard_names.sort_unstable();
+        shard_names.dedup();
+        let mut files = Vec::with_capacity(shard_names.len());
+        for shard in shard_names {
+            let path = dir.join(shard);
+            if !path.is_file() {
+                return Err(ImportError::MissingShard { index: index.to_path_buf(), shard: shard.to_string(), path });
+            }
+            files.push(path);
+        }
+        let store = TensorStore::from_files(index.to_path_buf(), &files)?;
+        for (tensor, shard) in wanted {
+            let path = dir.join(shard);
+            let found = store.index.get(tensor).map(|e| &store.shards[e.shard].path);
+            if found != Some(&path) {
+                let actual = match found {
+                    Some(p) => format!("it is in {}", p.display()),
+                    None => "no shard has it".to_string(),
+                };
+                return Err(ImportError::Inconsistent {
+                    file: index.to_path_buf(),
+                    message: format!("weight_map puts tensor \"{tensor}\" in \"{shard}\", but {actual}"),
+                });
+            }
+        }
+        Ok(store)
+    }
+
+    /// Maps and indexes `files`; `source` is what [`ImportError::MissingTensor`] names.
+    pub fn from_files(source: PathBuf, files: &[PathBuf]) -> R<TensorStore> {
+        let mut store = TensorStore { source, shards: Vec::with_capacity(files.len()), index: BTreeMap::new() };
+        for path in files {
+            let map = map_file(path)?;
+            let shard = store.shards.len();
+            let (header_len, metadata) = SafeTensors::read_metadata(&map)
+                .map_err(|e| ImportError::BadSafetensors { file: path.clone(), message: e.to_string() })?;
+            // read_metadata has checked that the offsets tile the data section exactly.
+            let data_start = 8 + header_len;
+            let mut tensors: Vec<_> = metadata.tensors().into_iter().collect();
+            tensors.sort_by(|a, b| a.0.cmp(&b.0));
+            for (name, info) in tensors {
+                if let Some(first) = store.index.get(&name) {
+                    return Err(ImportError::DuplicateTensor {
+                        tensor: name,
+                        first: store.shards[first.shard].path.clone(),
+                        second: path.clone(),
+                    });
+                }
+                let (begin, end) = info.data_offsets;
+                let data = data_start + begin..data_start + end;
+                let numel = info.shape.iter().product();
+                let kind = match readable(info.dtype) {
+                    Some(dtype) => {
+                        EntryKind::Readable(TensorInfo { name: name.clone(), dtype, shape: info.shape.clone(), file: path.clone() })
+                    }
+                    None => EntryKind::Unreadable { dtype: info.dtype.to_string(), numel },
+                };
+                store.index.insert(name, Entry { shard, data, kind });
+            }
+            store.shards.push(Shard { path: path.clone(), map });
+        }
+        Ok(store)
+    }
+
+    /// The checkpoint's entry point (model.safetensors, the index, or the directory).
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// The safetensors files, in load order.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.shards.iter().map(|s| s.path.as_path())
+    }
+
+    /// Every tensor name in the checkpoint, sorted, including those of unreadable dtypes.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// The tensor's description; `None` if it is absent or of an unreadable dtype.
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        match &self.index.get(name)?.kind {
+            EntryKind::Readable(info) => Some(info),
+            EntryKind::Unreadable { .. } => None,
+        }
+    }
+
+    /// Whether the checkpoint has a tensor of this name (of any dtype).
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// The entry and its readable info, or the error that names why not.
+    fn entry(&self, name: &str) -> R<(&Entry, &TensorInfo)> {
+        let Some(entry) = self.index.get(name) else {
+            return Err(ImportError::MissingTensor { file: self.source.clone(), tensor: name.to_string() });
+        };
+        match &entry.kind {
+            EntryKind::Readable(info) => Ok((entry, info)),
+            EntryKind::Unreadable { dtype, .. } => Err(ImportError::UnsupportedDtype {
+                file: self.shards[entry.shard].path.clone(),
+                tensor: name.to_string(),
+                dtype: dtype.clone(),
+            }),
+        }
+    }
+
+    /// The tensor, checked to be present, readable and of `shape`.
+    pub fn expect(&self, name: &str, shape: &[usize]) -> R<&TensorInfo> {
+        let (_, info) = self.entry(name)?;
+        if info.shape != shape {
+            return Err(ImportError::WrongShape {
+                file: info.file.clone(),
+                tensor: name.to_string(),
+                found: info.shape.clone(),
+                expected: shape.to_vec(),
+            });
+        }
+        Ok(info)
+    }
+
+    /// The tensor's raw little-endian bytes, borrowed from the memory map.
+    pub fn bytes(&self, name: &str) -> R<&[u8]> {
+        let (entry, info) = self.entry(name)?;
+        self.shards[entry.shard].map.get(entry.data.clone()).ok_or_else(|| ImportError::BadSafetensors {
+            file: info.file.clone(),
+            message: format!("tensor \"{name}\" lies outside the file"),
+        })
+    }
+
+    /// The tensor's values widened to f32 (row-major).
+    pub fn to_f32(&self, name: &str) -> R<Vec<f32>> {
+        let (_, info) = self.entry(name)?;
+        let bytes = self.bytes(name)?;
+        let values = match info.dtype {
+            DType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            DType::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            DType::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            // Not produced by `readable`; kept total rather than panicking.
+            DType::I32 => {
+                return Err(ImportError::UnsupportedDtype {
+                    file: info.file.clone(),
+                    tensor: name.to_string(),
+                    dtype: "I32".into(),
+                })
+            }
+        };
+        Ok(values)
+    }
+
+    /// Bytes of tensor data in all files (headers excluded), unreadable dtypes included.
+    pub fn total_bytes(&self) -> usize {
+        self.index.values().fold(0usize, |sum, e| sum.saturating_add(e.data.len()))
+    }
+
+    /// Elements in all tensors, unreadable dtypes included.
+    pub fn total_params(&self) -> usize {
+        self.index.values().fold(0usize, |sum, e| {
+            sum.saturating_add(match &e.kind {
+                EntryKind::Readable(info) => info.numel(),
+                EntryKind::Unreadable { numel, .. } => *numel,
+            })
+        })
+    }
+}

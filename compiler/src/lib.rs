@@ -1,0 +1,10 @@
+//! vkfuse's compiler: a Hugging Face model in, one fused decode step out.
+//!
+//! The modules follow the pipeline: [`ir`] (the op IR), [`import`] (config and tensors),
+//! [`trace`] (model -> one decode step), [`reference`] (the CPU interpreter, the oracle).
+
+pub mod import;
+pub mod ir;
+pub mod npy;
+pub mod reference;
+pub mod trace;

@@ -1,0 +1,36 @@
+// The workgroup-wide best (key, index) pair: the largest `order_key`, ties to the lower index;
+// index NONE means "no candidate". Used by argmax and top_k. Uniform control flow required.
+
+const uint NONE = 0xffffffffu;
+
+shared uint best_key[gl_WorkGroupSize.x];
+shared uint best_idx[gl_WorkGroupSize.x];
+
+// Whether (k1, i1) comes before (k2, i2): larger key first, then lower index; NONE last.
+bool before(uint k1, uint i1, uint k2, uint i2) {
+    if (i2 == NONE) {
+        return i1 != NONE;
+    }
+    if (i1 == NONE) {
+        return false;
+    }
+    return k1 > k2 || (k1 == k2 && i1 < i2);
+}
+
+// Returns the best index (NONE when no invocation had a candidate).
+uint wg_argbest(uint key, uint idx) {
+    uint t = gl_LocalInvocationID.x;
+    best_key[t] = key;
+    best_idx[t] = idx;
+    barrier();
+    for (uint s = gl_WorkGroupSize.x / 2u; s > 0u; s >>= 1u) {
+        if (t < s && before(best_key[t + s], best_idx[t + s], best_key[t], best_idx[t])) {
+            best_key[t] = best_key[t + s];
+            best_idx[t] = best_idx[t + s];
+        }
+        barrier();
+    }
+    uint r = best_idx[0];
+    barrier();
+    return r;
+}

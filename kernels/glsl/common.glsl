@@ -1,0 +1,65 @@
+// Shared by every vkfuse kernel: dtype codes, element loads, and the dispatch index.
+//
+// Buffers are declared as `uint` (or `float`) arrays and indexed from 0 (the executor binds
+// each value's slice at an aligned offset). f16 and bf16 are packed two per 32-bit word,
+// element 2i in the low half, exactly the safetensors bytes, so no 16-bit storage feature is
+// needed. Every float operand whose dtype can vary gets a `DTYPE_<binding>` define set to one
+// of the codes below; `LOAD(DTYPE_1, arr, i)` reads element i of binding 1 as f32.
+//
+// Dispatch: the host splits more than 65535 workgroups over x and y (`KernelCall::workgroups`),
+// so kernels use `group_id()` / `global_id()` and bounds-check.
+
+#define F32 0
+#define F16 1
+#define BF16 2
+#define I32 3
+
+float f16_at(uint word, uint i) {
+    vec2 v = unpackHalf2x16(word);
+    return (i & 1u) == 0u ? v.x : v.y;
+}
+
+float bf16_at(uint word, uint i) {
+    return uintBitsToFloat((i & 1u) == 0u ? (word << 16) : (word & 0xffff0000u));
+}
+
+// Both halves of a word as f32 (element 2i, element 2i+1).
+vec2 f16_pair(uint word) { return unpackHalf2x16(word); }
+vec2 bf16_pair(uint word) { return vec2(uintBitsToFloat(word << 16), uintBitsToFloat(word & 0xffff0000u)); }
+
+#define LOAD_0(A, i) uintBitsToFloat(A[i])
+#define LOAD_1(A, i) f16_at(A[(i) >> 1], (i))
+#define LOAD_2(A, i) bf16_at(A[(i) >> 1], (i))
+#define LOAD_PASTE(DT, A, i) LOAD_##DT(A, i)
+// Element i of the uint array A holding dtype DT, as f32.
+#define LOAD(DT, A, i) LOAD_PASTE(DT, A, i)
+
+#define PAIR_1(w) f16_pair(w)
+#define PAIR_2(w) bf16_pair(w)
+#define PAIR_PASTE(DT, w) PAIR_##DT(w)
+// The two 16-bit elements of word w of dtype DT (F16 or BF16), as f32.
+#define PAIR(DT, w) PAIR_PASTE(DT, w)
+
+// The 16-bit element i of the uint array A (low half first), as the low 16 bits of a uint.
+#define HALF_BITS(A, i) ((A[(i) >> 1] >> (((i) & 1u) * 16u)) & 0xffffu)
+
+uint group_id() {
+    return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+}
+
+uint global_id() {
+    return group_id() * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
+}
+
+// A key whose unsigned order is the IEEE total order of f32 (Rust's `total_cmp`):
+// -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN.
+uint order_key(float f) {
+    uint b = floatBitsToUint(f);
+    return (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u);
+}
+
+float silu(float x) {
+    return x / (1.0 + exp(-x));
+}
+
+const float NEG_BIG = -3.402823466e38;

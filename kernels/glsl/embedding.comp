@@ -1,0 +1,24 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// embedding: y[i] = table[token, i] (the token is clamped into 0..V).
+// Bindings: 0 = y f32[H], 1 = table [V, H] of DTYPE_1, 2 = token i32[1].
+// Spec constants: 0 = workgroup size, 1 = V, 2 = H.
+// Dispatch: ceil(H / workgroup size).
+#include "common.glsl"
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint V = 1;
+layout(constant_id = 2) const uint H = 1;
+
+layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
+layout(set = 0, binding = 1, std430) readonly buffer Table { uint table[]; };
+layout(set = 0, binding = 2, std430) readonly buffer Token { int token[]; };
+
+void main() {
+    uint i = global_id();
+    if (i >= H) {
+        return;
+    }
+    uint t = uint(clamp(token[0], 0, int(V) - 1));
+    y[i] = LOAD(DTYPE_1, table, t * H + i);
+}

@@ -1,0 +1,27 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// kv_write: cache[h, pos, :] = x[h, :] for every kv head h; the cache is updated in place.
+// Bindings: 0 = the cache state f32[HKV, CAP, D], 1 = x f32[HKV, D], 2 = pos i32[1].
+// Spec constants: 0 = workgroup size, 1 = HKV, 2 = CAP, 3 = D.
+// Dispatch: ceil(HKV*D / workgroup size). A position outside 0..CAP writes nothing.
+#include "common.glsl"
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint HKV = 1;
+layout(constant_id = 2) const uint CAP = 1;
+layout(constant_id = 3) const uint D = 1;
+
+layout(set = 0, binding = 0, std430) writeonly buffer Cache { uint cache[]; };
+layout(set = 0, binding = 1, std430) readonly buffer X { uint x[]; };
+layout(set = 0, binding = 2, std430) readonly buffer Pos { int pos[]; };
+
+void main() {
+    uint i = global_id();
+    int p = pos[0];
+    if (i >= HKV * D || p < 0 || uint(p) >= CAP) {
+        return;
+    }
+    uint h = i / D;
+    uint c = i - h * D;
+    cache[(h * CAP + uint(p)) * D + c] = x[i];
+}

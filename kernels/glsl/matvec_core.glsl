@@ -1,0 +1,76 @@
+// The body of matvec and expert_matvec: ROWS dot products of weight rows with one input
+// vector, each workgroup striding the input with 16-byte loads where aligned (VEC4), then one
+// shared-memory tree reduction for all rows at once.
+//
+// The including kernel declares, before including this file:
+//   W  (uint w[]) and W4 (uvec4 w4[]) on the weight binding (DTYPE_1),
+//   X  (float x[]) and X4 (vec4 x4[]) on the input binding.
+// Spec constants declared here: 1 = O (rows per matrix), 2 = I (row length), 3 = ROWS (rows
+// per workgroup, 1..=4), 4 = VEC4 (1 when rows and the input are 16-byte aligned: I % 4 == 0
+// for f32 weights, I % 8 == 0 for f16/bf16).
+
+layout(constant_id = 1) const uint O = 1;
+layout(constant_id = 2) const uint I = 1;
+layout(constant_id = 3) const uint ROWS = 1;
+layout(constant_id = 4) const uint VEC4 = 0;
+
+const uint MAX_ROWS = 4u;
+shared float red_rows[MAX_ROWS * gl_WorkGroupSize.x];
+
+// Returns in acc[r] the dot of weight row (wrow + r) with x[xoff .. xoff + I]; rows past
+// `last` repeat row `last` (the caller discards them). Uniform control flow required.
+void matvec_rows(uint wrow, uint last, uint xoff, out float acc[MAX_ROWS]) {
+    uint t = gl_LocalInvocationID.x;
+    uint row[MAX_ROWS];
+    for (uint r = 0u; r < MAX_ROWS; r++) {
+        acc[r] = 0.0;
+        row[r] = min(wrow + r, last);
+    }
+    if (VEC4 != 0u) {
+#if DTYPE_1 == F32
+        uint n4 = I / 4u;
+        for (uint c = t; c < n4; c += gl_WorkGroupSize.x) {
+            vec4 xv = x4[xoff / 4u + c];
+            for (uint r = 0u; r < ROWS; r++) {
+                acc[r] += dot(uintBitsToFloat(w4[row[r] * n4 + c]), xv);
+            }
+        }
+#else
+        uint n8 = I / 8u;
+        for (uint c = t; c < n8; c += gl_WorkGroupSize.x) {
+            vec4 xa = x4[xoff / 4u + 2u * c];
+            vec4 xb = x4[xoff / 4u + 2u * c + 1u];
+            for (uint r = 0u; r < ROWS; r++) {
+                uvec4 wv = w4[row[r] * n8 + c];
+                vec2 p0 = PAIR(DTYPE_1, wv.x);
+                vec2 p1 = PAIR(DTYPE_1, wv.y);
+                vec2 p2 = PAIR(DTYPE_1, wv.z);
+                vec2 p3 = PAIR(DTYPE_1, wv.w);
+                acc[r] += dot(vec4(p0, p1), xa) + dot(vec4(p2, p3), xb);
+            }
+        }
+#endif
+    } else {
+        for (uint c = t; c < I; c += gl_WorkGroupSize.x) {
+            float xv = x[xoff + c];
+            for (uint r = 0u; r < ROWS; r++) {
+                acc[r] += LOAD(DTYPE_1, w, row[r] * I + c) * xv;
+            }
+        }
+    }
+    for (uint r = 0u; r < ROWS; r++) {
+        red_rows[r * gl_WorkGroupSize.x + t] = acc[r];
+    }
+    barrier();
+    for (uint s = gl_WorkGroupSize.x / 2u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            for (uint r = 0u; r < ROWS; r++) {
+                red_rows[r * gl_WorkGroupSize.x + t] += red_rows[r * gl_WorkGroupSize.x + t + s];
+            }
+        }
+        barrier();
+    }
+    for (uint r = 0u; r < ROWS; r++) {
+        acc[r] = red_rows[r * gl_WorkGroupSize.x];
+    }
+}

@@ -1,0 +1,1 @@
+//! The GLSL kernels of vkfuse.

@@ -1,0 +1,176 @@
+//! The schedule: everything the runtime needs to run a compiled decode step, and nothing that
+//! needs a compiler. The compiler builds it (in memory, or written to a file); the runtime
+//! validates it before touching the device, then creates every object once.
+
+mod validate;
+
+pub use validate::ScheduleError;
+
+use std::fmt;
+
+macro_rules! id {
+    ($(#[$m:meta])* $name:ident, $prefix:literal) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub u32);
+        impl $name {
+            /// The index into the schedule's table.
+            pub fn index(self) -> usize {
+                self.0 as usize
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!($prefix, "{}"), self.0)
+            }
+        }
+    };
+}
+
+id!(
+    /// A buffer of the schedule (`b0`).
+    BufferId, "b"
+);
+id!(
+    /// A kernel (one pipeline) of the schedule (`k0`).
+    KernelId, "k"
+);
+
+/// What a buffer holds, which decides its memory and its initial contents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferRole {
+    /// Model weights, uploaded once at load.
+    Weights,
+    /// Intermediate values of one step; no contents carried between steps.
+    Arena,
+    /// Persistent state (KV caches, conv and recurrent state), zero at the start of a sequence.
+    State,
+    /// Host-visible: token, position, logits; zero at the start of a sequence.
+    Io,
+}
+
+impl BufferRole {
+    /// The role's name in text dumps.
+    pub fn name(self) -> &'static str {
+        match self {
+            BufferRole::Weights => "weights",
+            BufferRole::Arena => "arena",
+            BufferRole::State => "state",
+            BufferRole::Io => "io",
+        }
+    }
+}
+
+/// A buffer to create at load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BufferDecl {
+    /// A name for dumps and debuggers.
+    pub label: String,
+    /// Bytes.
+    pub size: u64,
+    /// What it holds.
+    pub role: BufferRole,
+}
+
+/// A byte range of a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slice {
+    /// The buffer.
+    pub buffer: BufferId,
+    /// Bytes from the buffer's start (aligned to the device's storage-buffer offset alignment
+    /// where the slice is bound).
+    pub offset: u64,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// One tensor's bytes to copy into a weights buffer at load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightUpload {
+    /// The tensor's name in the model.
+    pub tensor: String,
+    /// Where its bytes go (the size is the tensor's byte size).
+    pub dst: Slice,
+}
+
+/// A compute pipeline: SPIR-V, its interface, and its specialization constants.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelDecl {
+    /// The kernel's name and variant, for dumps.
+    pub label: String,
+    /// SPIR-V words.
+    pub spirv: Vec<u32>,
+    /// Storage-buffer bindings in set 0.
+    pub bindings: u32,
+    /// Bytes of push constants the kernel declares.
+    pub push_constant_bytes: u32,
+    /// constant_id i = spec_constants[i] (f32 as bits).
+    pub spec_constants: Vec<u32>,
+}
+
+/// One dispatch of the step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dispatch {
+    /// The pipeline.
+    pub kernel: KernelId,
+    /// Binding i of set 0.
+    pub bindings: Vec<Slice>,
+    /// Push-constant bytes.
+    pub push_constants: Vec<u8>,
+    /// Workgroup counts.
+    pub workgroups: [u32; 3],
+    /// A short description of what it computes (the op or fused ops), for dumps and profiles.
+    pub label: String,
+}
+
+/// Model facts the runtime and its users need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelMeta {
+    /// Architecture name (e.g. `Qwen3ForCausalLM`).
+    pub architecture: String,
+    /// Vocabulary size (the logits' length).
+    pub vocab_size: u32,
+    /// KV capacity in positions: the longest sequence the schedule can run.
+    pub max_context: u32,
+    /// End-of-sequence ids.
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// The host-visible values of a step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Io {
+    /// i32[1]: the step's input token (written by the host or by the previous step).
+    pub token: Slice,
+    /// i32[1]: the step's position, advanced on the device.
+    pub position: Slice,
+    /// f32[vocab]: the step's logits.
+    pub logits: Slice,
+}
+
+/// A compiled decode step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    /// Model facts.
+    pub meta: ModelMeta,
+    /// Buffers, by [`BufferId`].
+    pub buffers: Vec<BufferDecl>,
+    /// Weight bytes to upload at load.
+    pub weights: Vec<WeightUpload>,
+    /// Pipelines, by [`KernelId`].
+    pub kernels: Vec<KernelDecl>,
+    /// The step's dispatches in order.
+    pub dispatches: Vec<Dispatch>,
+    /// Index ranges of `dispatches` that may run without a barrier between them (a dependency
+    /// level each); a barrier separates consecutive levels. Unfused schedules have one
+    /// dispatch per level.
+    pub levels: Vec<std::ops::Range<u32>>,
+    /// Where the host reads and writes.
+    pub io: Io,
+}
+
+impl Schedule {
+    /// The buffer a slice lives in.
+    pub fn buffer(&self, id: BufferId) -> &BufferDecl {
+        &self.buffers[id.index()]
+    }
+}

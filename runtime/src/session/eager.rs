@@ -1,0 +1,89 @@
+//! The eager baseline, what ggml-vulkan does: per token, re-record the whole step, write a
+//! descriptor set for every dispatch, put a barrier after every dispatch, submit and wait.
+//! Neither artificially slow nor secretly cached: pipelines and buffers are created once, as
+//! any real backend does; everything per-dispatch is redone per token.
+
+use super::{Loaded, SessionError, StepOutput, STEP_TIMEOUT};
+use crate::{BufferBinding, CommandBuffer, DescriptorPool, TimestampPool};
+
+/// Runs a loaded schedule eagerly.
+pub struct Eager {
+    loaded: Loaded,
+    pool: DescriptorPool,
+    cmd: CommandBuffer,
+    timestamps: Option<TimestampPool>,
+    gpu_ns: f64,
+}
+
+impl Eager {
+    /// Prepares per-token resources (a descriptor pool sized for one token's dispatches).
+    pub fn new(loaded: Loaded) -> Result<Eager, SessionError> {
+        let s = &loaded.schedule;
+        let sets = s.dispatches.len() as u32;
+        let bindings: u32 = s.dispatches.iter().map(|d| d.bindings.len() as u32).sum();
+        let pool = loaded.device.create_descriptor_pool(sets, bindings)?;
+        let cmd = loaded.device.create_command_buffer()?;
+        let timestamps = loaded.device.create_timestamp_pool(2)?;
+        Ok(Eager { loaded, pool, cmd, timestamps, gpu_ns: 0.0 })
+    }
+
+    /// The loaded schedule.
+    pub fn loaded(&self) -> &Loaded {
+        &self.loaded
+    }
+
+    /// Starts a new sequence.
+    pub fn reset(&mut self) -> Result<(), SessionError> {
+        self.loaded.reset()
+    }
+
+    /// GPU nanoseconds of all steps so far, or `None` without timestamps.
+    pub fn gpu_ns(&self) -> Option<f64> {
+        self.timestamps.as_ref().map(|_| self.gpu_ns)
+    }
+
+    /// Runs one step. `token` is the input (teacher forcing); `None` feeds the previous
+    /// step's device-side argmax.
+    pub fn step(&mut self, token: Option<u32>) -> Result<StepOutput, SessionError> {
+        self.loaded.prepare_step(token)?;
+        let l = &self.loaded;
+        self.pool.reset()?;
+        let mut rec = self.cmd.begin()?;
+        if let Some(ts) = &self.timestamps {
+            rec.reset_timestamps(ts)?;
+            rec.write_timestamp(ts, 0)?;
+        }
+        for d in &l.schedule.dispatches {
+            let pipeline = &l.pipelines[d.kernel.index()];
+            let set = self.pool.allocate(pipeline)?;
+            let bindings: Vec<BufferBinding<'_>> = d
+                .bindings
+                .iter()
+                .enumerate()
+                .map(|(i, s)| BufferBinding {
+                    binding: i as u32,
+                    buffer: &l.buffers[s.buffer.index()],
+                    offset: s.offset,
+                    range: s.size,
+                })
+                .collect();
+            l.device.write_descriptors(&set, &bindings)?;
+            rec.bind_pipeline(pipeline)?;
+            rec.bind_descriptor_set(&set)?;
+            if !d.push_constants.is_empty() {
+                rec.push_constants(0, &d.push_constants)?;
+            }
+            rec.dispatch(d.workgroups[0], d.workgroups[1], d.workgroups[2])?;
+            rec.compute_barrier();
+        }
+        if let Some(ts) = &self.timestamps {
+            rec.write_timestamp(ts, 1)?;
+        }
+        rec.finish()?;
+        l.device.submit_and_wait(&mut self.cmd, STEP_TIMEOUT)?;
+        if let Some(ts) = &self.timestamps {
+            self.gpu_ns += ts.elapsed_ns(0, 1)?.unwrap_or(0.0);
+        }
+        self.loaded.read_output()
+    }
+}

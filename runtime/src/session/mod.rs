@@ -1,0 +1,174 @@
+//! Running a schedule: [`Loaded`] creates every Vulkan object once (buffers, weights, pipelines);
+//! executors drive it one step at a time. [`Eager`] re-records every token (the baseline).
+
+mod eager;
+
+pub use eager::Eager;
+
+use crate::schedule::{BufferRole, Schedule, ScheduleError};
+use crate::{Buffer, BufferKind, Device, Error, Pipeline, SpecConstants};
+use std::time::Duration;
+
+/// How long a step may take before the device is declared hung.
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where the weight bytes of a schedule come from (a checkpoint, or a schedule file).
+pub trait TensorBytes {
+    /// The raw little-endian bytes of `tensor`, exactly as the kernels read them.
+    fn tensor_bytes(&self, tensor: &str) -> std::result::Result<&[u8], String>;
+}
+
+/// Why a schedule could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The schedule itself is malformed.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// Vulkan failed (out of memory, device lost, timeout, ...).
+    #[error(transparent)]
+    Vulkan(#[from] Error),
+    /// A weight's bytes are missing or of the wrong size.
+    #[error("weight `{tensor}`: {message}")]
+    Weight {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The sequence would pass the KV capacity the schedule reserved.
+    #[error(
+        "the context is full: position {position} is past the KV capacity of {capacity} tokens \
+         (compile with a larger --max-context)"
+    )]
+    ContextFull {
+        /// The position that was asked for.
+        position: u32,
+        /// The schedule's max context.
+        capacity: u32,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {token} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The id.
+        token: u32,
+        /// The vocabulary size.
+        vocab: u32,
+    },
+}
+
+/// What one step produced.
+#[derive(Clone, Debug)]
+pub struct StepOutput {
+    /// The logits of the step.
+    pub logits: Vec<f32>,
+    /// The greedy next token chosen on the device (the next step's input unless overridden).
+    pub next_token: u32,
+}
+
+/// A schedule with every object created: buffers (weights uploaded, state zeroed), pipelines.
+pub struct Loaded {
+    /// The device everything lives on.
+    pub device: Device,
+    /// The schedule, validated.
+    pub schedule: Schedule,
+    /// By `BufferId`.
+    pub buffers: Vec<Buffer>,
+    /// By `KernelId`.
+    pub pipelines: Vec<Pipeline>,
+}
+
+impl Loaded {
+    /// Validates `schedule`, checks it fits the device, creates its buffers and pipelines,
+    /// uploads the weights and zeroes state and I/O.
+    pub fn new(device: Device, schedule: Schedule, weights: &dyn TensorBytes) -> Result<Loaded, SessionError> {
+        schedule.validate()?;
+        let total: u64 = schedule.buffers.iter().map(|b| b.size).sum();
+        device.check_fits(total)?;
+        let mut buffers = Vec::with_capacity(schedule.buffers.len());
+        for b in &schedule.buffers {
+            let kind = if b.role == BufferRole::Io { BufferKind::Readback } else { BufferKind::DeviceLocal };
+            buffers.push(device.create_buffer_labeled(&b.label, b.size.max(4), kind)?);
+        }
+        for w in &schedule.weights {
+            let bytes = weights
+                .tensor_bytes(&w.tensor)
+                .map_err(|message| SessionError::Weight { tensor: w.tensor.clone(), message })?;
+            if bytes.len() as u64 != w.dst.size {
+                return Err(SessionError::Weight {
+                    tensor: w.tensor.clone(),
+                    message: format!("{} bytes, the schedule expects {}", bytes.len(), w.dst.size),
+                });
+            }
+            device.upload(&mut buffers[w.dst.buffer.index()], w.dst.offset, bytes)?;
+        }
+        let mut pipelines = Vec::with_capacity(schedule.kernels.len());
+        for k in &schedule.kernels {
+            let mut spec = SpecConstants::new();
+            for (i, v) in k.spec_constants.iter().enumerate() {
+                spec = spec.u32(i as u32, *v);
+            }
+            pipelines.push(device.create_pipeline_with(&crate::PipelineDesc {
+                label: &k.label,
+                spirv: &k.spirv,
+                entry_point: "main",
+                spec_constants: &spec,
+                n_bindings: k.bindings,
+                push_constant_bytes: k.push_constant_bytes,
+                cache: None,
+            })?);
+        }
+        let mut loaded = Loaded { device, schedule, buffers, pipelines };
+        loaded.reset()?;
+        Ok(loaded)
+    }
+
+    /// Starts a new sequence: state and I/O buffers back to zero (position 0).
+    pub fn reset(&mut self) -> Result<(), SessionError> {
+        let mut cmd = self.device.create_command_buffer()?;
+        let mut rec = cmd.begin()?;
+        for (b, decl) in self.buffers.iter().zip(&self.schedule.buffers) {
+            if matches!(decl.role, BufferRole::State | BufferRole::Io) {
+                rec.fill_buffer(b, 0, b.size(), 0)?;
+            }
+        }
+        rec.finish()?;
+        self.device.submit_and_wait(&mut cmd, STEP_TIMEOUT)?;
+        Ok(())
+    }
+
+    fn io_buffer(&self) -> &Buffer {
+        &self.buffers[self.schedule.io.token.buffer.index()]
+    }
+
+    /// The position the next step will run at (read from the device-written I/O buffer).
+    pub fn position(&self) -> Result<u32, SessionError> {
+        let p = self.schedule.io.position;
+        Ok(self.buffers[p.buffer.index()].read_pod::<i32>(p.offset, 1)?[0] as u32)
+    }
+
+    /// Checks a step at the current position fits the KV capacity, and writes `token` (when
+    /// given) as the step's input.
+    pub fn prepare_step(&mut self, token: Option<u32>) -> Result<(), SessionError> {
+        let (position, capacity) = (self.position()?, self.schedule.meta.max_context);
+        if position >= capacity {
+            return Err(SessionError::ContextFull { position, capacity });
+        }
+        if let Some(t) = token {
+            let vocab = self.schedule.meta.vocab_size;
+            if t >= vocab {
+                return Err(SessionError::TokenOutOfRange { token: t, vocab });
+            }
+            let s = self.schedule.io.token;
+            self.buffers[s.buffer.index()].write_pod(s.offset, &[t as i32])?;
+        }
+        Ok(())
+    }
+
+    /// The logits and next token of the step that just finished.
+    pub fn read_output(&self) -> Result<StepOutput, SessionError> {
+        let io = &self.schedule.io;
+        let logits = self.io_buffer().read_pod::<f32>(io.logits.offset, self.schedule.meta.vocab_size as usize)?;
+        let next = self.buffers[io.token.buffer.index()].read_pod::<i32>(io.token.offset, 1)?[0];
+        Ok(StepOutput { logits, next_token: next as u32 })
+    }
+}

@@ -1,0 +1,30 @@
+//! The Vulkan core, one concept per file (as wgpu-hal's vulkan backend):
+//! instance → debug messenger → adapters → device → buffers → pipelines → descriptors →
+//! commands → timestamp queries.
+//!
+//! Ownership: every object holds an `Arc` of its device's shared state, and the device holds
+//! its instance's, so objects may be dropped in any order and Vulkan destroys them children
+//! first. A command buffer keeps what it uses alive until it is re-recorded or dropped, and
+//! waits for its GPU work before letting go.
+
+mod adapter;
+mod buffer;
+mod command;
+mod debug;
+mod descriptor;
+mod device;
+mod instance;
+mod pipeline;
+mod query;
+
+pub use adapter::{
+    Adapter, AdapterInfo, DeviceType, Feature, Requirements, ShaderFeatures, SubgroupOps, Version,
+};
+pub use buffer::{Buffer, BufferKind};
+pub use command::{CommandBuffer, CommandRecorder, Stages};
+pub use debug::{Message, Severity, ValidationLog};
+pub use descriptor::{BufferBinding, DescriptorPool, DescriptorSet};
+pub use device::{align_up, Device};
+pub use instance::{Instance, InstanceOptions, VALIDATION_LAYER};
+pub use pipeline::{spirv_from_bytes, Pipeline, PipelineCache, PipelineDesc, SpecConstants};
+pub use query::TimestampPool;

@@ -1,0 +1,68 @@
+//! Shared helpers of the end-to-end tests: the fixtures and how logits are compared.
+
+use std::path::{Path, PathBuf};
+use vkfuse_compiler::npy::{self, Array2};
+
+/// The fixture models, each with transformers' logits (see fixtures/README.md).
+pub const FIXTURES: &[&str] = &["qwen3-tied", "qwen3-untied", "llama-gqa", "qwen3-next"];
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits in the repo").to_path_buf()
+}
+
+pub fn fixture_dir(name: &str) -> PathBuf {
+    repo_root().join("fixtures/models").join(name)
+}
+
+/// What transformers produced for one fixture.
+pub struct Expected {
+    pub teacher_ids: Vec<u32>,
+    pub prompt_ids: Vec<u32>,
+    pub greedy_ids: Vec<u32>,
+    pub teacher_logits: Array2,
+    pub greedy_logits: Array2,
+}
+
+fn ids(v: &serde_json::Value, key: &str, file: &Path) -> Vec<u32> {
+    v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}: `{key}` is not a list", file.display()))
+        .iter()
+        .map(|x| x.as_u64().expect("token ids are integers") as u32)
+        .collect()
+}
+
+pub fn expected(name: &str) -> Expected {
+    let dir = fixture_dir(name);
+    let file = dir.join("reference.json");
+    let text = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{}: {e} (fixtures are made by fixtures/make_fixtures.py)", file.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).expect("reference.json is JSON");
+    Expected {
+        teacher_ids: ids(&v, "teacher_ids", &file),
+        prompt_ids: ids(&v, "prompt_ids", &file),
+        greedy_ids: ids(&v, "greedy_ids", &file),
+        teacher_logits: npy::read(&dir.join("teacher_logits.npy")).expect("teacher logits"),
+        greedy_logits: npy::read(&dir.join("greedy_logits.npy")).expect("greedy logits"),
+    }
+}
+
+/// ‖a − b‖₂ / ‖b‖₂.
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "logit rows differ in length");
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Asserts every row of `got` is within `tol` relative L2 of `want`; returns the worst error.
+pub fn assert_rows_close(what: &str, got: &[Vec<f32>], want: &Array2, tol: f64) -> f64 {
+    assert_eq!(got.len(), want.rows, "{what}: row count");
+    let mut worst: f64 = 0.0;
+    for (r, row) in got.iter().enumerate() {
+        let e = rel_l2(row, want.row(r));
+        assert!(e <= tol, "{what}: position {r}: relative L2 error {e:.3e} > {tol:.0e}");
+        worst = worst.max(e);
+    }
+    worst
+}
