@@ -5,7 +5,7 @@ use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
-    #[error("{path}: {source}")]
+    #[error("cannot read or write {path}")]
     Io { path: String, source: std::io::Error },
     #[error("{path}: not a float32 .npy file this reader understands: {message}")]
     Format { path: String, message: String },

@@ -26,3 +26,27 @@ pub use vulkan::*;
 
 /// Re-export of the `ash` version in use, for callers that go below this API.
 pub use ash;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shareable<T: Send + Sync>() {}
+
+    #[test]
+    fn handles_can_cross_threads() {
+        // Executors may load on one thread and submit on another.
+        shareable::<Instance>();
+        shareable::<Adapter>();
+        shareable::<Device>();
+        shareable::<Buffer>();
+        shareable::<Pipeline>();
+        shareable::<PipelineCache>();
+        shareable::<DescriptorPool>();
+        shareable::<DescriptorSet>();
+        shareable::<CommandBuffer>();
+        shareable::<TimestampPool>();
+        shareable::<ValidationLog>();
+        shareable::<Error>();
+    }
+}

@@ -140,3 +140,97 @@ fn should_check_that_a_model_fits_device_memory() {
     );
     assert_clean(&log);
 }
+
+/// Runs test `name` of this binary again in a child process with `env` set (Vulkan reads its
+/// environment once, so this cannot be done in-process beside other tests) and checks it passed.
+fn in_child(name: &str, env: &[(&str, &str)]) {
+    let exe = std::env::current_exe().expect("test binary");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["--exact", name, "--test-threads=1", "--nocapture"])
+        .env("VKFUSE_TEST_CHILD", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the child");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "child failed:\n{text}"
+    );
+}
+
+fn is_child() -> bool {
+    std::env::var_os("VKFUSE_TEST_CHILD").is_some()
+}
+
+#[test]
+fn should_explain_how_to_get_a_driver_when_there_is_none() {
+    if !is_child() {
+        let none = "/nonexistent/vkfuse_icd.json";
+        return in_child(
+            "should_explain_how_to_get_a_driver_when_there_is_none",
+            &[("VK_DRIVER_FILES", none), ("VK_ICD_FILENAMES", none)],
+        );
+    }
+    let err = vkfuse_runtime::Instance::new(&Default::default())
+        .and_then(|i| i.select_adapter(None).map(drop))
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::NoVulkan { .. } | Error::NoDevice),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("mesa-vulkan-drivers"), "{msg}");
+    println!("{msg}");
+}
+
+#[test]
+fn should_say_which_package_brings_a_missing_validation_layer() {
+    if !is_child() {
+        return in_child(
+            "should_say_which_package_brings_a_missing_validation_layer",
+            &[
+                ("VK_LAYER_PATH", "/nonexistent"),
+                ("XDG_DATA_DIRS", "/nonexistent"),
+                ("XDG_DATA_HOME", "/nonexistent"),
+            ],
+        );
+    }
+    let err =
+        vkfuse_runtime::Instance::new(&vkfuse_runtime::InstanceOptions::validated()).unwrap_err();
+    assert!(matches!(err, Error::LayerMissing { .. }), "{err:?}");
+    assert!(err.to_string().contains("vulkan-validationlayers"), "{err}");
+}
+
+#[test]
+fn should_select_by_vkfuse_device_unless_an_index_is_given() {
+    if !is_child() {
+        return in_child(
+            "should_select_by_vkfuse_device_unless_an_index_is_given",
+            &[("VKFUSE_DEVICE", "99")],
+        );
+    }
+    let instance = instance();
+    let err = instance.select_adapter(None).unwrap_err().to_string();
+    assert!(err.contains("VKFUSE_DEVICE=99"), "{err}");
+    assert_eq!(
+        instance.select_adapter(Some(0)).expect("device 0").index(),
+        0
+    );
+}
+
+#[test]
+fn should_turn_validation_on_from_the_environment() {
+    if !is_child() {
+        return in_child(
+            "should_turn_validation_on_from_the_environment",
+            &[("VKFUSE_VALIDATION", "1")],
+        );
+    }
+    let instance = vkfuse_runtime::Instance::new(&Default::default()).expect("instance");
+    assert!(instance.validation_enabled());
+}

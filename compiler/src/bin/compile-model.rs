@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::PathBuf;
 use vkfuse_compiler::{import, trace};
 
@@ -25,6 +26,10 @@ struct Args {
 
 fn main() {
     if let Err(e) = run(Args::parse()) {
+        // A closed pipe (`compile-model ... | head`) is the reader's choice, not a failure.
+        if e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) {
+            return;
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
@@ -37,21 +42,22 @@ fn run(args: Args) -> Result<()> {
     if !args.emit_trace {
         anyhow::bail!("nothing to do: pass --emit-trace (schedule output comes with the fusion compiler)");
     }
-    print!("{program}");
+    let mut out = std::io::stdout().lock();
+    write!(out, "{program}")?;
     let mut by_kind: BTreeMap<&str, usize> = BTreeMap::new();
     for op in &program.ops {
         *by_kind.entry(op.kind.name()).or_default() += 1;
     }
     let capacity = trace::max_context(&model, &opts)?;
-    println!("; summary: {} ops, {} values, {} states", program.ops.len(), program.values.len(), program.states.len());
+    writeln!(out, "; summary: {} ops, {} values, {} states", program.ops.len(), program.values.len(), program.states.len());
     for (kind, n) in &by_kind {
-        println!(";   {kind:<20} {n}");
+        writeln!(out, ";   {kind:<20} {n}");
     }
-    println!(
+    writeln!(out, 
         "; parameters: {} ({:.2} MB in the checkpoint)",
         model.tensors.total_params(),
         model.tensors.total_bytes() as f64 / 1e6
     );
-    println!("; state at --max-context {capacity}: {:.2} MB", program.state_bytes() as f64 / 1e6);
+    writeln!(out, "; state at --max-context {capacity}: {:.2} MB", program.state_bytes() as f64 / 1e6);
     Ok(())
 }

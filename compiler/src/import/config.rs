@@ -42,8 +42,11 @@ pub enum Family {
 
 impl Family {
     /// The supported `architectures[0]` values.
-    pub const ARCHITECTURES: &'static [&'static str] =
-        &["LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3NextForCausalLM"];
+    pub const ARCHITECTURES: &'static [&'static str] = &[
+        "LlamaForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3NextForCausalLM",
+    ];
 
     pub fn from_architecture(arch: &str) -> Option<Family> {
         match arch {
@@ -139,7 +142,11 @@ impl ModelConfig {
         match &self.hybrid {
             None => (0, self.num_layers),
             Some(h) => {
-                let full = h.layer_types.iter().filter(|&&t| t == LayerType::FullAttention).count();
+                let full = h
+                    .layer_types
+                    .iter()
+                    .filter(|&&t| t == LayerType::FullAttention)
+                    .count();
                 (h.layer_types.len() - full, full)
             }
         }
@@ -147,21 +154,36 @@ impl ModelConfig {
 }
 
 fn inconsistent(f: &Fields<'_>, message: String) -> ImportError {
-    ImportError::Inconsistent { file: f.file().to_path_buf(), message }
+    ImportError::Inconsistent {
+        file: f.file().to_path_buf(),
+        message,
+    }
 }
 
 fn unsupported(f: &Fields<'_>, field: &str, message: String) -> ImportError {
-    ImportError::Unsupported { file: f.file().to_path_buf(), field: field.into(), message }
+    ImportError::Unsupported {
+        file: f.file().to_path_buf(),
+        field: field.into(),
+        message,
+    }
 }
 
 fn architecture(f: &Fields<'_>) -> R<(Family, String)> {
     let what = "a non-empty list naming the model class, e.g. [\"LlamaForCausalLM\"]";
-    let Some(list) = f.get("architectures") else { return Err(f.missing("architectures", what)) };
+    let Some(list) = f.get("architectures") else {
+        return Err(f.missing("architectures", what));
+    };
     let Some(first) = list.as_array().and_then(|l| l.first()) else {
-        return Err(f.bad("architectures", format!("expected {what}, found {}", show(list))));
+        return Err(f.bad(
+            "architectures",
+            format!("expected {what}, found {}", show(list)),
+        ));
     };
     let Some(arch) = first.as_str() else {
-        return Err(f.bad("architectures", format!("expected {what}, found {}", show(list))));
+        return Err(f.bad(
+            "architectures",
+            format!("expected {what}, found {}", show(list)),
+        ));
     };
     match Family::from_architecture(arch) {
         Some(family) => Ok((family, arch.to_string())),
@@ -176,8 +198,14 @@ fn architecture(f: &Fields<'_>) -> R<(Family, String)> {
 /// `dtype`, else `torch_dtype`: `"float32"`, `"float16"`, `"bfloat16"` (`torch.` prefix and the
 /// aliases `float`/`half` accepted).
 fn dtype(f: &Fields<'_>) -> R<Option<DType>> {
-    let key = if f.get("dtype").is_some() { "dtype" } else { "torch_dtype" };
-    let Some(name) = f.str_opt(key)? else { return Ok(None) };
+    let key = if f.get("dtype").is_some() {
+        "dtype"
+    } else {
+        "torch_dtype"
+    };
+    let Some(name) = f.str_opt(key)? else {
+        return Ok(None);
+    };
     match name.strip_prefix("torch.").unwrap_or(name) {
         "float32" | "float" => Ok(Some(DType::F32)),
         "float16" | "half" => Ok(Some(DType::F16)),
@@ -185,7 +213,9 @@ fn dtype(f: &Fields<'_>) -> R<Option<DType>> {
         other => Err(unsupported(
             f,
             key,
-            format!("model dtype \"{other}\" is not supported (supported: float32, float16, bfloat16)"),
+            format!(
+                "model dtype \"{other}\" is not supported (supported: float32, float16, bfloat16)"
+            ),
         )),
     }
 }
@@ -235,7 +265,10 @@ fn check_qwen3_layers(f: &Fields<'_>, num_layers: usize) -> R<()> {
         if items.len() != num_layers {
             return Err(inconsistent(
                 f,
-                format!("layer_types has {} entries but num_hidden_layers is {num_layers}", items.len()),
+                format!(
+                    "layer_types has {} entries but num_hidden_layers is {num_layers}",
+                    items.len()
+                ),
             ));
         }
         for (i, item) in items.iter().enumerate() {
@@ -245,10 +278,17 @@ fn check_qwen3_layers(f: &Fields<'_>, num_layers: usize) -> R<()> {
                     return Err(unsupported(
                         f,
                         "layer_types",
-                        format!("layer {i} has type \"{other}\"; only \"full_attention\" is supported"),
+                        format!(
+                            "layer {i} has type \"{other}\"; only \"full_attention\" is supported"
+                        ),
                     ))
                 }
-                None => return Err(f.bad("layer_types", format!("expected a list of strings, found {}", show(item)))),
+                None => {
+                    return Err(f.bad(
+                        "layer_types",
+                        format!("expected a list of strings, found {}", show(item)),
+                    ))
+                }
             }
         }
         return Ok(());
@@ -270,7 +310,11 @@ fn parse(f: Fields<'_>) -> R<ModelConfig> {
 
     if let Some(act) = f.str_opt("hidden_act")? {
         if act != "silu" && act != "swish" {
-            return Err(unsupported(&f, "hidden_act", format!("activation \"{act}\" is not supported (only silu)")));
+            return Err(unsupported(
+                &f,
+                "hidden_act",
+                format!("activation \"{act}\" is not supported (only silu)"),
+            ));
         }
     }
 
@@ -299,7 +343,8 @@ fn parse(f: Fields<'_>) -> R<ModelConfig> {
 
     let rms_norm_eps = f.number_opt("rms_norm_eps", false)?.unwrap_or(1e-6) as f32;
     let default_max_positions = if family == Family::Llama { 2048 } else { 32768 };
-    let max_position_embeddings = f.positive_or("max_position_embeddings", default_max_positions)?;
+    let max_position_embeddings =
+        f.positive_or("max_position_embeddings", default_max_positions)?;
     let rope = RopeConfig::resolve(f, family, head_dim, max_position_embeddings)?;
 
     let tie_word_embeddings = f.bool_or("tie_word_embeddings", false)?;
@@ -368,12 +413,24 @@ impl fmt::Display for ModelConfig {
             } else {
                 write!(f, " (")?;
             }
-            write!(f, "{}{linear} Gated DeltaNet, {full} full attention)", if self.num_layers <= 64 { ": " } else { "" })?;
+            write!(
+                f,
+                "{}{linear} Gated DeltaNet, {full} full attention)",
+                if self.num_layers <= 64 { ": " } else { "" }
+            )?;
         }
         let dtype = self.dtype.map_or("dtype unset", DType::name);
-        write!(f, ", hidden {}, vocab {}, {dtype}. ", self.hidden_size, self.vocab_size)?;
+        write!(
+            f,
+            ", hidden {}, vocab {}, {dtype}. ",
+            self.hidden_size, self.vocab_size
+        )?;
 
-        write!(f, "Attention: {} query / {} KV heads of dim {}", self.num_attention_heads, self.num_kv_heads, self.head_dim)?;
+        write!(
+            f,
+            "Attention: {} query / {} KV heads of dim {}",
+            self.num_attention_heads, self.num_kv_heads, self.head_dim
+        )?;
         match self.family {
             Family::Llama => {}
             Family::Qwen3 => write!(f, ", QK-norm")?,
@@ -402,21 +459,39 @@ impl fmt::Display for ModelConfig {
                     "{moe} MoE layers of {} experts, top {}{}, expert size {}, shared expert {}",
                     h.num_experts,
                     h.num_experts_per_tok,
-                    if h.norm_topk_prob { " (renormalised)" } else { "" },
+                    if h.norm_topk_prob {
+                        " (renormalised)"
+                    } else {
+                        ""
+                    },
                     h.moe_intermediate_size,
                     h.shared_expert_intermediate_size
                 )?;
             }
             if moe < self.num_layers {
                 let sep = if moe > 0 { "; " } else { "" };
-                write!(f, "{sep}{} dense SwiGLU layers of {}", self.num_layers - moe, self.intermediate_size)?;
+                write!(
+                    f,
+                    "{sep}{} dense SwiGLU layers of {}",
+                    self.num_layers - moe,
+                    self.intermediate_size
+                )?;
             }
             write!(f, ". ")?;
         } else {
-            write!(f, "MLP: SwiGLU {}{}. ", self.intermediate_size, if self.mlp_bias { " with bias" } else { "" })?;
+            write!(
+                f,
+                "MLP: SwiGLU {}{}. ",
+                self.intermediate_size,
+                if self.mlp_bias { " with bias" } else { "" }
+            )?;
         }
 
-        let tie = if self.tie_word_embeddings { "tied" } else { "untied" };
+        let tie = if self.tie_word_embeddings {
+            "tied"
+        } else {
+            "untied"
+        };
         write!(
             f,
             "RMSNorm eps {:e}; {tie} embeddings; up to {} positions",
@@ -452,7 +527,10 @@ mod tests {
         assert_eq!(c.rope.rotary_dim, 16);
         assert_eq!(c.rope.theta, 500000.0);
         assert_eq!(c.max_position_embeddings, 2048);
-        assert_eq!((c.bos_token_id, c.eos_token_ids.clone()), (Some(1), vec![2]));
+        assert_eq!(
+            (c.bos_token_id, c.eos_token_ids.clone()),
+            (Some(1), vec![2])
+        );
         assert_eq!(c.dtype, Some(DType::BF16));
         assert_eq!(c.rms_norm_eps, 1e-5);
         assert!(!c.tie_word_embeddings && !c.attention_bias && !c.mlp_bias);
@@ -464,9 +542,19 @@ mod tests {
         let j = r#"{"architectures": ["Qwen3ForCausalLM"], "vocab_size": 10, "hidden_size": 64,
             "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 64, "mlp_bias": true}"#;
         let c = parse(j).expect("parses");
-        assert_eq!((c.head_dim, c.num_kv_heads, c.rope.rotary_dim), (128, 32, 128));
+        assert_eq!(
+            (c.head_dim, c.num_kv_heads, c.rope.rotary_dim),
+            (128, 32, 128)
+        );
         assert!(!c.mlp_bias, "Qwen3 has no mlp_bias");
-        assert_eq!((c.bos_token_id, c.eos_token_ids.len(), c.max_position_embeddings), (None, 0, 32768));
+        assert_eq!(
+            (
+                c.bos_token_id,
+                c.eos_token_ids.len(),
+                c.max_position_embeddings
+            ),
+            (None, 0, 32768)
+        );
     }
 
     #[test]
@@ -485,7 +573,10 @@ mod tests {
             "intermediate_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 16,
             "num_key_value_heads": 4, "use_sliding_window": true, "max_window_layers": 2}"#;
         let e = parse(j).expect_err("sliding window");
-        assert!(matches!(&e, ImportError::Unsupported { field, .. } if field == "use_sliding_window"), "{e}");
+        assert!(
+            matches!(&e, ImportError::Unsupported { field, .. } if field == "use_sliding_window"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -494,7 +585,10 @@ mod tests {
         assert_eq!(parse(&j).expect("parses").dtype, Some(DType::F16));
         let j = LLAMA.replace("\"torch_dtype\": \"bfloat16\"", "\"dtype\": \"int8\"");
         let e = parse(&j).expect_err("int8");
-        assert!(matches!(&e, ImportError::Unsupported { field, .. } if field == "dtype"), "{e}");
+        assert!(
+            matches!(&e, ImportError::Unsupported { field, .. } if field == "dtype"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -504,9 +598,15 @@ mod tests {
 
     #[test]
     fn activation_other_than_silu_is_unsupported() {
-        let j = LLAMA.replace("\"rms_norm_eps\"", "\"hidden_act\": \"gelu\", \"rms_norm_eps\"");
+        let j = LLAMA.replace(
+            "\"rms_norm_eps\"",
+            "\"hidden_act\": \"gelu\", \"rms_norm_eps\"",
+        );
         let e = parse(&j).expect_err("gelu");
-        assert!(e.to_string().contains("hidden_act") && e.to_string().contains("gelu"), "{e}");
+        assert!(
+            e.to_string().contains("hidden_act") && e.to_string().contains("gelu"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
     /// A file or directory could not be read (absent, not a directory, no permission, ...).
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Io {
         path: PathBuf,
         #[source]
@@ -19,12 +19,21 @@ pub enum ImportError {
 
     /// A JSON file (config.json, model.safetensors.index.json) does not parse.
     #[error("{}:{line}:{column}: invalid JSON: {message}", file.display())]
-    BadJson { file: PathBuf, line: usize, column: usize, message: String },
+    BadJson {
+        file: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
 
     /// A field is missing or has the wrong type or range. `field` is a dotted path such as
     /// `rope_parameters.factor`.
     #[error("{}: field \"{field}\": {message}", file.display())]
-    BadField { file: PathBuf, field: String, message: String },
+    BadField {
+        file: PathBuf,
+        field: String,
+        message: String,
+    },
 
     /// Fields that are each well formed but do not fit together.
     #[error("{}: {message}", file.display())]
@@ -36,12 +45,20 @@ pub enum ImportError {
         file.display(),
         supported.join(", ")
     )]
-    UnsupportedArchitecture { file: PathBuf, found: String, supported: &'static [&'static str] },
+    UnsupportedArchitecture {
+        file: PathBuf,
+        found: String,
+        supported: &'static [&'static str],
+    },
 
     /// A well-formed setting whose semantics vkfuse does not implement (a RoPE type, an
     /// activation, sliding-window attention, ...).
     #[error("{}: field \"{field}\": {message}", file.display())]
-    Unsupported { file: PathBuf, field: String, message: String },
+    Unsupported {
+        file: PathBuf,
+        field: String,
+        message: String,
+    },
 
     /// The directory has neither model.safetensors, an index, nor any *.safetensors file.
     #[error(
@@ -52,7 +69,11 @@ pub enum ImportError {
 
     /// The index names a shard that is not in the directory.
     #[error("{}: shard \"{shard}\" is listed in weight_map but {} does not exist", index.display(), path.display())]
-    MissingShard { index: PathBuf, shard: String, path: PathBuf },
+    MissingShard {
+        index: PathBuf,
+        shard: String,
+        path: PathBuf,
+    },
 
     /// A safetensors file is truncated or its header is corrupt.
     #[error("{}: not a valid safetensors file: {message}", file.display())]
@@ -60,7 +81,11 @@ pub enum ImportError {
 
     /// Two shards hold a tensor of the same name.
     #[error("tensor \"{tensor}\" is stored twice: in {} and in {}", first.display(), second.display())]
-    DuplicateTensor { tensor: String, first: PathBuf, second: PathBuf },
+    DuplicateTensor {
+        tensor: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
 
     /// A tensor the model needs is not in the checkpoint. `file` is the checkpoint's entry point
     /// (model.safetensors, the index, or the directory when the shards were found by globbing).
@@ -74,14 +99,23 @@ pub enum ImportError {
         ShapeText(found),
         ShapeText(expected)
     )]
-    WrongShape { file: PathBuf, tensor: String, found: Vec<usize>, expected: Vec<usize> },
+    WrongShape {
+        file: PathBuf,
+        tensor: String,
+        found: Vec<usize>,
+        expected: Vec<usize>,
+    },
 
     /// A requested tensor is stored in a dtype vkfuse does not read (only F32, F16 and BF16 are).
     #[error(
         "{}: tensor \"{tensor}\" has dtype {dtype}, which vkfuse cannot read (supported: F32, F16, BF16)",
         file.display()
     )]
-    UnsupportedDtype { file: PathBuf, tensor: String, dtype: String },
+    UnsupportedDtype {
+        file: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
 }
 
 /// `[160, 64]`; `[]` for a scalar.
@@ -113,6 +147,11 @@ impl ImportError {
         let text = e.to_string();
         let suffix = format!(" at line {} column {}", e.line(), e.column());
         let message = text.strip_suffix(&suffix).unwrap_or(&text).to_string();
-        ImportError::BadJson { file: file.into(), line: e.line(), column: e.column(), message }
+        ImportError::BadJson {
+            file: file.into(),
+            line: e.line(),
+            column: e.column(),
+            message,
+        }
     }
 }

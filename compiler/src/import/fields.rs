@@ -48,7 +48,11 @@ impl<'a> Fields<'a> {
     }
 
     pub fn bad(&self, key: &str, message: impl Into<String>) -> ImportError {
-        ImportError::BadField { file: self.file.to_path_buf(), field: self.path(key), message: message.into() }
+        ImportError::BadField {
+            file: self.file.to_path_buf(),
+            field: self.path(key),
+            message: message.into(),
+        }
     }
 
     fn expected(&self, key: &str, what: &str, found: &Value) -> ImportError {
@@ -78,17 +82,22 @@ impl<'a> Fields<'a> {
 
     /// A non-negative integer, if set.
     pub fn count_opt(&self, key: &str) -> R<Option<usize>> {
-        self.get(key).map(|v| self.integer(key, v, 0, "a non-negative integer")).transpose()
+        self.get(key)
+            .map(|v| self.integer(key, v, 0, "a non-negative integer"))
+            .transpose()
     }
 
     /// A positive integer, if set.
     pub fn positive_opt(&self, key: &str) -> R<Option<usize>> {
-        self.get(key).map(|v| self.integer(key, v, 1, "a positive integer")).transpose()
+        self.get(key)
+            .map(|v| self.integer(key, v, 1, "a positive integer"))
+            .transpose()
     }
 
     /// A required positive integer.
     pub fn positive(&self, key: &str) -> R<usize> {
-        self.positive_opt(key)?.ok_or_else(|| self.missing(key, "a positive integer"))
+        self.positive_opt(key)?
+            .ok_or_else(|| self.missing(key, "a positive integer"))
     }
 
     pub fn positive_or(&self, key: &str, default: usize) -> R<usize> {
@@ -97,13 +106,20 @@ impl<'a> Fields<'a> {
 
     /// A required non-negative integer.
     pub fn count(&self, key: &str) -> R<usize> {
-        self.count_opt(key)?.ok_or_else(|| self.missing(key, "a non-negative integer"))
+        self.count_opt(key)?
+            .ok_or_else(|| self.missing(key, "a non-negative integer"))
     }
 
     /// A finite number `>= 0` (`> 0` when `positive`), if set.
     pub fn number_opt(&self, key: &str, positive: bool) -> R<Option<f64>> {
-        let Some(v) = self.get(key) else { return Ok(None) };
-        let what = if positive { "a positive number" } else { "a non-negative number" };
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let what = if positive {
+            "a positive number"
+        } else {
+            "a non-negative number"
+        };
         match v.as_f64() {
             Some(x) if x.is_finite() && (x > 0.0 || (!positive && x == 0.0)) => Ok(Some(x)),
             _ => Err(self.expected(key, what, v)),
@@ -112,51 +128,74 @@ impl<'a> Fields<'a> {
 
     /// A required positive number.
     pub fn positive_number(&self, key: &str) -> R<f64> {
-        self.number_opt(key, true)?.ok_or_else(|| self.missing(key, "a positive number"))
+        self.number_opt(key, true)?
+            .ok_or_else(|| self.missing(key, "a positive number"))
     }
 
     pub fn bool_or(&self, key: &str, default: bool) -> R<bool> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| self.expected(key, "true or false", v)),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| self.expected(key, "true or false", v)),
         }
     }
 
     pub fn str_opt(&self, key: &str) -> R<Option<&'a str>> {
-        self.get(key).map(|v| v.as_str().ok_or_else(|| self.expected(key, "a string", v))).transpose()
+        self.get(key)
+            .map(|v| v.as_str().ok_or_else(|| self.expected(key, "a string", v)))
+            .transpose()
     }
 
     /// A nested object, if set.
     pub fn object_opt(&self, key: &str) -> R<Option<&'a Map<String, Value>>> {
-        self.get(key).map(|v| v.as_object().ok_or_else(|| self.expected(key, "an object", v))).transpose()
+        self.get(key)
+            .map(|v| {
+                v.as_object()
+                    .ok_or_else(|| self.expected(key, "an object", v))
+            })
+            .transpose()
     }
 
     /// An array, if set.
     pub fn array_opt(&self, key: &str) -> R<Option<&'a Vec<Value>>> {
-        self.get(key).map(|v| v.as_array().ok_or_else(|| self.expected(key, "a list", v))).transpose()
+        self.get(key)
+            .map(|v| v.as_array().ok_or_else(|| self.expected(key, "a list", v)))
+            .transpose()
     }
 
     /// A list of non-negative integers, if set.
     pub fn index_list_opt(&self, key: &str) -> R<Option<Vec<usize>>> {
-        let Some(items) = self.array_opt(key)? else { return Ok(None) };
+        let Some(items) = self.array_opt(key)? else {
+            return Ok(None);
+        };
         let what = "a list of non-negative integers";
         let list = items
             .iter()
-            .map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()).ok_or_else(|| self.expected(key, what, v)))
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| self.expected(key, what, v))
+            })
             .collect::<R<Vec<usize>>>()?;
         Ok(Some(list))
     }
 
     /// A token id, if set.
     pub fn token_id_opt(&self, key: &str) -> R<Option<u32>> {
-        let Some(v) = self.get(key) else { return Ok(None) };
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
         let id = v.as_u64().and_then(|n| u32::try_from(n).ok());
-        id.map(Some).ok_or_else(|| self.expected(key, "a token id (a non-negative integer)", v))
+        id.map(Some)
+            .ok_or_else(|| self.expected(key, "a token id (a non-negative integer)", v))
     }
 
     /// Token ids given as one integer, a list of integers, or null (none).
     pub fn token_ids_opt(&self, key: &str) -> R<Option<Vec<u32>>> {
-        let Some(v) = self.get(key) else { return Ok(None) };
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
         let what = "a token id or a list of token ids";
         let one = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok());
         match v {
@@ -165,7 +204,9 @@ impl<'a> Fields<'a> {
                 .map(|x| one(x).ok_or_else(|| self.expected(key, what, v)))
                 .collect::<R<Vec<u32>>>()
                 .map(Some),
-            _ => one(v).map(|id| Some(vec![id])).ok_or_else(|| self.expected(key, what, v)),
+            _ => one(v)
+                .map(|id| Some(vec![id]))
+                .ok_or_else(|| self.expected(key, what, v)),
         }
     }
 }

@@ -100,7 +100,10 @@ impl HybridConfig {
 
     /// Reads the hybrid fields from config.json's top level.
     pub(crate) fn parse(f: Fields<'_>, num_layers: usize) -> Result<HybridConfig, ImportError> {
-        let inconsistent = |message: String| ImportError::Inconsistent { file: f.file().to_path_buf(), message };
+        let inconsistent = |message: String| ImportError::Inconsistent {
+            file: f.file().to_path_buf(),
+            message,
+        };
 
         let layer_types = match f.array_opt("layer_types")? {
             Some(items) => {
@@ -108,7 +111,10 @@ impl HybridConfig {
                 for (i, item) in items.iter().enumerate() {
                     let Some(name) = item.as_str() else {
                         let found = super::fields::show(item);
-                        return Err(f.bad("layer_types", format!("expected a list of strings, found {found}")));
+                        return Err(f.bad(
+                            "layer_types",
+                            format!("expected a list of strings, found {found}"),
+                        ));
                     };
                     let Some(t) = LayerType::parse(name) else {
                         return Err(ImportError::Unsupported {
@@ -158,7 +164,13 @@ impl HybridConfig {
         // With no experts the MoE sizes are unused; transformers' defaults stand in for them.
         let num_experts = f.count("num_experts")?;
         let moe = num_experts > 0;
-        let sized = |key: &str, default: usize| if moe { f.positive(key) } else { f.positive_or(key, default) };
+        let sized = |key: &str, default: usize| {
+            if moe {
+                f.positive(key)
+            } else {
+                f.positive_or(key, default)
+            }
+        };
         let num_experts_per_tok = sized("num_experts_per_tok", 10)?;
         let moe_intermediate_size = sized("moe_intermediate_size", 512)?;
         let shared_expert_intermediate_size = sized("shared_expert_intermediate_size", 512)?;

@@ -36,12 +36,20 @@ pub struct Model {
 pub fn load(dir: &Path) -> Result<Model, ImportError> {
     let meta = std::fs::metadata(dir).map_err(ImportError::io(dir))?;
     if !meta.is_dir() {
-        let source = std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a model directory");
-        return Err(ImportError::Io { path: dir.to_path_buf(), source });
+        let source =
+            std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a model directory");
+        return Err(ImportError::Io {
+            path: dir.to_path_buf(),
+            source,
+        });
     }
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
     let tensors = TensorStore::open(dir)?;
-    Ok(Model { dir: dir.to_path_buf(), config, tensors })
+    Ok(Model {
+        dir: dir.to_path_buf(),
+        config,
+        tensors,
+    })
 }
 
 /// The config paragraph, then one line on the checkpoint.

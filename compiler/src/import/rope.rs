@@ -34,7 +34,12 @@ pub enum RopeScaling {
     /// `rope_type: "default"`.
     None,
     /// `rope_type: "llama3"` (Llama 3.1+ long-context scaling).
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: usize },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position_embeddings: usize,
+    },
     /// `rope_type: "linear"`: every frequency divided by `factor`.
     Linear { factor: f32 },
 }
@@ -43,7 +48,12 @@ pub enum RopeScaling {
 const SUPPORTED_TYPES: &str = "default, linear, llama3";
 
 /// Per-layer-type keys that would mean a nested `rope_parameters` (one dict per layer type).
-const LAYER_TYPE_KEYS: [&str; 4] = ["full_attention", "linear_attention", "sliding_attention", "chunked_attention"];
+const LAYER_TYPE_KEYS: [&str; 4] = [
+    "full_attention",
+    "linear_attention",
+    "sliding_attention",
+    "chunked_attention",
+];
 
 /// `base^e` in f32. torch computes `base ** (arange / dim)` as an f32 power of f32 operands; we
 /// take the correctly rounded result (f64 power rounded once to f32), which torch's
@@ -58,11 +68,19 @@ impl RopeConfig {
     /// then the scaling.
     pub fn inv_freq(&self) -> Vec<f32> {
         let dim = self.rotary_dim as f32;
-        let base: Vec<f32> = (0..self.rotary_dim).step_by(2).map(|i| 1.0f32 / powf(self.theta, i as f32 / dim)).collect();
+        let base: Vec<f32> = (0..self.rotary_dim)
+            .step_by(2)
+            .map(|i| 1.0f32 / powf(self.theta, i as f32 / dim))
+            .collect();
         match self.scaling {
             RopeScaling::None => base,
             RopeScaling::Linear { factor } => base.into_iter().map(|f| f / factor).collect(),
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
                 // Python-float scalars meet f32 tensors: each scalar is rounded to f32 and the
                 // arithmetic is f32, in the order written in `_compute_llama3_parameters`.
                 let old = original_max_position_embeddings as f64;
@@ -74,10 +92,15 @@ impl RopeConfig {
                 base.into_iter()
                     .map(|f| {
                         let wavelen = two_pi / f;
-                        let llama = if wavelen > low_freq_wavelen { f / factor } else { f };
+                        let llama = if wavelen > low_freq_wavelen {
+                            f / factor
+                        } else {
+                            f
+                        };
                         let smooth = (old / wavelen - low_freq_factor) / span;
                         let smoothed = (1.0 - smooth) * llama / factor + smooth * llama;
-                        let medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+                        let medium =
+                            !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
                         if medium {
                             smoothed
                         } else {
@@ -103,7 +126,10 @@ impl RopeConfig {
         };
         let empty = Map::new();
         let p = Fields::new(top.file(), dict.unwrap_or(&empty), prefix);
-        if let Some(key) = LAYER_TYPE_KEYS.iter().find(|k| p.object_opt(k).ok().flatten().is_some()) {
+        if let Some(key) = LAYER_TYPE_KEYS
+            .iter()
+            .find(|k| p.object_opt(k).ok().flatten().is_some())
+        {
             return Err(ImportError::Unsupported {
                 file: top.file().to_path_buf(),
                 field: p.path(key),
@@ -121,7 +147,9 @@ impl RopeConfig {
         };
         let scaling = match rope_type {
             "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear { factor: p.positive_number("factor")? as f32 },
+            "linear" => RopeScaling::Linear {
+                factor: p.positive_number("factor")? as f32,
+            },
             "llama3" => {
                 let factor = p.positive_number("factor")? as f32;
                 let low = p.positive_number("low_freq_factor")? as f32;
@@ -153,7 +181,9 @@ impl RopeConfig {
                 return Err(ImportError::Unsupported {
                     file: top.file().to_path_buf(),
                     field: p.path(type_key),
-                    message: format!("RoPE type \"{other}\" is not supported (supported: {SUPPORTED_TYPES})"),
+                    message: format!(
+                        "RoPE type \"{other}\" is not supported (supported: {SUPPORTED_TYPES})"
+                    ),
                 })
             }
         };
@@ -180,7 +210,11 @@ impl RopeConfig {
                 ),
             });
         }
-        Ok(RopeConfig { theta: theta as f32, rotary_dim, scaling })
+        Ok(RopeConfig {
+            theta: theta as f32,
+            rotary_dim,
+            scaling,
+        })
     }
 }
 
@@ -190,7 +224,12 @@ impl fmt::Display for RopeConfig {
         match self.scaling {
             RopeScaling::None => Ok(()),
             RopeScaling::Linear { factor } => write!(f, " (linear scaling x{factor})"),
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
                 write!(
                     f,
                     " (llama3 scaling x{factor}, low {low_freq_factor}, high {high_freq_factor}, \
@@ -210,26 +249,52 @@ mod tests {
     fn resolve(json: &str, family: Family, head_dim: usize) -> Result<RopeConfig, ImportError> {
         let v: Value = serde_json::from_str(json).expect("test JSON");
         let obj = v.as_object().expect("object");
-        RopeConfig::resolve(Fields::new(Path::new("config.json"), obj, ""), family, head_dim, 2048)
+        RopeConfig::resolve(
+            Fields::new(Path::new("config.json"), obj, ""),
+            family,
+            head_dim,
+            2048,
+        )
     }
 
     #[test]
     fn default_inv_freq_is_one_over_theta_to_the_2i_over_dim() {
-        let r = RopeConfig { theta: 10000.0, rotary_dim: 4, scaling: RopeScaling::None };
+        let r = RopeConfig {
+            theta: 10000.0,
+            rotary_dim: 4,
+            scaling: RopeScaling::None,
+        };
         assert_eq!(r.inv_freq(), vec![1.0, 0.01]);
-        let r = RopeConfig { theta: 10000.0, rotary_dim: 64, scaling: RopeScaling::None };
+        let r = RopeConfig {
+            theta: 10000.0,
+            rotary_dim: 64,
+            scaling: RopeScaling::None,
+        };
         let f = r.inv_freq();
         assert_eq!(f.len(), 32);
         for (i, x) in f.iter().enumerate() {
             let want = 1.0 / 10000f64.powf(2.0 * i as f64 / 64.0);
-            assert!((f64::from(*x) - want).abs() <= want * 1e-6, "{i}: {x} vs {want}");
+            assert!(
+                (f64::from(*x) - want).abs() <= want * 1e-6,
+                "{i}: {x} vs {want}"
+            );
         }
     }
 
     #[test]
     fn linear_scaling_divides_every_frequency() {
-        let base = RopeConfig { theta: 10000.0, rotary_dim: 8, scaling: RopeScaling::None }.inv_freq();
-        let lin = RopeConfig { theta: 10000.0, rotary_dim: 8, scaling: RopeScaling::Linear { factor: 4.0 } }.inv_freq();
+        let base = RopeConfig {
+            theta: 10000.0,
+            rotary_dim: 8,
+            scaling: RopeScaling::None,
+        }
+        .inv_freq();
+        let lin = RopeConfig {
+            theta: 10000.0,
+            rotary_dim: 8,
+            scaling: RopeScaling::Linear { factor: 4.0 },
+        }
+        .inv_freq();
         for (b, l) in base.iter().zip(&lin) {
             assert_eq!(b / 4.0, *l);
         }
@@ -243,8 +308,16 @@ mod tests {
             high_freq_factor: 4.0,
             original_max_position_embeddings: 8192,
         };
-        let r = RopeConfig { theta: 500000.0, rotary_dim: 128, scaling };
-        let base = RopeConfig { scaling: RopeScaling::None, ..r.clone() }.inv_freq();
+        let r = RopeConfig {
+            theta: 500000.0,
+            rotary_dim: 128,
+            scaling,
+        };
+        let base = RopeConfig {
+            scaling: RopeScaling::None,
+            ..r.clone()
+        }
+        .inv_freq();
         let got = r.inv_freq();
         let (mut kept, mut divided, mut blended) = (0, 0, 0);
         for (b, g) in base.iter().zip(&got) {
@@ -256,20 +329,35 @@ mod tests {
                 assert_eq!(*g, b / 8.0);
                 divided += 1;
             } else {
-                assert!(*g < *b && *g > b / 8.0 * 0.999, "{g} not between {b}/8 and {b}");
+                assert!(
+                    *g < *b && *g > b / 8.0 * 0.999,
+                    "{g} not between {b}/8 and {b}"
+                );
                 blended += 1;
             }
         }
-        assert!(kept > 0 && divided > 0 && blended > 0, "{kept} {divided} {blended}");
+        assert!(
+            kept > 0 && divided > 0 && blended > 0,
+            "{kept} {divided} {blended}"
+        );
     }
 
     #[test]
     fn theta_comes_from_rope_parameters_then_top_level_then_default() {
         let both = r#"{"rope_theta": 5.0, "rope_parameters": {"rope_theta": 7.0}}"#;
-        assert_eq!(resolve(both, Family::Llama, 8).map(|r| r.theta).ok(), Some(7.0));
+        assert_eq!(
+            resolve(both, Family::Llama, 8).map(|r| r.theta).ok(),
+            Some(7.0)
+        );
         let top = r#"{"rope_theta": 5.0, "rope_parameters": null}"#;
-        assert_eq!(resolve(top, Family::Llama, 8).map(|r| r.theta).ok(), Some(5.0));
-        assert_eq!(resolve("{}", Family::Llama, 8).map(|r| r.theta).ok(), Some(10000.0));
+        assert_eq!(
+            resolve(top, Family::Llama, 8).map(|r| r.theta).ok(),
+            Some(5.0)
+        );
+        assert_eq!(
+            resolve("{}", Family::Llama, 8).map(|r| r.theta).ok(),
+            Some(10000.0)
+        );
     }
 
     #[test]
@@ -298,12 +386,29 @@ mod tests {
     #[test]
     fn partial_rotary_factor_applies_to_qwen3_next_and_scaled_types_only() {
         let j = r#"{"partial_rotary_factor": 0.5}"#;
-        assert_eq!(resolve(j, Family::Llama, 16).map(|r| r.rotary_dim).ok(), Some(16));
-        assert_eq!(resolve(j, Family::Qwen3, 16).map(|r| r.rotary_dim).ok(), Some(16));
-        assert_eq!(resolve(j, Family::Qwen3Next, 16).map(|r| r.rotary_dim).ok(), Some(8));
-        assert_eq!(resolve("{}", Family::Qwen3Next, 256).map(|r| r.rotary_dim).ok(), Some(64));
+        assert_eq!(
+            resolve(j, Family::Llama, 16).map(|r| r.rotary_dim).ok(),
+            Some(16)
+        );
+        assert_eq!(
+            resolve(j, Family::Qwen3, 16).map(|r| r.rotary_dim).ok(),
+            Some(16)
+        );
+        assert_eq!(
+            resolve(j, Family::Qwen3Next, 16).map(|r| r.rotary_dim).ok(),
+            Some(8)
+        );
+        assert_eq!(
+            resolve("{}", Family::Qwen3Next, 256)
+                .map(|r| r.rotary_dim)
+                .ok(),
+            Some(64)
+        );
         let lin = r#"{"partial_rotary_factor": 0.5, "rope_parameters": {"rope_type": "linear", "factor": 2}}"#;
-        assert_eq!(resolve(lin, Family::Llama, 16).map(|r| r.rotary_dim).ok(), Some(8));
+        assert_eq!(
+            resolve(lin, Family::Llama, 16).map(|r| r.rotary_dim).ok(),
+            Some(8)
+        );
     }
 
     #[test]
@@ -311,12 +416,16 @@ mod tests {
         let j = r#"{"rope_parameters": {"rope_type": "yarn", "factor": 4}}"#;
         let e = resolve(j, Family::Llama, 8).expect_err("yarn is not implemented");
         let text = e.to_string();
-        assert!(text.contains("rope_parameters.rope_type") && text.contains("yarn"), "{text}");
+        assert!(
+            text.contains("rope_parameters.rope_type") && text.contains("yarn"),
+            "{text}"
+        );
     }
 
     #[test]
     fn odd_rotary_dim_is_inconsistent() {
-        let e = resolve(r#"{"partial_rotary_factor": 0.3}"#, Family::Qwen3Next, 10).expect_err("3 is odd");
+        let e = resolve(r#"{"partial_rotary_factor": 0.3}"#, Family::Qwen3Next, 10)
+            .expect_err("3 is odd");
         assert!(matches!(e, ImportError::Inconsistent { .. }), "{e}");
     }
 }

@@ -58,7 +58,10 @@ struct Entry {
 enum EntryKind {
     Readable(TensorInfo),
     /// A dtype vkfuse does not read, as the safetensors header names it.
-    Unreadable { dtype: String, numel: usize },
+    Unreadable {
+        dtype: String,
+        numel: usize,
+    },
 }
 
 /// All tensors of a checkpoint, indexed by name, their bytes borrowed from the memory maps.
@@ -119,7 +122,9 @@ impl TensorStore {
             }
         }
         if files.is_empty() {
-            return Err(ImportError::NoWeights { dir: dir.to_path_buf() });
+            return Err(ImportError::NoWeights {
+                dir: dir.to_path_buf(),
+            });
         }
         files.sort();
         TensorStore::from_files(dir.to_path_buf(), &files)
@@ -135,15 +140,23 @@ impl TensorStore {
             message,
         };
         let Some(map) = root.get("weight_map") else {
-            return Err(bad("missing; expected an object from tensor name to shard file".into()));
+            return Err(bad(
+                "missing; expected an object from tensor name to shard file".into(),
+            ));
         };
         let Some(map) = map.as_object() else {
-            return Err(bad(format!("expected an object from tensor name to shard file, found {}", show(map))));
+            return Err(bad(format!(
+                "expected an object from tensor name to shard file, found {}",
+                show(map)
+            )));
         };
         let mut wanted: BTreeMap<&str, &str> = BTreeMap::new();
         for (tensor, shard) in map {
             let Some(shard) = shard.as_str() else {
-                return Err(bad(format!("\"{tensor}\": expected a shard file name, found {}", show(shard))));
+                return Err(bad(format!(
+                    "\"{tensor}\": expected a shard file name, found {}",
+                    show(shard)
+                )));
             };
             wanted.insert(tensor, shard);
         }
@@ -154,7 +167,11 @@ impl TensorStore {
         for shard in shard_names {
             let path = dir.join(shard);
             if !path.is_file() {
-                return Err(ImportError::MissingShard { index: index.to_path_buf(), shard: shard.to_string(), path });
+                return Err(ImportError::MissingShard {
+                    index: index.to_path_buf(),
+                    shard: shard.to_string(),
+                    path,
+                });
             }
             files.push(path);
         }
@@ -169,7 +186,9 @@ impl TensorStore {
                 };
                 return Err(ImportError::Inconsistent {
                     file: index.to_path_buf(),
-                    message: format!("weight_map puts tensor \"{tensor}\" in \"{shard}\", but {actual}"),
+                    message: format!(
+                        "weight_map puts tensor \"{tensor}\" in \"{shard}\", but {actual}"
+                    ),
                 });
             }
         }
@@ -178,12 +197,19 @@ impl TensorStore {
 
     /// Maps and indexes `files`; `source` is what [`ImportError::MissingTensor`] names.
     pub fn from_files(source: PathBuf, files: &[PathBuf]) -> R<TensorStore> {
-        let mut store = TensorStore { source, shards: Vec::with_capacity(files.len()), index: BTreeMap::new() };
+        let mut store = TensorStore {
+            source,
+            shards: Vec::with_capacity(files.len()),
+            index: BTreeMap::new(),
+        };
         for path in files {
             let map = map_file(path)?;
             let shard = store.shards.len();
-            let (header_len, metadata) = SafeTensors::read_metadata(&map)
-                .map_err(|e| ImportError::BadSafetensors { file: path.clone(), message: e.to_string() })?;
+            let (header_len, metadata) =
+                SafeTensors::read_metadata(&map).map_err(|e| ImportError::BadSafetensors {
+                    file: path.clone(),
+                    message: e.to_string(),
+                })?;
             // read_metadata has checked that the offsets tile the data section exactly.
             let data_start = 8 + header_len;
             let mut tensors: Vec<_> = metadata.tensors().into_iter().collect();
@@ -200,14 +226,23 @@ impl TensorStore {
                 let data = data_start + begin..data_start + end;
                 let numel = info.shape.iter().product();
                 let kind = match readable(info.dtype) {
-                    Some(dtype) => {
-                        EntryKind::Readable(TensorInfo { name: name.clone(), dtype, shape: info.shape.clone(), file: path.clone() })
-                    }
-                    None => EntryKind::Unreadable { dtype: info.dtype.to_string(), numel },
+                    Some(dtype) => EntryKind::Readable(TensorInfo {
+                        name: name.clone(),
+                        dtype,
+                        shape: info.shape.clone(),
+                        file: path.clone(),
+                    }),
+                    None => EntryKind::Unreadable {
+                        dtype: info.dtype.to_string(),
+                        numel,
+                    },
                 };
                 store.index.insert(name, Entry { shard, data, kind });
             }
-            store.shards.push(Shard { path: path.clone(), map });
+            store.shards.push(Shard {
+                path: path.clone(),
+                map,
+            });
         }
         Ok(store)
     }
@@ -251,7 +286,10 @@ impl TensorStore {
     /// The entry and its readable info, or the error that names why not.
     fn entry(&self, name: &str) -> R<(&Entry, &TensorInfo)> {
         let Some(entry) = self.index.get(name) else {
-            return Err(ImportError::MissingTensor { file: self.source.clone(), tensor: name.to_string() });
+            return Err(ImportError::MissingTensor {
+                file: self.source.clone(),
+                tensor: name.to_string(),
+            });
         };
         match &entry.kind {
             EntryKind::Readable(info) => Ok((entry, info)),
@@ -280,10 +318,13 @@ impl TensorStore {
     /// The tensor's raw little-endian bytes, borrowed from the memory map.
     pub fn bytes(&self, name: &str) -> R<&[u8]> {
         let (entry, info) = self.entry(name)?;
-        self.shards[entry.shard].map.get(entry.data.clone()).ok_or_else(|| ImportError::BadSafetensors {
-            file: info.file.clone(),
-            message: format!("tensor \"{name}\" lies outside the file"),
-        })
+        self.shards[entry.shard]
+            .map
+            .get(entry.data.clone())
+            .ok_or_else(|| ImportError::BadSafetensors {
+                file: info.file.clone(),
+                message: format!("tensor \"{name}\" lies outside the file"),
+            })
     }
 
     /// The tensor's values widened to f32 (row-major).
@@ -291,9 +332,18 @@ impl TensorStore {
         let (_, info) = self.entry(name)?;
         let bytes = self.bytes(name)?;
         let values = match info.dtype {
-            DType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            DType::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            DType::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            DType::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            DType::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            DType::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
             // Not produced by `readable`; kept total rather than panicking.
             DType::I32 => {
                 return Err(ImportError::UnsupportedDtype {
@@ -308,7 +358,9 @@ impl TensorStore {
 
     /// Bytes of tensor data in all files (headers excluded), unreadable dtypes included.
     pub fn total_bytes(&self) -> usize {
-        self.index.values().fold(0usize, |sum, e| sum.saturating_add(e.data.len()))
+        self.index
+            .values()
+            .fold(0usize, |sum, e| sum.saturating_add(e.data.len()))
     }
 
     /// Elements in all tensors, unreadable dtypes included.

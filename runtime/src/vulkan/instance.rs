@@ -125,8 +125,21 @@ impl Instance {
         let has = |name: &CStr| available.iter().any(|e| e.as_c_str() == name);
         let debug_utils = has(ash::ext::debug_utils::NAME);
         let portability = has(ash::khr::portability_enumeration::NAME);
-        let validation_features =
-            options.sync_validation && has(ash::ext::validation_features::NAME);
+        // Without the messenger, validation would print to stdout and the log would look clean.
+        let missing_extension = if options.validation && !debug_utils {
+            Some("VK_EXT_debug_utils (to read validation messages)")
+        } else if options.sync_validation && !has(ash::ext::validation_features::NAME) {
+            Some("VK_EXT_validation_features (for synchronization validation)")
+        } else {
+            None
+        };
+        if let Some(call) = missing_extension {
+            return Err(Error::Vulkan {
+                call,
+                result: vk::Result::ERROR_EXTENSION_NOT_PRESENT,
+            });
+        }
+        let validation_features = options.sync_validation;
 
         let mut extensions: Vec<*const c_char> = Vec::new();
         if debug_utils {
@@ -233,8 +246,13 @@ impl Instance {
     /// `VKFUSE_DEVICE`).
     pub fn adapters(&self) -> Result<Vec<Adapter>> {
         // SAFETY: the instance is live.
-        let raw = unsafe { self.shared.raw.enumerate_physical_devices() }
-            .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
+        let raw = unsafe { self.shared.raw.enumerate_physical_devices() }.map_err(|r| match r {
+            // What the loader answers when no driver (ICD) could be loaded.
+            vk::Result::ERROR_INITIALIZATION_FAILED | vk::Result::ERROR_INCOMPATIBLE_DRIVER => {
+                Error::NoDevice
+            }
+            r => Error::vk("vkEnumeratePhysicalDevices", r),
+        })?;
         Ok(raw
             .into_iter()
             .enumerate()

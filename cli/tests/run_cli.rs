@@ -1,0 +1,98 @@
+//! `vkfuse run`'s interface: the ids it prints, the logits file's rows, the JSON keys, and
+//! clear errors (no panic) on bad input.
+
+use std::process::Command;
+use vkfuse_compiler::npy;
+use vkfuse_tests::{assert_rows_close, expected, fixture_dir};
+
+fn vkfuse(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_vkfuse")).args(args).output().expect("vkfuse runs")
+}
+
+fn ids_arg(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+#[test]
+fn run_reference_reproduces_transformers_greedy_run() {
+    let want = expected("llama-gqa");
+    let dir = fixture_dir("llama-gqa");
+    let out_path = std::env::temp_dir().join(format!("vkfuse-cli-{}.npy", std::process::id()));
+    let n = want.greedy_ids.len().to_string();
+    let out = vkfuse(&[
+        "run",
+        dir.to_str().unwrap(),
+        "--backend",
+        "reference",
+        "--ids",
+        &ids_arg(&want.prompt_ids),
+        "--max-new-tokens",
+        &n,
+        "--logits-out",
+        out_path.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let ids: Vec<u32> = json["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    assert_eq!(ids, want.greedy_ids);
+    for key in [
+        "backend",
+        "tokens_per_s",
+        "host_us_per_token",
+        "gpu_us_per_token",
+        "dispatches_per_token",
+        "barriers_per_token",
+        "descriptor_writes_per_token",
+        "recordings_per_token",
+        "submits_per_token",
+    ] {
+        assert!(json.get(key).is_some(), "--json lacks `{key}`: {json}");
+    }
+    assert_eq!(json["backend"], "reference");
+    let logits = npy::read(&out_path).unwrap();
+    std::fs::remove_file(&out_path).ok();
+    // Rows: every fed token and every generated one but the last.
+    assert_eq!(logits.rows, want.prompt_ids.len() + want.greedy_ids.len() - 1);
+    let rows: Vec<Vec<f32>> = (0..logits.rows).map(|r| logits.row(r).to_vec()).collect();
+    assert_rows_close("cli greedy", &rows, &want.greedy_logits, 1e-3);
+}
+
+#[test]
+fn zero_new_tokens_gives_one_row_per_id() {
+    let dir = fixture_dir("qwen3-tied");
+    let out_path = std::env::temp_dir().join(format!("vkfuse-cli0-{}.npy", std::process::id()));
+    let out = vkfuse(&[
+        "run",
+        dir.to_str().unwrap(),
+        "--ids",
+        "3,4,5",
+        "--max-new-tokens",
+        "0",
+        "--logits-out",
+        out_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(npy::read(&out_path).unwrap().rows, 3);
+    std::fs::remove_file(&out_path).ok();
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_panic() {
+    let dir = fixture_dir("qwen3-tied");
+    let d = dir.to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (&["run", "/nonexistent/model", "--ids", "1"], "/nonexistent/model"),
+        (&["run", d, "--ids", "99999"], "outside the vocabulary"),
+        (&["run", d, "--ids", "1,2", "--max-new-tokens", "100", "--max-context", "8"], "KV capacity"),
+        (&["run", d, "--ids", "1", "--max-context", "0"], "--max-context"),
+    ];
+    for (args, needle) in cases {
+        let out = vkfuse(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: `{stderr}` should mention `{needle}`");
+        assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    }
+}
