@@ -5,6 +5,7 @@
 
 pub mod import;
 pub mod ir;
+pub mod kernels;
 pub mod npy;
 pub mod reference;
 pub mod trace;

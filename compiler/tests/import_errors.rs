@@ -624,6 +624,11 @@ fn wrong_typed_field_names_it_and_quotes_the_value() {
             "{key}: {e}"
         );
     }
+    let (_dir, e) = config_err(&set(LLAMA, "rope_theta", "1e300"));
+    assert!(
+        matches!(&e, ImportError::BadField { field, .. } if field == "rope_theta"),
+        "{e}"
+    );
     let (_dir, e) = config_err(&set(LLAMA, "tie_word_embeddings", r#""yes""#));
     assert!(
         e.to_string()
@@ -1063,4 +1068,225 @@ fn opening_a_store_directly_works_too() {
     let (dir, _m) = good_llama("store");
     let store = TensorStore::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(store.source(), dir.path().join("model.safetensors"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real fixtures (fixtures/models/*, written by transformers 5.17 via make_fixtures.py)
+// ---------------------------------------------------------------------------------------------
+
+fn fixture(name: &str) -> Model {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/models")
+        .join(name);
+    assert!(
+        dir.is_dir(),
+        "fixture {} is missing: generate the fixtures with fixtures/make_fixtures.py",
+        dir.display()
+    );
+    let model = load(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    // Every tensor reads, and the checkpoint holds exactly the parameters transformers counted.
+    for tensor in model.tensors.names() {
+        let info = model
+            .tensors
+            .get(tensor)
+            .unwrap_or_else(|| panic!("{name}: {tensor} unreadable"));
+        assert_eq!(
+            Some(info.dtype),
+            model.config.dtype,
+            "{name}: {tensor} is stored in the config dtype"
+        );
+        let values = model
+            .tensors
+            .to_f32(tensor)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(values.len(), info.numel());
+        assert!(
+            values.iter().all(|v| v.is_finite()),
+            "{name}: {tensor} has a non-finite value"
+        );
+    }
+    let reference = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
+    let reference: serde_json::Value =
+        serde_json::from_str(&reference).expect("reference.json parses");
+    assert_eq!(
+        Some(model.tensors.total_params() as u64),
+        reference["num_parameters"].as_u64(),
+        "{name}: parameter count"
+    );
+    assert_eq!(
+        reference["architecture"].as_str(),
+        Some(model.config.architecture.as_str())
+    );
+    model
+}
+
+#[test]
+fn fixture_qwen3_tied_config() {
+    let m = fixture("qwen3-tied");
+    let c = &m.config;
+    assert_eq!(c.family, Family::Qwen3);
+    assert_eq!(
+        (
+            c.vocab_size,
+            c.hidden_size,
+            c.num_layers,
+            c.intermediate_size
+        ),
+        (372, 64, 2, 160)
+    );
+    assert_eq!(
+        (c.num_attention_heads, c.num_kv_heads, c.head_dim),
+        (4, 2, 32)
+    );
+    assert_eq!(
+        c.rope,
+        RopeConfig {
+            theta: 10000.0,
+            rotary_dim: 32,
+            scaling: RopeScaling::None
+        }
+    );
+    assert_eq!(
+        (c.rms_norm_eps, c.max_position_embeddings, c.dtype),
+        (1e-6, 512, Some(DType::BF16))
+    );
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.as_slice()),
+        (Some(369), &[369][..])
+    );
+    assert!(c.tie_word_embeddings && !m.tensors.contains("lm_head.weight"));
+    assert!(m
+        .tensors
+        .expect("model.embed_tokens.weight", &[372, 64])
+        .is_ok());
+    assert!(m
+        .tensors
+        .expect("model.layers.1.self_attn.q_norm.weight", &[32])
+        .is_ok());
+}
+
+#[test]
+fn fixture_qwen3_untied_config_and_shards() {
+    let m = fixture("qwen3-untied");
+    let c = &m.config;
+    assert_eq!(c.family, Family::Qwen3);
+    assert_eq!(
+        (
+            c.vocab_size,
+            c.hidden_size,
+            c.num_layers,
+            c.intermediate_size
+        ),
+        (768, 96, 3, 256)
+    );
+    assert_eq!(
+        (c.num_attention_heads, c.num_kv_heads, c.head_dim),
+        (6, 3, 16)
+    );
+    assert_eq!((c.rope.theta, c.rope.rotary_dim), (1_000_000.0, 16));
+    assert_eq!(
+        (c.dtype, c.bos_token_id, c.eos_token_ids.as_slice()),
+        (Some(DType::F16), Some(1), &[2][..])
+    );
+    assert!(!c.tie_word_embeddings);
+    assert_eq!(
+        m.tensors.files().count(),
+        10,
+        "ten shards through the index"
+    );
+    assert!(m.tensors.source().ends_with("model.safetensors.index.json"));
+    assert!(m.tensors.expect("lm_head.weight", &[768, 96]).is_ok());
+}
+
+#[test]
+fn fixture_llama_gqa_config() {
+    let m = fixture("llama-gqa");
+    let c = &m.config;
+    assert_eq!(c.family, Family::Llama);
+    assert_eq!(
+        (
+            c.vocab_size,
+            c.hidden_size,
+            c.num_layers,
+            c.intermediate_size
+        ),
+        (1000, 96, 2, 200)
+    );
+    assert_eq!(
+        (c.num_attention_heads, c.num_kv_heads, c.head_dim),
+        (6, 2, 16),
+        "head_dim derived"
+    );
+    assert_eq!(
+        c.rope,
+        RopeConfig {
+            theta: 500000.0,
+            rotary_dim: 16,
+            scaling: RopeScaling::None
+        }
+    );
+    assert_eq!((c.rms_norm_eps, c.dtype), (1e-5, Some(DType::BF16)));
+    assert!(!c.tie_word_embeddings && !c.attention_bias && !c.mlp_bias);
+    assert!(m
+        .tensors
+        .expect("model.layers.1.mlp.down_proj.weight", &[96, 200])
+        .is_ok());
+}
+
+#[test]
+fn fixture_qwen3_next_config() {
+    let m = fixture("qwen3-next");
+    let c = &m.config;
+    assert_eq!(c.family, Family::Qwen3Next);
+    assert_eq!((c.vocab_size, c.hidden_size, c.num_layers), (600, 64, 4));
+    assert_eq!(
+        (c.num_attention_heads, c.num_kv_heads, c.head_dim),
+        (4, 2, 32)
+    );
+    assert_eq!(
+        c.rope,
+        RopeConfig {
+            theta: 10000.0,
+            rotary_dim: 8,
+            scaling: RopeScaling::None
+        }
+    );
+    assert_eq!((c.rms_norm_eps, c.dtype), (1e-6, Some(DType::BF16)));
+    let h = c.hybrid.as_ref().expect("hybrid");
+    assert_eq!(h.pattern(), "LLLF");
+    assert_eq!((h.linear_num_key_heads, h.linear_num_value_heads), (2, 4));
+    assert_eq!(
+        (
+            h.linear_key_head_dim,
+            h.linear_value_head_dim,
+            h.linear_conv_kernel_dim
+        ),
+        (16, 16, 4)
+    );
+    assert_eq!(
+        (
+            h.num_experts,
+            h.num_experts_per_tok,
+            h.moe_intermediate_size
+        ),
+        (8, 2, 32)
+    );
+    assert_eq!(
+        (h.shared_expert_intermediate_size, h.norm_topk_prob),
+        (48, true)
+    );
+    assert!((0..4).all(|l| h.is_moe_layer(l)));
+    let conv = h.conv_dim();
+    assert!(m
+        .tensors
+        .expect("model.layers.0.linear_attn.conv1d.weight", &[conv, 1, 4])
+        .is_ok());
+    assert!(m
+        .tensors
+        .expect("model.layers.3.self_attn.q_proj.weight", &[4 * 32 * 2, 64])
+        .is_ok());
+    assert!(m
+        .tensors
+        .expect("model.layers.2.mlp.experts.7.down_proj.weight", &[64, 32])
+        .is_ok());
 }

@@ -9,9 +9,9 @@
 // Dispatch: ceil(NUMEL / workgroup size).
 #include "common.glsl"
 
-#define ADD 0
-#define MUL 1
-#define DIV 2
+#define ADD 1
+#define MUL 2
+#define DIV 3
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NUMEL = 1;

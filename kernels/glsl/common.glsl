@@ -9,10 +9,11 @@
 // Dispatch: the host splits more than 65535 workgroups over x and y (`KernelCall::workgroups`),
 // so kernels use `group_id()` / `global_id()` and bounds-check.
 
-#define F32 0
-#define F16 1
-#define BF16 2
-#define I32 3
+// Codes start at 1: an undefined name in `#if` reads as 0 and must match none of them.
+#define F32 1
+#define F16 2
+#define BF16 3
+#define I32 4
 
 float f16_at(uint word, uint i) {
     vec2 v = unpackHalf2x16(word);
@@ -27,15 +28,15 @@ float bf16_at(uint word, uint i) {
 vec2 f16_pair(uint word) { return unpackHalf2x16(word); }
 vec2 bf16_pair(uint word) { return vec2(uintBitsToFloat(word << 16), uintBitsToFloat(word & 0xffff0000u)); }
 
-#define LOAD_0(A, i) uintBitsToFloat(A[i])
-#define LOAD_1(A, i) f16_at(A[(i) >> 1], (i))
-#define LOAD_2(A, i) bf16_at(A[(i) >> 1], (i))
+#define LOAD_1(A, i) uintBitsToFloat(A[i])
+#define LOAD_2(A, i) f16_at(A[(i) >> 1], (i))
+#define LOAD_3(A, i) bf16_at(A[(i) >> 1], (i))
 #define LOAD_PASTE(DT, A, i) LOAD_##DT(A, i)
 // Element i of the uint array A holding dtype DT, as f32.
 #define LOAD(DT, A, i) LOAD_PASTE(DT, A, i)
 
-#define PAIR_1(w) f16_pair(w)
-#define PAIR_2(w) bf16_pair(w)
+#define PAIR_2(w) f16_pair(w)
+#define PAIR_3(w) bf16_pair(w)
 #define PAIR_PASTE(DT, w) PAIR_##DT(w)
 // The two 16-bit elements of word w of dtype DT (F16 or BF16), as f32.
 #define PAIR(DT, w) PAIR_PASTE(DT, w)

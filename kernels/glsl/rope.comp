@@ -147,27 +147,33 @@ layout(constant_id = 129) const float IF125 = 0.0;
 layout(constant_id = 130) const float IF126 = 0.0;
 layout(constant_id = 131) const float IF127 = 0.0;
 
-const float INV_FREQ[128] = float[](
-    IF0, IF1, IF2, IF3, IF4, IF5, IF6, IF7,
-    IF8, IF9, IF10, IF11, IF12, IF13, IF14, IF15,
-    IF16, IF17, IF18, IF19, IF20, IF21, IF22, IF23,
-    IF24, IF25, IF26, IF27, IF28, IF29, IF30, IF31,
-    IF32, IF33, IF34, IF35, IF36, IF37, IF38, IF39,
-    IF40, IF41, IF42, IF43, IF44, IF45, IF46, IF47,
-    IF48, IF49, IF50, IF51, IF52, IF53, IF54, IF55,
-    IF56, IF57, IF58, IF59, IF60, IF61, IF62, IF63,
-    IF64, IF65, IF66, IF67, IF68, IF69, IF70, IF71,
-    IF72, IF73, IF74, IF75, IF76, IF77, IF78, IF79,
-    IF80, IF81, IF82, IF83, IF84, IF85, IF86, IF87,
-    IF88, IF89, IF90, IF91, IF92, IF93, IF94, IF95,
-    IF96, IF97, IF98, IF99, IF100, IF101, IF102, IF103,
-    IF104, IF105, IF106, IF107, IF108, IF109, IF110, IF111,
-    IF112, IF113, IF114, IF115, IF116, IF117, IF118, IF119,
-    IF120, IF121, IF122, IF123, IF124, IF125, IF126, IF127);
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer X { float x[]; };
 layout(set = 0, binding = 2, std430) readonly buffer Pos { int pos[]; };
+
+// inv_freq[i], as a lookup table built from the spec constants (global const arrays cannot be
+// initialized from spec constants in GLSL; after specialization this is a constant table).
+float inv_freq(uint i) {
+    const float table[128] = float[](
+        IF0, IF1, IF2, IF3, IF4, IF5, IF6, IF7,
+        IF8, IF9, IF10, IF11, IF12, IF13, IF14, IF15,
+        IF16, IF17, IF18, IF19, IF20, IF21, IF22, IF23,
+        IF24, IF25, IF26, IF27, IF28, IF29, IF30, IF31,
+        IF32, IF33, IF34, IF35, IF36, IF37, IF38, IF39,
+        IF40, IF41, IF42, IF43, IF44, IF45, IF46, IF47,
+        IF48, IF49, IF50, IF51, IF52, IF53, IF54, IF55,
+        IF56, IF57, IF58, IF59, IF60, IF61, IF62, IF63,
+        IF64, IF65, IF66, IF67, IF68, IF69, IF70, IF71,
+        IF72, IF73, IF74, IF75, IF76, IF77, IF78, IF79,
+        IF80, IF81, IF82, IF83, IF84, IF85, IF86, IF87,
+        IF88, IF89, IF90, IF91, IF92, IF93, IF94, IF95,
+        IF96, IF97, IF98, IF99, IF100, IF101, IF102, IF103,
+        IF104, IF105, IF106, IF107, IF108, IF109, IF110, IF111,
+        IF112, IF113, IF114, IF115, IF116, IF117, IF118, IF119,
+        IF120, IF121, IF122, IF123, IF124, IF125, IF126, IF127);
+    return table[i];
+}
 
 // sin and cos of a, as Cephes' sinf/cosf: reduce by multiples of pi/4 in three parts, then
 // evaluate the polynomial of the octant.
@@ -216,7 +222,7 @@ void main() {
     }
     uint half_rot = ROT / 2u;
     uint f = j < half_rot ? j : j - half_rot;
-    float angle = INV_FREQ[f] * float(pos[0]);
+    float angle = inv_freq(f) * float(pos[0]);
     vec2 sc = sin_cos(angle);
     float a = x[base + f];
     float b = x[base + f + half_rot];

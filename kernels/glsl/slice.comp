@@ -9,6 +9,10 @@
 // Dispatch: ceil(output words / workgroup size).
 #include "common.glsl"
 
+#if DTYPE_1 != F32 && DTYPE_1 != F16 && DTYPE_1 != BF16 && DTYPE_1 != I32
+#error "DTYPE_1 must be F32, F16, BF16 or I32"
+#endif
+
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint OUTER = 1;
 layout(constant_id = 2) const uint LEN = 1;

@@ -8,11 +8,11 @@
 // Dispatch: ceil(NUMEL / workgroup size).
 #include "common.glsl"
 
-#define SILU 0
-#define SIGMOID 1
-#define SOFTPLUS 2
-#define EXP 3
-#define NEG 4
+#define SILU 1
+#define SIGMOID 2
+#define SOFTPLUS 3
+#define EXP 4
+#define NEG 5
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NUMEL = 1;

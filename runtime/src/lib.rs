@@ -18,6 +18,8 @@
 
 pub mod counters;
 pub mod error;
+pub mod schedule;
+pub mod session;
 pub mod vulkan;
 
 pub use counters::{Counters, PerToken};

@@ -326,3 +326,33 @@ fn should_count_storage_buffers_against_the_pool() {
         assert!(matches!(err, Error::OutOfMemory { .. }), "{err:?}");
     });
 }
+
+#[test]
+fn should_refuse_to_submit_a_recording_whose_set_was_updated_since() {
+    on_device(|device| {
+        let pipeline = scale_add(device, 1.0, 0);
+        let a = device.create_buffer(256, BufferKind::DeviceLocal).unwrap();
+        let b = device.create_buffer(256, BufferKind::DeviceLocal).unwrap();
+        let pool = device.create_descriptor_pool(1, 2).unwrap();
+        let set = pool.allocate(&pipeline).unwrap();
+        let bind = [BufferBinding::whole(0, &a), BufferBinding::whole(1, &b)];
+        device.write_descriptors(&set, &bind).unwrap();
+        let record = |cmd: &mut vkfuse_runtime::CommandBuffer| {
+            let mut rec = cmd.begin().unwrap();
+            rec.bind_pipeline(&pipeline).unwrap();
+            rec.bind_descriptor_set(&set).unwrap();
+            rec.push_constants_pod(0, &push(64, 0.0)).unwrap();
+            rec.dispatch(1, 1, 1).unwrap();
+            rec.finish().unwrap();
+        };
+        let mut cmd = device.create_command_buffer().unwrap();
+        record(&mut cmd);
+        device.submit_and_wait(&mut cmd, WAIT).unwrap();
+        // Vulkan invalidates the recording when the set changes; vkfuse says so.
+        device.write_descriptors(&set, &bind).unwrap();
+        let err = device.submit(&mut cmd).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+        record(&mut cmd);
+        device.submit_and_wait(&mut cmd, WAIT).unwrap();
+    });
+}

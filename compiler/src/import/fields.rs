@@ -110,18 +110,20 @@ impl<'a> Fields<'a> {
             .ok_or_else(|| self.missing(key, "a non-negative integer"))
     }
 
-    /// A finite number `>= 0` (`> 0` when `positive`), if set.
+    /// A number `>= 0` (`> 0` when `positive`) that is finite as an f32, if set.
     pub fn number_opt(&self, key: &str, positive: bool) -> R<Option<f64>> {
         let Some(v) = self.get(key) else {
             return Ok(None);
         };
         let what = if positive {
-            "a positive number"
+            "a positive number (f32 range)"
         } else {
-            "a non-negative number"
+            "a non-negative number (f32 range)"
         };
         match v.as_f64() {
-            Some(x) if x.is_finite() && (x > 0.0 || (!positive && x == 0.0)) => Ok(Some(x)),
+            Some(x) if (x as f32).is_finite() && (x > 0.0 || (!positive && x == 0.0)) => {
+                Ok(Some(x))
+            }
             _ => Err(self.expected(key, what, v)),
         }
     }

@@ -68,8 +68,7 @@ impl HybridConfig {
     pub fn is_moe_layer(&self, layer: usize) -> bool {
         !self.mlp_only_layers.contains(&layer)
             && self.num_experts > 0
-            && self.decoder_sparse_step > 0
-            && (layer + 1) % self.decoder_sparse_step == 0
+            && (layer + 1).checked_rem(self.decoder_sparse_step) == Some(0)
     }
 
     /// `linear_num_key_heads * linear_key_head_dim`.

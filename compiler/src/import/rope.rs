@@ -99,6 +99,9 @@ impl RopeConfig {
                         };
                         let smooth = (old / wavelen - low_freq_factor) / span;
                         let smoothed = (1.0 - smooth) * llama / factor + smooth * llama;
+                        // torch: `~(wavelen < high) * ~(wavelen > low)`, kept literal so that
+                        // a NaN compares the way it does there.
+                        #[allow(clippy::neg_cmp_op_on_partial_ord)]
                         let medium =
                             !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
                         if medium {

@@ -4,12 +4,15 @@
 //! any real backend does; everything per-dispatch is redone per token.
 
 use super::{Loaded, SessionError, StepOutput, STEP_TIMEOUT};
-use crate::{BufferBinding, CommandBuffer, DescriptorPool, TimestampPool};
+use crate::{BufferBinding, CommandBuffer, DescriptorPool, DescriptorSet, TimestampPool};
 
 /// Runs a loaded schedule eagerly.
 pub struct Eager {
     loaded: Loaded,
-    pool: DescriptorPool,
+    /// Keeps the sets' pool alive.
+    _pool: DescriptorPool,
+    /// One set per dispatch, rewritten every token (as a descriptor-set ring would be).
+    sets: Vec<DescriptorSet>,
     cmd: CommandBuffer,
     timestamps: Option<TimestampPool>,
     gpu_ns: f64,
@@ -22,9 +25,14 @@ impl Eager {
         let sets = s.dispatches.len() as u32;
         let bindings: u32 = s.dispatches.iter().map(|d| d.bindings.len() as u32).sum();
         let pool = loaded.device.create_descriptor_pool(sets, bindings)?;
+        let sets = s
+            .dispatches
+            .iter()
+            .map(|d| pool.allocate(&loaded.pipelines[d.kernel.index()]))
+            .collect::<Result<Vec<_>, _>>()?;
         let cmd = loaded.device.create_command_buffer()?;
         let timestamps = loaded.device.create_timestamp_pool(2)?;
-        Ok(Eager { loaded, pool, cmd, timestamps, gpu_ns: 0.0 })
+        Ok(Eager { loaded, _pool: pool, sets, cmd, timestamps, gpu_ns: 0.0 })
     }
 
     /// The loaded schedule.
@@ -47,15 +55,13 @@ impl Eager {
     pub fn step(&mut self, token: Option<u32>) -> Result<StepOutput, SessionError> {
         self.loaded.prepare_step(token)?;
         let l = &self.loaded;
-        self.pool.reset()?;
         let mut rec = self.cmd.begin()?;
         if let Some(ts) = &self.timestamps {
             rec.reset_timestamps(ts)?;
             rec.write_timestamp(ts, 0)?;
         }
-        for d in &l.schedule.dispatches {
+        for (d, set) in l.schedule.dispatches.iter().zip(&self.sets) {
             let pipeline = &l.pipelines[d.kernel.index()];
-            let set = self.pool.allocate(pipeline)?;
             let bindings: Vec<BufferBinding<'_>> = d
                 .bindings
                 .iter()
@@ -67,9 +73,9 @@ impl Eager {
                     range: s.size,
                 })
                 .collect();
-            l.device.write_descriptors(&set, &bindings)?;
+            l.device.write_descriptors(set, &bindings)?;
             rec.bind_pipeline(pipeline)?;
-            rec.bind_descriptor_set(&set)?;
+            rec.bind_descriptor_set(set)?;
             if !d.push_constants.is_empty() {
                 rec.push_constants(0, &d.push_constants)?;
             }

@@ -149,8 +149,10 @@ pub struct CommandBuffer {
     pool: vk::CommandPool,
     state: State,
     keep: Vec<Keep>,
-    /// Descriptor sets used, each once: their fence is set at submit.
-    sets: Vec<Arc<SetInner>>,
+    /// Descriptor sets bound, with their update generation when first bound; deduplicated at
+    /// `finish`. At submit the generations are checked (an update after recording invalidates
+    /// a command buffer) and the sets get the submission's fence.
+    sets: Vec<(Arc<SetInner>, u64)>,
     /// The fence of the submission in flight (or last finished), if any.
     fence: Option<Arc<Fence>>,
     dispatches: u64,
@@ -228,32 +230,60 @@ impl Device {
             cmd.retire()?;
         }
         let raws: Vec<vk::CommandBuffer> = cmds.iter().map(|c| c.raw).collect();
-        let fence = shared.acquire_fence()?;
-        let submit = [vk::SubmitInfo::default().command_buffers(&raws)];
-        let start = Instant::now();
-        let result = {
-            let queue = lock(&shared.queue);
-            // SAFETY: the queue lock is held; the buffers are executable, not pending (retired
-            // above) and keep what they use alive; the fence is unsignalled and unused.
-            unsafe { shared.raw.queue_submit(*queue, &submit, fence) }
-        };
-        let host_ns = start.elapsed().as_nanos() as u64;
-        if let Err(r) = result {
-            // The fence was not submitted: it can be reused as is.
-            shared.release_fence(fence, false);
-            return Err(Error::vk("vkQueueSubmit", r));
-        }
         let fence = Arc::new(Fence {
-            raw: fence,
+            raw: shared.acquire_fence()?,
             signaled: AtomicBool::new(false),
             shared: Arc::clone(shared),
         });
-        shared.counters.add_submit(host_ns);
+        // Mark the sets as used by this submission before it starts, so a concurrent
+        // `write_descriptors` sees them in use; undone if the submission does not happen.
+        let mut marked: Vec<(&Arc<SetInner>, Option<Arc<Fence>>)> = Vec::new();
+        let mut stale = false;
+        'mark: for cmd in cmds.iter() {
+            for (set, generation) in &cmd.sets {
+                let mut state = lock(&set.state);
+                if state.generation != *generation {
+                    stale = true;
+                    break 'mark;
+                }
+                // One queue: the latest fence signals after every earlier submission, so it
+                // alone tells when the set is free again.
+                let previous = state.last_fence.replace(Arc::clone(&fence));
+                marked.push((set, previous));
+            }
+        }
+        let result = if stale {
+            Err(Error::InvalidArgument(
+                "a descriptor set was updated after it was recorded into this command buffer \
+                 (which Vulkan makes invalid): record it again"
+                    .into(),
+            ))
+        } else {
+            let submit = [vk::SubmitInfo::default().command_buffers(&raws)];
+            let start = Instant::now();
+            let result = {
+                let queue = lock(&shared.queue);
+                // SAFETY: the queue lock is held; the buffers are executable (none of their sets
+                // was updated since recording), not pending (retired above), and keep what they
+                // use alive; the fence is unsignalled and unused.
+                unsafe { shared.raw.queue_submit(*queue, &submit, fence.raw) }
+            };
+            shared
+                .counters
+                .add_submit(start.elapsed().as_nanos() as u64);
+            result.map_err(vk_err("vkQueueSubmit"))
+        };
+        if let Err(e) = result {
+            // In reverse: a set used by two buffers of the batch was marked twice.
+            for (set, previous) in marked.into_iter().rev() {
+                lock(&set.state).last_fence = previous;
+            }
+            // Never submitted: nothing to wait for; resetting an unsignalled fence is allowed.
+            fence.signaled.store(true, Ordering::Release);
+            return Err(e);
+        }
         for cmd in cmds.iter_mut() {
             shared.counters.add_executed(cmd.dispatches, cmd.barriers);
-            for set in &cmd.sets {
-                lock(&set.state).last_fence = Some(Arc::clone(&fence));
-            }
             cmd.fence = Some(Arc::clone(&fence));
         }
         Ok(())
@@ -431,9 +461,8 @@ impl CommandRecorder<'_> {
                 &[],
             )
         };
-        if !self.cmd.sets.iter().any(|s| Arc::ptr_eq(s, &set.inner)) {
-            self.cmd.sets.push(Arc::clone(&set.inner));
-        }
+        let generation = lock(&set.inner.state).generation;
+        self.cmd.sets.push((Arc::clone(&set.inner), generation));
         Ok(())
     }
 
@@ -624,6 +653,14 @@ impl CommandRecorder<'_> {
         let ended = unsafe { shared.raw.end_command_buffer(self.cmd.raw) };
         let host_ns = self.start.elapsed().as_nanos() as u64;
         ended.map_err(vk_err("vkEndCommandBuffer"))?;
+        // Each set once, keeping its first-bound generation (a stable sort keeps bind order
+        // among equals and `dedup_by` keeps the first).
+        self.cmd
+            .sets
+            .sort_by_key(|(set, _)| Arc::as_ptr(set) as usize);
+        self.cmd
+            .sets
+            .dedup_by(|later, first| Arc::ptr_eq(&later.0, &first.0));
         self.cmd.state = State::Executable;
         shared.counters.add_recording(host_ns);
         Ok(())

@@ -71,6 +71,8 @@ pub(crate) struct SetInner {
 pub(crate) struct SetState {
     buffers: Vec<Option<Arc<BufferInner>>>,
     pub(crate) last_fence: Option<Arc<Fence>>,
+    /// Bumped by every update: a command buffer that bound an older generation is invalid.
+    pub(crate) generation: u64,
 }
 
 impl fmt::Debug for DescriptorSet {
@@ -151,7 +153,9 @@ impl Device {
 
     /// Writes storage-buffer bindings into `set` with one `vkUpdateDescriptorSets` call; each
     /// binding counts as one descriptor write. Fails with [`Error::InUse`] while a submission
-    /// using the set is still running (updating it then is undefined behaviour).
+    /// using the set is still running (updating it then is undefined behaviour). An update
+    /// invalidates command buffers already recorded with the set: submitting one again fails
+    /// until it is recorded again (bind sets that change per token from a ring instead).
     pub fn write_descriptors(
         &self,
         set: &DescriptorSet,
@@ -225,6 +229,7 @@ impl Device {
         for b in bindings {
             state.buffers[b.binding as usize] = Some(Arc::clone(&b.buffer.inner));
         }
+        state.generation += 1;
         drop(state);
 
         shared.counters.add_descriptor_writes(bindings.len() as u64);

@@ -1,0 +1,79 @@
+//! GLSL -> SPIR-V with shaderc. Callers cache the words per (kernel, defines): specialization
+//! constants do not change the SPIR-V.
+
+use shaderc::{
+    CompileOptions, Compiler, EnvVersion, OptimizationLevel, ResolvedInclude, ShaderKind, TargetEnv,
+};
+
+/// Why a kernel did not compile.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("no kernel named `{0}` in vkfuse-kernels")]
+    UnknownKernel(String),
+    #[error("kernel `{kernel}` [{defines}] does not compile:\n{message}")]
+    Compile { kernel: String, defines: String, message: String },
+    #[error("shaderc could not start: {0}")]
+    Shaderc(String),
+}
+
+/// The SPIR-V (Vulkan 1.1 target) of `kernel` with `defines`; `#include "x.glsl"` resolves to
+/// the headers of `vkfuse_kernels`. Errors name the kernel and its defines.
+pub fn compile(kernel: &str, defines: &[(String, String)]) -> Result<Vec<u32>, KernelError> {
+    let source = vkfuse_kernels::source(kernel).ok_or_else(|| KernelError::UnknownKernel(kernel.into()))?;
+    let list = defines.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    let fail = |message: String| KernelError::Compile {
+        kernel: kernel.to_string(),
+        defines: list.clone(),
+        message,
+    };
+    for (name, value) in defines {
+        let ok = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok(name) || !ok(value) {
+            return Err(fail(format!("define `{name}={value}` is not an identifier pair")));
+        }
+    }
+    let compiler = Compiler::new().map_err(|e| KernelError::Shaderc(e.to_string()))?;
+    let mut options = CompileOptions::new().map_err(|e| KernelError::Shaderc(e.to_string()))?;
+    options.set_target_env(TargetEnv::Vulkan, EnvVersion::Vulkan1_1 as u32);
+    options.set_optimization_level(OptimizationLevel::Performance);
+    options.set_warnings_as_errors();
+    for (name, value) in defines {
+        options.add_macro_definition(name, Some(value));
+    }
+    options.set_include_callback(|name, _kind, _from, _depth| {
+        vkfuse_kernels::header(name)
+            .map(|content| ResolvedInclude {
+                resolved_name: name.to_string(),
+                content: content.to_string(),
+            })
+            .ok_or_else(|| format!("no header `{name}` in vkfuse-kernels"))
+    });
+    let file = format!("{kernel}.comp");
+    let artifact = compiler
+        .compile_into_spirv(source, ShaderKind::Compute, &file, "main", Some(&options))
+        .map_err(|e| fail(e.to_string()))?;
+    Ok(artifact.as_binary().to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn should_compile_a_kernel_with_its_headers() {
+        let words = compile("matvec", &d(&[("DTYPE_1", "BF16")])).expect("compiles");
+        assert_eq!(words[0], 0x0723_0203);
+    }
+
+    #[test]
+    fn errors_name_the_kernel_and_defines() {
+        let err = compile("binary", &d(&[("DTYPE_1", "F32"), ("DTYPE_2", "F32"), ("OP", "POW")])).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("`binary`") && msg.contains("OP=POW"), "{msg}");
+        assert!(matches!(compile("nope", &[]), Err(KernelError::UnknownKernel(_))));
+    }
+}

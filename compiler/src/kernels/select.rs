@@ -1,0 +1,375 @@
+//! The kernel of each op in unfused execution: one dispatch per op (none for the aliases).
+//!
+//! Shapes, eps, theta and scales are specialization constants (a decode program has few
+//! distinct shapes, so pipelines are shared across layers); operand dtypes are `DTYPE_<binding>`
+//! defines; nothing is a push constant. The position is never a constant: kernels read it.
+
+use super::KernelCall;
+use crate::ir::{DType, OpId, OpKind, Program, Shape, Type};
+
+/// Workgroup counts above this are split over x and y (`maxComputeWorkGroupCount[0]` is at
+/// least 65535 everywhere); kernels compute `group_id = y * num_x + x` and bounds-check.
+pub const MAX_WORKGROUPS_X: usize = 65535;
+
+/// Workgroup size of the elementwise and copy kernels.
+const ELEMENTWISE_WG: usize = 128;
+/// Workgroup size of matvec and expert_matvec.
+const MATVEC_WG: usize = 128;
+/// Workgroup size of the delta-rule kernels (one invocation per state column).
+const DELTA_WG: usize = 64;
+/// Most output dims (after merging) the binary kernel handles.
+const BINARY_MAX_RANK: usize = 4;
+
+/// The ops that alias an existing buffer and have no kernel.
+pub fn is_alias(kind: &OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::Weight { .. } | OpKind::WeightStack { .. } | OpKind::ReadState { .. } | OpKind::Reshape { .. }
+    )
+}
+
+/// The kernel for op `id` of `program` (None for weight, weight_stack, read_state, reshape).
+///
+/// Panics only on programs the verifier rejects, or on shapes past the kernels' documented
+/// limits (binary ops needing more than 4 dims after merging, rope with rotary_dim > 256,
+/// attention with head_dim > 512, any value of 2^32 or more elements).
+pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
+    use OpKind::*;
+    let op = program.op(id);
+    if is_alias(&op.kind) {
+        return None;
+    }
+    let arg = |i: usize| program.ty(op.args[i]);
+    let out = || program.ty(op.result.expect("every op but write_state has a result"));
+    let bindings = 1 + op.kind.arity();
+    let call = |kernel: &'static str, defines: Vec<(&str, String)>, spec: Vec<u32>, groups: usize| {
+        let mut defines: Vec<(String, String)> = defines.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        defines.sort();
+        KernelCall {
+            kernel,
+            defines,
+            spec_constants: spec,
+            push_constants: Vec::new(),
+            workgroups: workgroups(groups),
+            bindings,
+        }
+    };
+    let elementwise = |n: usize| n.div_ceil(ELEMENTWISE_WG);
+    let wg = ELEMENTWISE_WG as u32;
+
+    Some(match &op.kind {
+        Weight { .. } | WeightStack { .. } | ReadState { .. } | Reshape { .. } => unreachable!(),
+        WriteState { .. } => {
+            let words = arg(0).bytes().div_ceil(4);
+            call("copy", vec![], vec![wg, u(words)], elementwise(words))
+        }
+        KvWrite { state } => {
+            let c = program.state(*state).ty.shape.dims();
+            let (hkv, cap, d) = (c[0], c[1], c[2]);
+            call("kv_write", vec![], vec![wg, u(hkv), u(cap), u(d)], elementwise(hkv * d))
+        }
+        Embedding => {
+            let (v, h) = (arg(0).shape.dims()[0], arg(0).shape.dims()[1]);
+            call("embedding", vec![("DTYPE_1", dtype(arg(0)))], vec![wg, u(v), u(h)], elementwise(h))
+        }
+        RmsNorm { eps, zero_centered } => {
+            let (rows, n) = rows(&arg(0).shape);
+            let spec = vec![row_wg(n), u(n), eps.0.to_bits(), u32::from(*zero_centered), u(rows)];
+            call("rms_norm", vec![("DTYPE_2", dtype(arg(1)))], spec, rows)
+        }
+        GatedRmsNorm { eps } => {
+            let (rows, n) = rows(&arg(0).shape);
+            let spec = vec![row_wg(n), u(n), eps.0.to_bits(), u(rows)];
+            call("gated_rms_norm", vec![("DTYPE_3", dtype(arg(2)))], spec, rows)
+        }
+        L2Norm { eps } => {
+            let (rows, n) = rows(&arg(0).shape);
+            call("l2_norm", vec![], vec![row_wg(n), u(n), eps.0.to_bits(), u(rows)], rows)
+        }
+        Matvec => {
+            let w = arg(0);
+            let (o, i) = (w.shape.dims()[0], w.shape.dims()[1]);
+            let rows = matvec_rows(o);
+            let spec = vec![MATVEC_WG as u32, u(o), u(i), rows, vec4(w.dtype, i)];
+            call("matvec", vec![("DTYPE_1", dtype(w))], spec, o.div_ceil(rows as usize))
+        }
+        ExpertMatvec => {
+            let w = arg(0);
+            let (e, o, i) = (w.shape.dims()[0], w.shape.dims()[1], w.shape.dims()[2]);
+            let k = arg(1).shape.dims()[0];
+            let per_row = arg(2).shape.rank() == 2;
+            let rows = matvec_rows(o);
+            let spec =
+                vec![MATVEC_WG as u32, u(o), u(i), rows, vec4(w.dtype, i), u(e), u(k), u32::from(per_row)];
+            call("expert_matvec", vec![("DTYPE_1", dtype(w))], spec, k * o.div_ceil(rows as usize))
+        }
+        Add | Mul | Div => {
+            let name = match op.kind {
+                Add => "ADD",
+                Mul => "MUL",
+                _ => "DIV",
+            };
+            let out = out();
+            let (dims, sa, sb) = broadcast_strides(&out.shape, &arg(0).shape, &arg(1).shape);
+            let n = out.shape.numel();
+            let mut spec = vec![wg, u(n)];
+            spec.extend(dims.iter().chain(&sa).chain(&sb).map(|&x| u(x)));
+            let defines = vec![("DTYPE_1", dtype(arg(0))), ("DTYPE_2", dtype(arg(1))), ("OP", name.into())];
+            call("binary", defines, spec, elementwise(n))
+        }
+        Silu | Sigmoid | Softplus | Exp | Neg => {
+            let name = match op.kind {
+                Silu => "SILU",
+                Sigmoid => "SIGMOID",
+                Softplus => "SOFTPLUS",
+                Exp => "EXP",
+                _ => "NEG",
+            };
+            let n = arg(0).shape.numel();
+            call("unary", vec![("DTYPE_1", dtype(arg(0))), ("OP", name.into())], vec![wg, u(n)], elementwise(n))
+        }
+        Rope { theta, rotary_dim } => {
+            let (heads, d) = (arg(0).shape.dims()[0], arg(0).shape.dims()[1]);
+            let half = rotary_dim / 2;
+            assert!(
+                half <= vkfuse_kernels::ROPE_MAX_HALF,
+                "rope: rotary_dim {rotary_dim} is past the kernel's {}",
+                2 * vkfuse_kernels::ROPE_MAX_HALF
+            );
+            let mut spec = vec![wg, u(heads), u(d), u(*rotary_dim)];
+            spec.extend(rope_inv_freq(theta.0, *rotary_dim).iter().map(|f| f.to_bits()));
+            call("rope", vec![], spec, elementwise(heads * d))
+        }
+        Slice { axis, start, end } => {
+            let x = arg(0);
+            let (outer, len, inner) = around(&x.shape, *axis);
+            let n = outer * (end - start) * inner;
+            let spec = vec![wg, u(outer), u(len), u(*start), u(end - start), u(inner)];
+            call("slice", vec![("DTYPE_1", dtype(x))], spec, elementwise(words(x.dtype, n)))
+        }
+        Concat { axis } => {
+            let (a, b) = (arg(0), arg(1));
+            let (outer, la, inner) = around(&a.shape, *axis);
+            let lb = b.shape.dims()[*axis];
+            let n = outer * (la + lb) * inner;
+            let spec = vec![wg, u(outer), u(la * inner), u(lb * inner)];
+            let defines = vec![("DTYPE_1", dtype(a)), ("DTYPE_2", dtype(b))];
+            call("concat", defines, spec, elementwise(words(a.dtype, n)))
+        }
+        Attention { scale } => {
+            let (hq, d) = (arg(0).shape.dims()[0], arg(0).shape.dims()[1]);
+            let (hkv, cap) = (arg(1).shape.dims()[0], arg(1).shape.dims()[1]);
+            let wg = attention_wg(d);
+            call("attention", vec![], vec![wg, u(hq), u(hkv), u(cap), u(d), scale.0.to_bits()], hq)
+        }
+        CausalConv1d => {
+            let (c, km1) = (arg(0).shape.dims()[0], arg(0).shape.dims()[1]);
+            call("causal_conv1d", vec![("DTYPE_3", dtype(arg(2)))], vec![wg, u(c), u(km1)], elementwise(c))
+        }
+        ConvShift => {
+            let (c, km1) = (arg(0).shape.dims()[0], arg(0).shape.dims()[1]);
+            call("conv_shift", vec![], vec![wg, u(c), u(km1)], elementwise(c * km1))
+        }
+        DeltaRuleUpdate => {
+            let s = arg(0).shape.dims();
+            let (hv, dk, dv, hk) = (s[0], s[1], s[2], arg(1).shape.dims()[0]);
+            let spec = vec![DELTA_WG as u32, u(hv), u(hk), u(dk), u(dv)];
+            call("delta_rule_update", vec![], spec, hv * dv.div_ceil(DELTA_WG))
+        }
+        DeltaRuleReadout { scale } => {
+            let s = arg(0).shape.dims();
+            let (hv, dk, dv, hk) = (s[0], s[1], s[2], arg(1).shape.dims()[0]);
+            let spec = vec![DELTA_WG as u32, u(hv), u(hk), u(dk), u(dv), scale.0.to_bits()];
+            call("delta_rule_readout", vec![], spec, hv * dv.div_ceil(DELTA_WG))
+        }
+        Softmax => {
+            let (rows, n) = rows(&arg(0).shape);
+            call("softmax", vec![], vec![row_wg(n), u(n), u(rows)], rows)
+        }
+        TopK { k } => {
+            let n = arg(0).shape.numel();
+            call("top_k", vec![], vec![row_wg(n), u(n), u(*k)], 1)
+        }
+        Gather => {
+            let (n, k) = (arg(0).shape.numel(), arg(1).shape.numel());
+            call("gather", vec![], vec![wg, u(n), u(k)], elementwise(k))
+        }
+        Sum { axis } => {
+            let (outer, len, inner) = around(&arg(0).shape, *axis);
+            if inner == 1 {
+                call("sum", vec![], vec![row_wg(len), u(outer), u(len), u(inner), 1], outer)
+            } else {
+                call("sum", vec![], vec![wg, u(outer), u(len), u(inner), 0], elementwise(outer * inner))
+            }
+        }
+        Argmax => {
+            let n = arg(0).shape.numel();
+            call("argmax", vec![], vec![row_wg(n), u(n)], 1)
+        }
+        Increment => call("increment", vec![], vec![1], 1),
+    })
+}
+
+/// `n` as a u32 (kernels index with 32 bits).
+fn u(n: usize) -> u32 {
+    u32::try_from(n).expect("kernels index values of fewer than 2^32 elements")
+}
+
+/// The define value of a dtype, as `common.glsl` names it.
+fn dtype(t: &Type) -> String {
+    match t.dtype {
+        DType::F32 => "F32",
+        DType::F16 => "F16",
+        DType::BF16 => "BF16",
+        DType::I32 => "I32",
+    }
+    .to_string()
+}
+
+/// Workgroup counts, split over x and y past [`MAX_WORKGROUPS_X`]; never zero.
+fn workgroups(n: usize) -> [u32; 3] {
+    let n = n.max(1);
+    if n <= MAX_WORKGROUPS_X {
+        [u(n), 1, 1]
+    } else {
+        [u(MAX_WORKGROUPS_X), u(n.div_ceil(MAX_WORKGROUPS_X)), 1]
+    }
+}
+
+/// Workgroup size of a kernel reducing rows of `n`: a power of two in 32..=256.
+fn row_wg(n: usize) -> u32 {
+    u(n.next_power_of_two().clamp(32, 256))
+}
+
+/// Rows of a matvec workgroup: more rows per workgroup amortise the input loads on big matrices.
+fn matvec_rows(o: usize) -> u32 {
+    match o {
+        0..=1 => 1,
+        2..=4095 => 2,
+        _ => 4,
+    }
+}
+
+/// Whether matvec rows and the input are 16-byte aligned (f32: I % 4, 16-bit: I % 8).
+fn vec4(w: DType, i: usize) -> u32 {
+    let per_16_bytes = 16 / w.size();
+    u32::from(i % per_16_bytes == 0)
+}
+
+/// Attention workgroup: also the tile of positions; each invocation owns up to 4 output dims.
+fn attention_wg(d: usize) -> u32 {
+    assert!(d <= 512, "attention: head_dim {d} is past the kernel's 512");
+    if d <= 256 {
+        64
+    } else {
+        128
+    }
+}
+
+/// `(rows, n)`: the innermost axis and how many rows of it.
+fn rows(s: &Shape) -> (usize, usize) {
+    let n = s.last().max(1);
+    (s.numel() / n, n)
+}
+
+/// `(outer, len, inner)` around `axis`.
+fn around(s: &Shape, axis: usize) -> (usize, usize, usize) {
+    let d = s.dims();
+    (d[..axis].iter().product(), d[axis], d[axis + 1..].iter().product())
+}
+
+/// 32-bit words holding `n` elements of `dtype` (16-bit dtypes: two per word).
+fn words(dtype: DType, n: usize) -> usize {
+    if dtype.size() == 2 {
+        n.div_ceil(2)
+    } else {
+        n
+    }
+}
+
+/// inv_freq of rope, computed exactly as the reference does (f32 `powf`), so the device sees
+/// bit-identical angles.
+pub(crate) fn rope_inv_freq(theta: f32, rotary_dim: usize) -> Vec<f32> {
+    (0..rotary_dim / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / rotary_dim as f32)).collect()
+}
+
+/// Output dims and element strides of `a` and `b` for a broadcast binary op, merged where
+/// adjacent dims broadcast alike and left-padded to [`BINARY_MAX_RANK`] (stride 0 = broadcast).
+fn broadcast_strides(out: &Shape, a: &Shape, b: &Shape) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+    let rank = out.rank();
+    let pad = |s: &Shape| -> Vec<usize> {
+        let mut d = vec![1; rank - s.rank()];
+        d.extend_from_slice(s.dims());
+        d
+    };
+    let (pa, pb) = (pad(a), pad(b));
+    // (size, a present, b present) per output dim of size > 1, merged when both flags agree.
+    let mut merged: Vec<(usize, bool, bool)> = Vec::new();
+    for i in 0..rank {
+        let n = out.dims()[i];
+        if n == 1 {
+            continue;
+        }
+        let (ha, hb) = (pa[i] != 1, pb[i] != 1);
+        match merged.last_mut() {
+            Some(last) if last.1 == ha && last.2 == hb => last.0 *= n,
+            _ => merged.push((n, ha, hb)),
+        }
+    }
+    assert!(
+        merged.len() <= BINARY_MAX_RANK,
+        "binary op over {out} ({a} with {b}) needs {} dims after merging; the kernel takes {BINARY_MAX_RANK}",
+        merged.len()
+    );
+    let strides = |present: fn(&(usize, bool, bool)) -> bool| -> Vec<usize> {
+        let mut s = vec![0; merged.len()];
+        let mut step = 1;
+        for (i, m) in merged.iter().enumerate().rev() {
+            if present(m) {
+                s[i] = step;
+                step *= m.0;
+            }
+        }
+        s
+    };
+    let (sa, sb) = (strides(|m| m.1), strides(|m| m.2));
+    let lead = BINARY_MAX_RANK - merged.len();
+    let left_pad = |v: Vec<usize>, fill: usize| -> Vec<usize> {
+        let mut p = vec![fill; lead];
+        p.extend(v);
+        p
+    };
+    (left_pad(merged.iter().map(|m| m.0).collect(), 1), left_pad(sa, 0), left_pad(sb, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(d: &[usize]) -> Shape {
+        Shape::new(d)
+    }
+
+    #[test]
+    fn broadcast_merges_dims_that_broadcast_alike() {
+        // Same shapes collapse to one contiguous dim.
+        let (d, a, b) = broadcast_strides(&s(&[2, 3, 4]), &s(&[2, 3, 4]), &s(&[2, 3, 4]));
+        assert_eq!((d, a, b), (vec![1, 1, 1, 24], vec![0, 0, 0, 1], vec![0, 0, 0, 1]));
+        // A row vector against a matrix.
+        let (d, a, b) = broadcast_strides(&s(&[5, 7]), &s(&[5, 7]), &s(&[7]));
+        assert_eq!((d, a, b), (vec![1, 1, 5, 7], vec![0, 0, 7, 1], vec![0, 0, 0, 1]));
+        // A column against a row: both broadcast.
+        let (d, a, b) = broadcast_strides(&s(&[3, 4]), &s(&[3, 1]), &s(&[1, 4]));
+        assert_eq!((d, a, b), (vec![1, 1, 3, 4], vec![0, 0, 1, 0], vec![0, 0, 0, 1]));
+        // Size-1 output dims vanish.
+        let (d, a, b) = broadcast_strides(&s(&[1, 6]), &s(&[1, 6]), &s(&[1]));
+        assert_eq!((d, a, b), (vec![1, 1, 1, 6], vec![0, 0, 0, 1], vec![0, 0, 0, 0]));
+    }
+
+    #[test]
+    fn large_dispatches_split_over_y() {
+        assert_eq!(workgroups(0), [1, 1, 1]);
+        assert_eq!(workgroups(65535), [65535, 1, 1]);
+        assert_eq!(workgroups(151_936), [65535, 3, 1]);
+    }
+}

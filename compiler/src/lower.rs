@@ -1,0 +1,236 @@
+//! Unfused lowering: one dispatch per op, one arena slice per value, a barrier after every
+//! dispatch. This is the eager baseline's schedule and the starting point of fusion.
+//!
+//! Buffers: `weights` (uploaded once), `state` (KV caches, conv and recurrent state), `io`
+//! (token, position, logits; host-visible) and `arena` (everything else). Views cost nothing:
+//! `reshape`, `read_state` and `kv_write` alias the slice they view.
+
+use crate::import::TensorStore;
+use crate::ir::{OpKind, Program, StateKind, ValueId};
+use crate::kernels::{self, KernelCall, KernelError};
+use std::collections::HashMap;
+use vkfuse_runtime::schedule::{
+    BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Schedule, Slice, WeightUpload,
+};
+use vkfuse_runtime::session::TensorBytes;
+
+/// Every slice starts at a multiple of this: at least any device's
+/// `minStorageBufferOffsetAlignment` (the Vulkan spec caps it at 256).
+pub const ALIGN: u64 = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LowerError {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("op {op} `{text}` has no kernel")]
+    NoKernel { op: String, text: String },
+    #[error("op {op} `{text}` reads state `{state}` after it was overwritten in the same step")]
+    StateHazard { op: String, text: String, state: String },
+    #[error("the program lacks {0}")]
+    Missing(&'static str),
+}
+
+/// Model facts the schedule carries.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    pub architecture: String,
+    pub eos_token_ids: Vec<u32>,
+}
+
+fn round4(bytes: u64) -> u64 {
+    bytes.div_ceil(4) * 4
+}
+
+/// A bump allocator of aligned slices in one buffer.
+struct Region {
+    id: BufferId,
+    size: u64,
+}
+
+impl Region {
+    fn alloc(&mut self, bytes: u64) -> Slice {
+        let offset = self.size.div_ceil(ALIGN) * ALIGN;
+        let size = round4(bytes.max(4));
+        self.size = offset + size;
+        Slice { buffer: self.id, offset, size }
+    }
+}
+
+/// SPIR-V per (kernel, defines), compiled once per process.
+#[derive(Default)]
+pub struct SpirvCache(HashMap<(String, Vec<(String, String)>), Vec<u32>>);
+
+impl SpirvCache {
+    pub fn get(&mut self, call: &KernelCall) -> Result<Vec<u32>, KernelError> {
+        let key = (call.kernel.to_string(), call.defines.clone());
+        if let Some(words) = self.0.get(&key) {
+            return Ok(words.clone());
+        }
+        let words = kernels::compile(call.kernel, &call.defines)?;
+        self.0.insert(key, words.clone());
+        Ok(words)
+    }
+}
+
+/// Lowers `p` to an unfused schedule.
+pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedule, LowerError> {
+    let mut regions = [
+        Region { id: BufferId(0), size: 0 },
+        Region { id: BufferId(1), size: 0 },
+        Region { id: BufferId(2), size: 0 },
+        Region { id: BufferId(3), size: 0 },
+    ];
+    let [weights, state, io, arena] = &mut regions;
+    let logits = p.output("logits").ok_or(LowerError::Missing("a `logits` output"))?;
+    let token = p.state_of_kind(StateKind::Token).ok_or(LowerError::Missing("a token state"))?;
+    let position = p.state_of_kind(StateKind::Position).ok_or(LowerError::Missing("a position state"))?;
+
+    // State slices; the token and position live in host-visible memory.
+    let state_slices: Vec<Slice> = p
+        .states
+        .iter()
+        .map(|s| match s.kind {
+            StateKind::Token | StateKind::Position => io.alloc(s.ty.bytes() as u64),
+            _ => state.alloc(s.ty.bytes() as u64),
+        })
+        .collect();
+    let io_logits = io.alloc(p.ty(logits).bytes() as u64);
+
+    let mut slices: Vec<Option<Slice>> = vec![None; p.values.len()];
+    // The state each value aliases (read_state results and views of them).
+    let mut alias: Vec<Option<usize>> = vec![None; p.values.len()];
+    let mut uploads = vec![];
+    let mut written: HashMap<usize, usize> = HashMap::new();
+    let mut kernel_ids: HashMap<(String, Vec<(String, String)>, Vec<u32>, usize, usize), KernelId> = HashMap::new();
+    let mut kernels_out: Vec<KernelDecl> = vec![];
+    let mut dispatches = vec![];
+
+    for id in p.op_ids() {
+        let op = p.op(id);
+        let text = || p.op_text(id);
+        for a in &op.args {
+            if let Some(s) = alias[a.index()] {
+                if written.contains_key(&s) {
+                    return Err(LowerError::StateHazard {
+                        op: id.to_string(),
+                        text: text(),
+                        state: p.states[s].name.clone(),
+                    });
+                }
+            }
+        }
+        let arg = |v: &ValueId, slices: &[Option<Slice>]| slices[v.index()].expect("SSA: defined before use");
+        let result_slice = match &op.kind {
+            OpKind::Weight { name } => {
+                let ty = p.ty(op.result.expect("weights have a result"));
+                let s = weights.alloc(ty.bytes() as u64);
+                uploads.push(WeightUpload { tensor: name.clone(), dst: Slice { size: ty.bytes() as u64, ..s } });
+                Some(s)
+            }
+            OpKind::WeightStack { pattern, count } => {
+                let ty = p.ty(op.result.expect("weights have a result"));
+                let s = weights.alloc(ty.bytes() as u64);
+                let per = (ty.bytes() / count) as u64;
+                for e in 0..*count {
+                    let dst = Slice { buffer: s.buffer, offset: s.offset + e as u64 * per, size: per };
+                    uploads.push(WeightUpload { tensor: pattern.replace("{}", &e.to_string()), dst });
+                }
+                Some(s)
+            }
+            OpKind::ReadState { state } => {
+                alias[op.result.expect("read_state has a result").index()] = Some(state.index());
+                Some(state_slices[state.index()])
+            }
+            OpKind::Reshape { .. } => {
+                let r = op.result.expect("reshape has a result");
+                alias[r.index()] = alias[op.args[0].index()];
+                Some(arg(&op.args[0], &slices))
+            }
+            _ => None,
+        };
+        if let Some(s) = result_slice {
+            slices[op.result.expect("these ops have results").index()] = Some(s);
+            continue;
+        }
+        let call = kernels::select(p, id).ok_or_else(|| LowerError::NoKernel { op: id.to_string(), text: text() })?;
+        let out = match &op.kind {
+            OpKind::WriteState { state } | OpKind::KvWrite { state } => state_slices[state.index()],
+            _ if op.result == Some(logits) => io_logits,
+            _ => arena.alloc(p.ty(op.result.expect("compute ops have a result")).bytes() as u64),
+        };
+        if let Some(r) = op.result {
+            slices[r.index()] = Some(out);
+        }
+        if let OpKind::WriteState { state } = &op.kind {
+            written.insert(state.index(), id.index());
+        }
+        let mut bindings = vec![out];
+        bindings.extend(op.args.iter().map(|a| arg(a, &slices)));
+        let key = (
+            call.kernel.to_string(),
+            call.defines.clone(),
+            call.spec_constants.clone(),
+            call.push_constants.len(),
+            call.bindings,
+        );
+        let kernel = match kernel_ids.get(&key) {
+            Some(k) => *k,
+            None => {
+                let k = KernelId(kernels_out.len() as u32);
+                let variant: Vec<String> = call.defines.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                kernels_out.push(KernelDecl {
+                    label: format!("{}[{}]", call.kernel, variant.join(",")),
+                    spirv: spirv.get(&call)?,
+                    bindings: call.bindings as u32,
+                    push_constant_bytes: call.push_constants.len() as u32,
+                    spec_constants: call.spec_constants.clone(),
+                });
+                kernel_ids.insert(key, k);
+                k
+            }
+        };
+        dispatches.push(Dispatch {
+            kernel,
+            bindings,
+            push_constants: call.push_constants.clone(),
+            workgroups: call.workgroups,
+            label: text(),
+        });
+    }
+
+    let n = dispatches.len() as u32;
+    let capacity = p
+        .states
+        .iter()
+        .filter(|s| s.kind == StateKind::KvCache)
+        .map(|s| s.ty.shape.dims()[1] as u32)
+        .min()
+        .unwrap_or(u32::MAX);
+    let names = ["weights", "state", "io", "arena"];
+    let roles = [BufferRole::Weights, BufferRole::State, BufferRole::Io, BufferRole::Arena];
+    let buffers = regions
+        .iter()
+        .zip(names.iter().zip(roles))
+        .map(|(r, (name, role))| BufferDecl { label: name.to_string(), size: r.size.max(4), role })
+        .collect();
+    Ok(Schedule {
+        meta: ModelMeta {
+            architecture: meta.architecture.clone(),
+            vocab_size: p.ty(logits).shape.numel() as u32,
+            max_context: capacity,
+            eos_token_ids: meta.eos_token_ids.clone(),
+        },
+        buffers,
+        weights: uploads,
+        kernels: kernels_out,
+        dispatches,
+        levels: (0..n).map(|i| i..i + 1).collect(),
+        io: Io { token: state_slices[token.index()], position: state_slices[position.index()], logits: io_logits },
+    })
+}
+
+impl TensorBytes for TensorStore {
+    fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
+        self.bytes(tensor).map_err(|e| e.to_string())
+    }
+}
