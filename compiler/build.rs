@@ -19,7 +19,8 @@ const STATIC_LIBS: &[&str] = &[
 fn main() {
     println!("cargo:rerun-if-env-changed=SHADERC_LIB_DIR");
     println!("cargo:rerun-if-changed=build.rs");
-    let dir = std::env::var("SHADERC_LIB_DIR").unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu".into());
+    let dir =
+        std::env::var("SHADERC_LIB_DIR").unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu".into());
     println!("cargo:rustc-link-search=native={dir}");
     for lib in STATIC_LIBS {
         println!("cargo:rustc-link-lib=static={lib}");

@@ -7,7 +7,10 @@ use vkfuse_compiler::npy::{self, Array2};
 pub const FIXTURES: &[&str] = &["qwen3-tied", "qwen3-untied", "llama-gqa", "qwen3-next"];
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits in the repo").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the repo")
+        .to_path_buf()
 }
 
 pub fn fixture_dir(name: &str) -> PathBuf {
@@ -35,8 +38,12 @@ fn ids(v: &serde_json::Value, key: &str, file: &Path) -> Vec<u32> {
 pub fn expected(name: &str) -> Expected {
     let dir = fixture_dir(name);
     let file = dir.join("reference.json");
-    let text = std::fs::read_to_string(&file)
-        .unwrap_or_else(|e| panic!("{}: {e} (fixtures are made by fixtures/make_fixtures.py)", file.display()));
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (fixtures are made by fixtures/make_fixtures.py)",
+            file.display()
+        )
+    });
     let v: serde_json::Value = serde_json::from_str(&text).expect("reference.json is JSON");
     Expected {
         teacher_ids: ids(&v, "teacher_ids", &file),
@@ -50,7 +57,11 @@ pub fn expected(name: &str) -> Expected {
 /// ‖a − b‖₂ / ‖b‖₂.
 pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "logit rows differ in length");
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den.max(1e-30)).sqrt()
 }
@@ -61,7 +72,10 @@ pub fn assert_rows_close(what: &str, got: &[Vec<f32>], want: &Array2, tol: f64) 
     let mut worst: f64 = 0.0;
     for (r, row) in got.iter().enumerate() {
         let e = rel_l2(row, want.row(r));
-        assert!(e <= tol, "{what}: position {r}: relative L2 error {e:.3e} > {tol:.0e}");
+        assert!(
+            e <= tol,
+            "{what}: position {r}: relative L2 error {e:.3e} > {tol:.0e}"
+        );
         worst = worst.max(e);
     }
     worst

@@ -12,8 +12,17 @@ fn check(name: &str) {
 
     // Teacher forcing: one row per fed token.
     let mut r = Reference::new(&program, &model.tensors);
-    let rows: Vec<Vec<f32>> = want.teacher_ids.iter().map(|&t| r.step(Some(t)).unwrap().logits).collect();
-    let worst = assert_rows_close(&format!("{name} teacher"), &rows, &want.teacher_logits, 1e-3);
+    let rows: Vec<Vec<f32>> = want
+        .teacher_ids
+        .iter()
+        .map(|&t| r.step(Some(t)).unwrap().logits)
+        .collect();
+    let worst = assert_rows_close(
+        &format!("{name} teacher"),
+        &rows,
+        &want.teacher_logits,
+        1e-3,
+    );
 
     // Greedy: the prompt, then the device-style loop that feeds back the argmax.
     let mut r = Reference::new(&program, &model.tensors);
@@ -29,7 +38,10 @@ fn check(name: &str) {
         rows.push(out.logits);
         ids.push(out.next_token as u32);
     }
-    assert_eq!(ids, want.greedy_ids, "{name}: greedy tokens differ from transformers'");
+    assert_eq!(
+        ids, want.greedy_ids,
+        "{name}: greedy tokens differ from transformers'"
+    );
     let worst_g = assert_rows_close(&format!("{name} greedy"), &rows, &want.greedy_logits, 1e-3);
     eprintln!("{name}: worst relative L2 {worst:.2e} (teacher), {worst_g:.2e} (greedy)");
 }

@@ -12,8 +12,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.ids.is_empty() {
         bail!("--ids needs at least one token id");
     }
-    let model = import::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
-    let opts = trace::TraceOptions { max_context: args.max_context };
+    let model =
+        import::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let opts = trace::TraceOptions {
+        max_context: args.max_context,
+    };
     let program = trace::trace(&model, &opts).context("tracing the decode step")?;
     let steps = args.ids.len() + args.max_new_tokens.saturating_sub(1);
     let capacity = trace::max_context(&model, &opts)?;
@@ -51,7 +54,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
 
     if let Some(path) = &args.logits_out {
         let rows = logits.len() / vocab;
-        npy::write(path, &Array2 { rows, cols: vocab, data: logits })?;
+        npy::write(
+            path,
+            &Array2 {
+                rows,
+                cols: vocab,
+                data: logits,
+            },
+        )?;
     }
     let report = RunReport {
         backend: "reference".into(),
@@ -70,7 +80,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        println!("{steps} tokens in {:.3} s ({:.1} tokens/s, reference backend)", elapsed, report.tokens_per_s);
+        println!(
+            "{steps} tokens in {:.3} s ({:.1} tokens/s, reference backend)",
+            elapsed, report.tokens_per_s
+        );
     }
     Ok(())
 }

@@ -6,7 +6,10 @@ use vkfuse_compiler::npy;
 use vkfuse_tests::{assert_rows_close, expected, fixture_dir};
 
 fn vkfuse(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_vkfuse")).args(args).output().expect("vkfuse runs")
+    Command::new(env!("CARGO_BIN_EXE_vkfuse"))
+        .args(args)
+        .output()
+        .expect("vkfuse runs")
 }
 
 fn ids_arg(ids: &[u32]) -> String {
@@ -32,10 +35,19 @@ fn run_reference_reproduces_transformers_greedy_run() {
         out_path.to_str().unwrap(),
         "--json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    let ids: Vec<u32> = json["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let ids: Vec<u32> = json["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
     assert_eq!(ids, want.greedy_ids);
     for key in [
         "backend",
@@ -54,7 +66,10 @@ fn run_reference_reproduces_transformers_greedy_run() {
     let logits = npy::read(&out_path).unwrap();
     std::fs::remove_file(&out_path).ok();
     // Rows: every fed token and every generated one but the last.
-    assert_eq!(logits.rows, want.prompt_ids.len() + want.greedy_ids.len() - 1);
+    assert_eq!(
+        logits.rows,
+        want.prompt_ids.len() + want.greedy_ids.len() - 1
+    );
     let rows: Vec<Vec<f32>> = (0..logits.rows).map(|r| logits.row(r).to_vec()).collect();
     assert_rows_close("cli greedy", &rows, &want.greedy_logits, 1e-3);
 }
@@ -73,7 +88,11 @@ fn zero_new_tokens_gives_one_row_per_id() {
         "--logits-out",
         out_path.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(npy::read(&out_path).unwrap().rows, 3);
     std::fs::remove_file(&out_path).ok();
 }
@@ -83,16 +102,37 @@ fn bad_input_is_a_clear_error_not_a_panic() {
     let dir = fixture_dir("qwen3-tied");
     let d = dir.to_str().unwrap();
     let cases: [(&[&str], &str); 4] = [
-        (&["run", "/nonexistent/model", "--ids", "1"], "/nonexistent/model"),
+        (
+            &["run", "/nonexistent/model", "--ids", "1"],
+            "/nonexistent/model",
+        ),
         (&["run", d, "--ids", "99999"], "outside the vocabulary"),
-        (&["run", d, "--ids", "1,2", "--max-new-tokens", "100", "--max-context", "8"], "KV capacity"),
-        (&["run", d, "--ids", "1", "--max-context", "0"], "--max-context"),
+        (
+            &[
+                "run",
+                d,
+                "--ids",
+                "1,2",
+                "--max-new-tokens",
+                "100",
+                "--max-context",
+                "8",
+            ],
+            "KV capacity",
+        ),
+        (
+            &["run", d, "--ids", "1", "--max-context", "0"],
+            "--max-context",
+        ),
     ];
     for (args, needle) in cases {
         let out = vkfuse(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(stderr.contains(needle), "{args:?}: `{stderr}` should mention `{needle}`");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: `{stderr}` should mention `{needle}`"
+        );
         assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
     }
 }

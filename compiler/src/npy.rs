@@ -6,7 +6,10 @@ use std::path::Path;
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
     #[error("cannot read or write {path}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}: not a float32 .npy file this reader understands: {message}")]
     Format { path: String, message: String },
 }
@@ -26,7 +29,10 @@ impl Array2 {
 }
 
 pub fn to_bytes(a: &Array2) -> Vec<u8> {
-    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}", a.rows, a.cols);
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}",
+        a.rows, a.cols
+    );
     // Magic (6) + version (2) + header length (2) + header + '\n' is a multiple of 64.
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
@@ -42,20 +48,31 @@ pub fn to_bytes(a: &Array2) -> Vec<u8> {
 }
 
 pub fn write(path: &Path, a: &Array2) -> Result<(), NpyError> {
-    std::fs::write(path, to_bytes(a)).map_err(|source| NpyError::Io { path: path.display().to_string(), source })
+    std::fs::write(path, to_bytes(a)).map_err(|source| NpyError::Io {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 pub fn from_bytes(bytes: &[u8], path: &str) -> Result<Array2, NpyError> {
-    let bad = |m: &str| NpyError::Format { path: path.to_string(), message: m.to_string() };
+    let bad = |m: &str| NpyError::Format {
+        path: path.to_string(),
+        message: m.to_string(),
+    };
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err(bad("missing the \\x93NUMPY magic"));
     }
     let (len, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
+        2 | 3 if bytes.len() >= 12 => (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        ),
         _ => return Err(bad("unsupported version")),
     };
-    let header = bytes.get(start..start + len).ok_or_else(|| bad("truncated header"))?;
+    let header = bytes
+        .get(start..start + len)
+        .ok_or_else(|| bad("truncated header"))?;
     let header = std::str::from_utf8(header).map_err(|_| bad("header is not text"))?;
     if !header.contains("'descr': '<f4'") || header.contains("'fortran_order': True") {
         return Err(bad("only little-endian float32 in C order is supported"));
@@ -78,14 +95,24 @@ pub fn from_bytes(bytes: &[u8], path: &str) -> Result<Array2, NpyError> {
     };
     let body = &bytes[start + len..];
     if body.len() != rows * cols * 4 {
-        return Err(bad(&format!("expected {} bytes of data, found {}", rows * cols * 4, body.len())));
+        return Err(bad(&format!(
+            "expected {} bytes of data, found {}",
+            rows * cols * 4,
+            body.len()
+        )));
     }
-    let data = body.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let data = body
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     Ok(Array2 { rows, cols, data })
 }
 
 pub fn read(path: &Path) -> Result<Array2, NpyError> {
-    let bytes = std::fs::read(path).map_err(|source| NpyError::Io { path: path.display().to_string(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| NpyError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
     from_bytes(&bytes, &path.display().to_string())
 }
 
@@ -95,7 +122,11 @@ mod tests {
 
     #[test]
     fn round_trips_and_rejects_truncation() {
-        let a = Array2 { rows: 3, cols: 5, data: (0..15).map(|i| i as f32 * 0.5 - 2.0).collect() };
+        let a = Array2 {
+            rows: 3,
+            cols: 5,
+            data: (0..15).map(|i| i as f32 * 0.5 - 2.0).collect(),
+        };
         let bytes = to_bytes(&a);
         assert_eq!((bytes.len() - 15 * 4) % 64, 0);
         assert_eq!(from_bytes(&bytes, "x").unwrap(), a);

@@ -4,7 +4,8 @@
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use vkfuse_compiler::ir::{
-    parse, DType, F32Attr, OpKind, ParseError, Program, Shape, StateKind, Type, ValueId, VerifyErrorKind,
+    parse, DType, F32Attr, OpKind, ParseError, Program, Shape, StateKind, Type, ValueId,
+    VerifyErrorKind,
 };
 
 const SAMPLE: &str = "vkfuse-ir 1
@@ -55,11 +56,27 @@ fn parser_rejects_bad_text_with_the_line() {
     let cases = [
         ("vkfuse-ir 2\n", 1, "header"),
         ("vkfuse-ir 1\n%0: f32[4] = frobnicate\n", 2, "unknown op"),
-        ("vkfuse-ir 1\n%1: f32[4] = weight \"w\"\n", 2, "expected value %0"),
-        ("vkfuse-ir 1\n%0: q8[4] = weight \"w\"\n", 2, "unknown dtype"),
+        (
+            "vkfuse-ir 1\n%1: f32[4] = weight \"w\"\n",
+            2,
+            "expected value %0",
+        ),
+        (
+            "vkfuse-ir 1\n%0: q8[4] = weight \"w\"\n",
+            2,
+            "unknown dtype",
+        ),
         ("vkfuse-ir 1\n%0: f32[4] = weight \"w\n", 2, "unterminated"),
-        ("vkfuse-ir 1\n%0: i32[1] = read_state $nope\n", 2, "undeclared state"),
-        ("vkfuse-ir 1\n%0: f32[4] = weight \"w\"\n%1: f32[4] = silu %0 eps=1\n", 3, "no attribute"),
+        (
+            "vkfuse-ir 1\n%0: i32[1] = read_state $nope\n",
+            2,
+            "undeclared state",
+        ),
+        (
+            "vkfuse-ir 1\n%0: f32[4] = weight \"w\"\n%1: f32[4] = silu %0 eps=1\n",
+            3,
+            "no attribute",
+        ),
         ("vkfuse-ir 1\noutput logits = %3\n", 2, "undefined"),
     ];
     for (text, line, needle) in cases {
@@ -76,7 +93,10 @@ fn parser_reports_type_errors_through_the_verifier() {
     match parse_err(text) {
         ParseError::Verify { line, source } => {
             assert_eq!(line, 4);
-            assert!(matches!(source.kind, VerifyErrorKind::OperandType { index: 1, .. }), "{source}");
+            assert!(
+                matches!(source.kind, VerifyErrorKind::OperandType { index: 1, .. }),
+                "{source}"
+            );
             assert!(source.to_string().contains("matvec %0, %1"), "{source}");
         }
         e => panic!("expected a verify error, got {e}"),
@@ -84,7 +104,10 @@ fn parser_reports_type_errors_through_the_verifier() {
     let declared_wrong = "vkfuse-ir 1\n%0: f32[4] = weight \"w\"\n%1: f32[5] = silu %0\n";
     match parse_err(declared_wrong) {
         ParseError::Verify { source, .. } => {
-            assert!(matches!(source.kind, VerifyErrorKind::DeclaredType { .. }), "{source}")
+            assert!(
+                matches!(source.kind, VerifyErrorKind::DeclaredType { .. }),
+                "{source}"
+            )
         }
         e => panic!("expected a verify error, got {e}"),
     }
@@ -97,8 +120,22 @@ fn build(p: &mut Program, kind: OpKind, args: &[ValueId]) -> ValueId {
 #[test]
 fn verifier_rejects_malformed_programs_naming_the_op() {
     let mut p = Program::new();
-    let w = p.push(OpKind::Weight { name: "w".into() }, vec![], Some(Type::f32([4, 3]))).unwrap().unwrap();
-    let x = p.push(OpKind::Weight { name: "x".into() }, vec![], Some(Type::f32([3]))).unwrap().unwrap();
+    let w = p
+        .push(
+            OpKind::Weight { name: "w".into() },
+            vec![],
+            Some(Type::f32([4, 3])),
+        )
+        .unwrap()
+        .unwrap();
+    let x = p
+        .push(
+            OpKind::Weight { name: "x".into() },
+            vec![],
+            Some(Type::f32([3])),
+        )
+        .unwrap()
+        .unwrap();
     let y = build(&mut p, OpKind::Matvec, &[w, x]);
     build(&mut p, OpKind::Silu, &[y]);
     p.verify().unwrap();
@@ -115,38 +152,83 @@ fn verifier_rejects_malformed_programs_naming_the_op() {
     bad.values[2] = Type::f32([5]);
     let e = bad.verify().unwrap_err();
     assert_eq!(e.op.index(), 2);
-    assert!(matches!(e.kind, VerifyErrorKind::DeclaredType { .. }), "{e}");
+    assert!(
+        matches!(e.kind, VerifyErrorKind::DeclaredType { .. }),
+        "{e}"
+    );
 
     // Wrong arity.
     let mut bad = p.clone();
     bad.ops[3].args.push(x);
-    assert!(matches!(bad.verify().unwrap_err().kind, VerifyErrorKind::Arity { expected: 1, got: 2 }));
+    assert!(matches!(
+        bad.verify().unwrap_err().kind,
+        VerifyErrorKind::Arity {
+            expected: 1,
+            got: 2
+        }
+    ));
 
     // A state written twice.
     let mut p = Program::new();
     let s = p.add_state("position", StateKind::Position, Type::i32([1]));
     let v = build(&mut p, OpKind::ReadState { state: s }, &[]);
-    p.push(OpKind::WriteState { state: s }, vec![v], None).unwrap();
+    p.push(OpKind::WriteState { state: s }, vec![v], None)
+        .unwrap();
     let mut bad = p.clone();
     bad.ops.push(bad.ops[1].clone());
     let e = bad.verify().unwrap_err();
-    assert!(matches!(e.kind, VerifyErrorKind::StateWrittenTwice(ref n) if n == "position"), "{e}");
+    assert!(
+        matches!(e.kind, VerifyErrorKind::StateWrittenTwice(ref n) if n == "position"),
+        "{e}"
+    );
 
     // kv_write on a state that is no KV cache.
-    let e = p.push(OpKind::KvWrite { state: s }, vec![v, v], None).unwrap_err();
+    let e = p
+        .push(OpKind::KvWrite { state: s }, vec![v, v], None)
+        .unwrap_err();
     assert!(matches!(e.kind, VerifyErrorKind::StateKind { .. }), "{e}");
 }
 
 #[test]
 fn builder_rejects_bad_attributes_and_broadcasts() {
     let mut p = Program::new();
-    let a = p.push(OpKind::Weight { name: "a".into() }, vec![], Some(Type::f32([4, 8]))).unwrap().unwrap();
-    let b = p.push(OpKind::Weight { name: "b".into() }, vec![], Some(Type::f32([3]))).unwrap().unwrap();
+    let a = p
+        .push(
+            OpKind::Weight { name: "a".into() },
+            vec![],
+            Some(Type::f32([4, 8])),
+        )
+        .unwrap()
+        .unwrap();
+    let b = p
+        .push(
+            OpKind::Weight { name: "b".into() },
+            vec![],
+            Some(Type::f32([3])),
+        )
+        .unwrap()
+        .unwrap();
     let e = p.value(OpKind::Add, vec![a, b]).unwrap_err();
     assert!(matches!(e.kind, VerifyErrorKind::Broadcast(..)), "{e}");
-    let e = p.value(OpKind::Slice { axis: 1, start: 4, end: 9 }, vec![a]).unwrap_err();
+    let e = p
+        .value(
+            OpKind::Slice {
+                axis: 1,
+                start: 4,
+                end: 9,
+            },
+            vec![a],
+        )
+        .unwrap_err();
     assert!(e.to_string().contains("out of 0..8"), "{e}");
-    let e = p.value(OpKind::Reshape { shape: Shape::new([5, 5]) }, vec![a]).unwrap_err();
+    let e = p
+        .value(
+            OpKind::Reshape {
+                shape: Shape::new([5, 5]),
+            },
+            vec![a],
+        )
+        .unwrap_err();
     assert!(e.to_string().contains("cannot reshape"), "{e}");
     let e = p.value(OpKind::TopK { k: 4 }, vec![b]).unwrap_err();
     assert!(e.to_string().contains("k=4"), "{e}");
@@ -161,7 +243,11 @@ fn random_program(choices: &[(u8, u8, u8, u8)]) -> Program {
     let kc = p.add_state("k_cache_0", StateKind::KvCache, Type::f32([2, 16, 4]));
     let vc = p.add_state("v_cache_0", StateKind::KvCache, Type::f32([2, 16, 4]));
     let conv = p.add_state("conv_state_0", StateKind::Conv, Type::f32([6, 3]));
-    let rec = p.add_state("recurrent_state_0", StateKind::Recurrent, Type::f32([4, 2, 3]));
+    let rec = p.add_state(
+        "recurrent_state_0",
+        StateKind::Recurrent,
+        Type::f32([4, 2, 3]),
+    );
     let mut written = vec![];
     for &(kind, a, b, c) in choices {
         let n = p.values.len().max(1);
@@ -179,23 +265,59 @@ fn random_program(choices: &[(u8, u8, u8, u8)]) -> Program {
         let (kind, args, declared) = match kind % 34 {
             0 => (OpKind::ReadState { state: tok }, vec![], None),
             1 => (OpKind::ReadState { state: pos }, vec![], None),
-            2 => (OpKind::ReadState { state: [conv, rec][a as usize % 2] }, vec![], None),
+            2 => (
+                OpKind::ReadState {
+                    state: [conv, rec][a as usize % 2],
+                },
+                vec![],
+                None,
+            ),
             3 => {
                 let mut dims = vec![pick(a, &[1, 2, 3, 4, 6, 8]), pick(b, &[1, 2, 3, 4, 8, 16])];
                 if c % 4 == 3 {
                     dims.remove(1);
                 }
                 let name = format!("w.{}", p.ops.len());
-                (OpKind::Weight { name }, vec![], Some(Type::new(dtype, dims)))
+                (
+                    OpKind::Weight { name },
+                    vec![],
+                    Some(Type::new(dtype, dims)),
+                )
             }
             4 => {
                 let shape = vec![pick(a, &[2, 3, 6]), pick(b, &[4, 6]), pick(c, &[2, 3, 8])];
-                (OpKind::WeightStack { pattern: "e.{}.w".into(), count: shape[0] }, vec![], Some(Type::new(dtype, shape)))
+                (
+                    OpKind::WeightStack {
+                        pattern: "e.{}.w".into(),
+                        count: shape[0],
+                    },
+                    vec![],
+                    Some(Type::new(dtype, shape)),
+                )
             }
-            5 => (OpKind::WriteState { state: [conv, rec, tok, pos][a as usize % 4] }, vec![v(b)], None),
-            6 => (OpKind::KvWrite { state: [kc, vc][a as usize % 2] }, vec![v(b), v(c)], None),
+            5 => (
+                OpKind::WriteState {
+                    state: [conv, rec, tok, pos][a as usize % 4],
+                },
+                vec![v(b)],
+                None,
+            ),
+            6 => (
+                OpKind::KvWrite {
+                    state: [kc, vc][a as usize % 2],
+                },
+                vec![v(b), v(c)],
+                None,
+            ),
             7 => (OpKind::Embedding, vec![v(a), v(b)], None),
-            8 => (OpKind::RmsNorm { eps, zero_centered: b % 2 == 0 }, vec![v(b), v(c)], None),
+            8 => (
+                OpKind::RmsNorm {
+                    eps,
+                    zero_centered: b % 2 == 0,
+                },
+                vec![v(b), v(c)],
+                None,
+            ),
             9 => (OpKind::GatedRmsNorm { eps }, vec![v(a), v(b), v(c)], None),
             10 => (OpKind::L2Norm { eps }, vec![v(b)], None),
             11 => (OpKind::Matvec, vec![v(a), v(b)], None),
@@ -208,16 +330,57 @@ fn random_program(choices: &[(u8, u8, u8, u8)]) -> Program {
             18 => (OpKind::Softplus, vec![v(a)], None),
             19 => (OpKind::Exp, vec![v(a)], None),
             20 => (OpKind::Neg, vec![v(a)], None),
-            21 => (OpKind::Rope { theta: F32Attr(10000.0 + c as f32), rotary_dim: pick(b, &[2, 4, 8]) }, vec![v(a), v(c)], None),
-            22 => (OpKind::Slice { axis: b as usize % 2, start: c as usize % 3, end: c as usize % 3 + 1 + a as usize % 2 }, vec![v(a)], None),
-            23 => (OpKind::Concat { axis: c as usize % 2 }, vec![v(a), v(b)], None),
+            21 => (
+                OpKind::Rope {
+                    theta: F32Attr(10000.0 + c as f32),
+                    rotary_dim: pick(b, &[2, 4, 8]),
+                },
+                vec![v(a), v(c)],
+                None,
+            ),
+            22 => (
+                OpKind::Slice {
+                    axis: b as usize % 2,
+                    start: c as usize % 3,
+                    end: c as usize % 3 + 1 + a as usize % 2,
+                },
+                vec![v(a)],
+                None,
+            ),
+            23 => (
+                OpKind::Concat {
+                    axis: c as usize % 2,
+                },
+                vec![v(a), v(b)],
+                None,
+            ),
             24 => {
                 let n = p.values.get(a as usize % n).map_or(1, |t| t.shape.numel());
-                let shape = if n % 2 == 0 && b % 2 == 0 { vec![2, n / 2] } else { vec![n] };
-                (OpKind::Reshape { shape: Shape::new(shape) }, vec![v(a)], None)
+                let shape = if n % 2 == 0 && b % 2 == 0 {
+                    vec![2, n / 2]
+                } else {
+                    vec![n]
+                };
+                (
+                    OpKind::Reshape {
+                        shape: Shape::new(shape),
+                    },
+                    vec![v(a)],
+                    None,
+                )
             }
-            25 => (OpKind::Attention { scale: F32Attr(0.5) }, vec![v(a), v(b), v(b), v(c)], None),
-            26 => (OpKind::CausalConv1d, vec![v(a), of(Type::f32([6]), b), of(Type::f32([6, 4]), c)], None),
+            25 => (
+                OpKind::Attention {
+                    scale: F32Attr(0.5),
+                },
+                vec![v(a), v(b), v(b), v(c)],
+                None,
+            ),
+            26 => (
+                OpKind::CausalConv1d,
+                vec![v(a), of(Type::f32([6]), b), of(Type::f32([6, 4]), c)],
+                None,
+            ),
             27 => (OpKind::ConvShift, vec![v(a), v(b)], None),
             28 => {
                 let args = vec![
@@ -229,13 +392,36 @@ fn random_program(choices: &[(u8, u8, u8, u8)]) -> Program {
                 ];
                 (OpKind::DeltaRuleUpdate, args, None)
             }
-            29 => (OpKind::DeltaRuleReadout { scale: F32Attr(0.7071) }, vec![v(a), v(b)], None),
+            29 => (
+                OpKind::DeltaRuleReadout {
+                    scale: F32Attr(0.7071),
+                },
+                vec![v(a), v(b)],
+                None,
+            ),
             30 => (OpKind::Softmax, vec![v(a)], None),
-            31 => (OpKind::TopK { k: 1 + b as usize % 3 }, vec![v(a)], None),
-            32 => ([OpKind::Gather, OpKind::Sum { axis: 0 }][c as usize % 2].clone(), vec![v(a), v(b)][..1 + (c as usize + 1) % 2].to_vec(), None),
-            _ => ([OpKind::Argmax, OpKind::Increment][c as usize % 2].clone(), vec![v(a)], None),
+            31 => (
+                OpKind::TopK {
+                    k: 1 + b as usize % 3,
+                },
+                vec![v(a)],
+                None,
+            ),
+            32 => (
+                [OpKind::Gather, OpKind::Sum { axis: 0 }][c as usize % 2].clone(),
+                vec![v(a), v(b)][..1 + (c as usize + 1) % 2].to_vec(),
+                None,
+            ),
+            _ => (
+                [OpKind::Argmax, OpKind::Increment][c as usize % 2].clone(),
+                vec![v(a)],
+                None,
+            ),
         };
-        if let Some(s) = kind.state().filter(|_| !matches!(kind, OpKind::ReadState { .. })) {
+        if let Some(s) = kind
+            .state()
+            .filter(|_| !matches!(kind, OpKind::ReadState { .. }))
+        {
             if written.contains(&s) {
                 continue;
             }
@@ -277,6 +463,12 @@ fn generator_covers_every_op_kind() {
             seen.insert(op.kind.name());
         }
     }
-    let missing: Vec<_> = OpKind::NAMES.iter().filter(|n| !seen.contains(*n)).collect();
-    assert!(missing.is_empty(), "the generator never produced {missing:?}");
+    let missing: Vec<_> = OpKind::NAMES
+        .iter()
+        .filter(|n| !seen.contains(*n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the generator never produced {missing:?}"
+    );
 }

@@ -27,7 +27,9 @@ struct Args {
 fn main() {
     if let Err(e) = run(Args::parse()) {
         // A closed pipe (`compile-model ... | head`) is the reader's choice, not a failure.
-        if e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        {
             return;
         }
         eprintln!("error: {e:#}");
@@ -36,11 +38,16 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<()> {
-    let model = import::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
-    let opts = trace::TraceOptions { max_context: args.max_context };
+    let model =
+        import::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let opts = trace::TraceOptions {
+        max_context: args.max_context,
+    };
     let program = trace::trace(&model, &opts).context("tracing the decode step")?;
     if !args.emit_trace {
-        anyhow::bail!("nothing to do: pass --emit-trace (schedule output comes with the fusion compiler)");
+        anyhow::bail!(
+            "nothing to do: pass --emit-trace (schedule output comes with the fusion compiler)"
+        );
     }
     let mut out = std::io::stdout().lock();
     write!(out, "{program}")?;
@@ -49,15 +56,26 @@ fn run(args: Args) -> Result<()> {
         *by_kind.entry(op.kind.name()).or_default() += 1;
     }
     let capacity = trace::max_context(&model, &opts)?;
-    writeln!(out, "; summary: {} ops, {} values, {} states", program.ops.len(), program.values.len(), program.states.len());
+    writeln!(
+        out,
+        "; summary: {} ops, {} values, {} states",
+        program.ops.len(),
+        program.values.len(),
+        program.states.len()
+    )?;
     for (kind, n) in &by_kind {
-        writeln!(out, ";   {kind:<20} {n}");
+        writeln!(out, ";   {kind:<20} {n}")?;
     }
-    writeln!(out, 
+    writeln!(
+        out,
         "; parameters: {} ({:.2} MB in the checkpoint)",
         model.tensors.total_params(),
         model.tensors.total_bytes() as f64 / 1e6
-    );
-    writeln!(out, "; state at --max-context {capacity}: {:.2} MB", program.state_bytes() as f64 / 1e6);
+    )?;
+    writeln!(
+        out,
+        "; state at --max-context {capacity}: {:.2} MB",
+        program.state_bytes() as f64 / 1e6
+    )?;
     Ok(())
 }

@@ -65,9 +65,15 @@ impl StateKind {
         }
     }
     pub fn from_name(s: &str) -> Option<StateKind> {
-        [Self::Position, Self::Token, Self::KvCache, Self::Conv, Self::Recurrent]
-            .into_iter()
-            .find(|k| k.name() == s)
+        [
+            Self::Position,
+            Self::Token,
+            Self::KvCache,
+            Self::Conv,
+            Self::Recurrent,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
     }
 }
 
@@ -107,7 +113,11 @@ impl Program {
     }
 
     pub fn add_state(&mut self, name: impl Into<String>, kind: StateKind, ty: Type) -> StateId {
-        self.states.push(StateDecl { name: name.into(), kind, ty });
+        self.states.push(StateDecl {
+            name: name.into(),
+            kind,
+            ty,
+        });
         StateId::new(self.states.len() - 1)
     }
 
@@ -116,12 +126,18 @@ impl Program {
     }
 
     pub fn state_by_name(&self, name: &str) -> Option<StateId> {
-        self.states.iter().position(|s| s.name == name).map(StateId::new)
+        self.states
+            .iter()
+            .position(|s| s.name == name)
+            .map(StateId::new)
     }
 
     /// The first state of a kind (the position and token states are unique).
     pub fn state_of_kind(&self, kind: StateKind) -> Option<StateId> {
-        self.states.iter().position(|s| s.kind == kind).map(StateId::new)
+        self.states
+            .iter()
+            .position(|s| s.kind == kind)
+            .map(StateId::new)
     }
 
     pub fn ty(&self, v: ValueId) -> &Type {
@@ -149,7 +165,11 @@ impl Program {
         declared: Option<Type>,
     ) -> Result<Option<ValueId>, VerifyError> {
         let op_id = OpId::new(self.ops.len());
-        let err = |kind| VerifyError { op: op_id, text: String::new(), kind };
+        let err = |kind| VerifyError {
+            op: op_id,
+            text: String::new(),
+            kind,
+        };
         if let Some(&bad) = args.iter().find(|a| a.index() >= self.values.len()) {
             return Err(err(VerifyErrorKind::UndefinedValue(bad)));
         }
@@ -174,7 +194,10 @@ impl Program {
     }
 
     pub fn output(&self, name: &str) -> Option<ValueId> {
-        self.outputs.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+        self.outputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v)
     }
 
     /// Bytes of all persistent state.

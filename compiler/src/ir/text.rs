@@ -54,11 +54,17 @@ fn attrs(kind: &OpKind) -> Vec<(&'static str, Attr)> {
     match kind {
         WeightStack { count, .. } => vec![("count", Attr::Usize(*count))],
         RmsNorm { eps, zero_centered } => {
-            vec![("eps", Attr::F32(*eps)), ("zero_centered", Attr::Bool(*zero_centered))]
+            vec![
+                ("eps", Attr::F32(*eps)),
+                ("zero_centered", Attr::Bool(*zero_centered)),
+            ]
         }
         GatedRmsNorm { eps } | L2Norm { eps } => vec![("eps", Attr::F32(*eps))],
         Rope { theta, rotary_dim } => {
-            vec![("theta", Attr::F32(*theta)), ("rotary_dim", Attr::Usize(*rotary_dim))]
+            vec![
+                ("theta", Attr::F32(*theta)),
+                ("rotary_dim", Attr::Usize(*rotary_dim)),
+            ]
         }
         Slice { axis, start, end } => vec![
             ("axis", Attr::Usize(*axis)),
@@ -100,8 +106,13 @@ impl Program {
             OpKind::WeightStack { pattern, .. } => {
                 let _ = write!(s, " {}", quote(pattern));
             }
-            OpKind::ReadState { state } | OpKind::WriteState { state } | OpKind::KvWrite { state } => {
-                let name = self.states.get(state.index()).map_or("?", |d| d.name.as_str());
+            OpKind::ReadState { state }
+            | OpKind::WriteState { state }
+            | OpKind::KvWrite { state } => {
+                let name = self
+                    .states
+                    .get(state.index())
+                    .map_or("?", |d| d.name.as_str());
                 let _ = write!(s, " ${name}");
                 sep = ", ";
             }
@@ -150,7 +161,10 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn err<T>(&self, message: impl Into<String>) -> Result<T, ParseError> {
-        Err(ParseError::Syntax { line: self.line, message: message.into() })
+        Err(ParseError::Syntax {
+            line: self.line,
+            message: message.into(),
+        })
     }
     fn ws(&mut self) {
         self.s = self.s.trim_start();
@@ -173,7 +187,10 @@ impl<'a> Cursor<'a> {
     }
     fn word(&mut self) -> Result<&'a str, ParseError> {
         self.ws();
-        let n = self.s.find(|c: char| !(c.is_ascii_alphanumeric() || "_.-".contains(c))).unwrap_or(self.s.len());
+        let n = self
+            .s
+            .find(|c: char| !(c.is_ascii_alphanumeric() || "_.-".contains(c)))
+            .unwrap_or(self.s.len());
         if n == 0 {
             return self.err(format!("expected a name at `{}`", self.s));
         }
@@ -183,7 +200,8 @@ impl<'a> Cursor<'a> {
     }
     fn number(&mut self) -> Result<usize, ParseError> {
         let w = self.word()?;
-        w.parse().or_else(|_| self.err(format!("`{w}` is not a whole number")))
+        w.parse()
+            .or_else(|_| self.err(format!("`{w}` is not a whole number")))
     }
     fn value(&mut self) -> Result<ValueId, ParseError> {
         self.expect("%")?;
@@ -227,9 +245,13 @@ impl<'a> Cursor<'a> {
         self.ws();
         let n = self.s.find('[').unwrap_or(0);
         let name = &self.s[..n];
-        let dtype = DType::from_name(name).map_or_else(|| self.err(format!("unknown dtype `{name}`")), Ok)?;
+        let dtype = DType::from_name(name)
+            .map_or_else(|| self.err(format!("unknown dtype `{name}`")), Ok)?;
         self.s = &self.s[n..];
-        Ok(Type { dtype, shape: self.shape()? })
+        Ok(Type {
+            dtype,
+            shape: self.shape()?,
+        })
     }
     fn end(&mut self) -> Result<(), ParseError> {
         self.ws();
@@ -245,16 +267,25 @@ impl<'a> Cursor<'a> {
 pub fn parse(text: &str) -> Result<Program, ParseError> {
     let mut p = Program::new();
     let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim()));
-    lines.by_ref().find(|(_, l)| !l.is_empty() && !l.starts_with(';')).map_or(
-        Err(ParseError::Syntax { line: 1, message: format!("expected the header `{HEADER}`") }),
-        |(line, l)| {
-            if l == HEADER {
-                Ok(())
-            } else {
-                Err(ParseError::Syntax { line, message: format!("expected the header `{HEADER}`, found `{l}`") })
-            }
-        },
-    )?;
+    lines
+        .by_ref()
+        .find(|(_, l)| !l.is_empty() && !l.starts_with(';'))
+        .map_or(
+            Err(ParseError::Syntax {
+                line: 1,
+                message: format!("expected the header `{HEADER}`"),
+            }),
+            |(line, l)| {
+                if l == HEADER {
+                    Ok(())
+                } else {
+                    Err(ParseError::Syntax {
+                        line,
+                        message: format!("expected the header `{HEADER}`, found `{l}`"),
+                    })
+                }
+            },
+        )?;
     for (line, l) in lines {
         if l.is_empty() || l.starts_with(';') {
             continue;
@@ -287,7 +318,10 @@ pub fn parse(text: &str) -> Result<Program, ParseError> {
             if c.s.starts_with('%') {
                 let v = c.value()?;
                 if v.index() != p.values.len() {
-                    return c.err(format!("expected value %{} next, found {v}", p.values.len()));
+                    return c.err(format!(
+                        "expected value %{} next, found {v}",
+                        p.values.len()
+                    ));
                 }
                 c.expect(":")?;
                 declared = Some(c.ty()?);
@@ -298,7 +332,11 @@ pub fn parse(text: &str) -> Result<Program, ParseError> {
             let had_result = declared.is_some();
             let (kind, args) = kind;
             if kind.has_result() != had_result {
-                return c.err(format!("`{}` {} a result", kind.name(), if had_result { "has no" } else { "needs" }));
+                return c.err(format!(
+                    "`{}` {} a result",
+                    kind.name(),
+                    if had_result { "has no" } else { "needs" }
+                ));
             }
             p.push(kind, args, declared).map_err(|mut e| {
                 e.op = op;
@@ -310,7 +348,11 @@ pub fn parse(text: &str) -> Result<Program, ParseError> {
     Ok(p)
 }
 
-fn parse_op(c: &mut Cursor<'_>, p: &Program, _has_result: bool) -> Result<(OpKind, Vec<ValueId>), ParseError> {
+fn parse_op(
+    c: &mut Cursor<'_>,
+    p: &Program,
+    _has_result: bool,
+) -> Result<(OpKind, Vec<ValueId>), ParseError> {
     let name = c.word()?;
     let mut string = None;
     let mut state = None;
@@ -320,7 +362,10 @@ fn parse_op(c: &mut Cursor<'_>, p: &Program, _has_result: bool) -> Result<(OpKin
     if matches!(name, "read_state" | "write_state" | "kv_write") {
         c.expect("$")?;
         let s = c.word()?;
-        state = Some(p.state_by_name(s).map_or_else(|| c.err(format!("undeclared state `${s}`")), Ok)?);
+        state = Some(
+            p.state_by_name(s)
+                .map_or_else(|| c.err(format!("undeclared state `${s}`")), Ok)?,
+        );
         c.eat(",");
     }
     let mut args = vec![];
@@ -343,7 +388,11 @@ fn parse_op(c: &mut Cursor<'_>, p: &Program, _has_result: bool) -> Result<(OpKin
         let key = c.word()?;
         c.expect("=")?;
         c.ws();
-        let n = if c.s.starts_with('[') { c.s.find(']').map_or(c.s.len(), |i| i + 1) } else { c.s.find(' ').unwrap_or(c.s.len()) };
+        let n = if c.s.starts_with('[') {
+            c.s.find(']').map_or(c.s.len(), |i| i + 1)
+        } else {
+            c.s.find(' ').unwrap_or(c.s.len())
+        };
         let (v, rest) = c.s.split_at(n);
         c.s = rest;
         at.insert(key, v);
@@ -352,15 +401,26 @@ fn parse_op(c: &mut Cursor<'_>, p: &Program, _has_result: bool) -> Result<(OpKin
     let mut used = 0;
     let mut get = |k: &str| -> Result<&str, ParseError> {
         used += 1;
-        at.get(k).copied().ok_or_else(|| ParseError::Syntax { line, message: format!("`{name}` needs `{k}=`") })
+        at.get(k).copied().ok_or_else(|| ParseError::Syntax {
+            line,
+            message: format!("`{name}` needs `{k}=`"),
+        })
     };
-    let bad = |k: &str, v: &str| ParseError::Syntax { line, message: format!("bad value `{v}` for `{k}`") };
+    let bad = |k: &str, v: &str| ParseError::Syntax {
+        line,
+        message: format!("bad value `{v}` for `{k}`"),
+    };
     let f = |k: &str, v: &str| v.parse::<f32>().map(F32Attr).map_err(|_| bad(k, v));
     let u = |k: &str, v: &str| v.parse::<usize>().map_err(|_| bad(k, v));
     use OpKind::*;
     let kind = match name {
-        "weight" => Weight { name: string.unwrap_or_default() },
-        "weight_stack" => WeightStack { pattern: string.unwrap_or_default(), count: u("count", get("count")?)? },
+        "weight" => Weight {
+            name: string.unwrap_or_default(),
+        },
+        "weight_stack" => WeightStack {
+            pattern: string.unwrap_or_default(),
+            count: u("count", get("count")?)?,
+        },
         "read_state" | "write_state" | "kv_write" => {
             let state = state.expect("parsed above for these names");
             match name {
@@ -372,10 +432,16 @@ fn parse_op(c: &mut Cursor<'_>, p: &Program, _has_result: bool) -> Result<(OpKin
         "embedding" => Embedding,
         "rms_norm" => RmsNorm {
             eps: f("eps", get("eps")?)?,
-            zero_centered: get("zero_centered")?.parse().map_err(|_| bad("zero_centered", "?"))?,
+            zero_centered: get("zero_centered")?
+                .parse()
+                .map_err(|_| bad("zero_centered", "?"))?,
         },
-        "gated_rms_norm" => GatedRmsNorm { eps: f("eps", get("eps")?)? },
-        "l2_norm" => L2Norm { eps: f("eps", get("eps")?)? },
+        "gated_rms_norm" => GatedRmsNorm {
+            eps: f("eps", get("eps")?)?,
+        },
+        "l2_norm" => L2Norm {
+            eps: f("eps", get("eps")?)?,
+        },
         "matvec" => Matvec,
         "expert_matvec" => ExpertMatvec,
         "add" => Add,
@@ -386,27 +452,40 @@ fn parse_op(c: &mut Cursor<'_>, p: &Program, _has_result: bool) -> Result<(OpKin
         "softplus" => Softplus,
         "exp" => Exp,
         "neg" => Neg,
-        "rope" => Rope { theta: f("theta", get("theta")?)?, rotary_dim: u("rotary_dim", get("rotary_dim")?)? },
+        "rope" => Rope {
+            theta: f("theta", get("theta")?)?,
+            rotary_dim: u("rotary_dim", get("rotary_dim")?)?,
+        },
         "slice" => Slice {
             axis: u("axis", get("axis")?)?,
             start: u("start", get("start")?)?,
             end: u("end", get("end")?)?,
         },
-        "concat" => Concat { axis: u("axis", get("axis")?)? },
+        "concat" => Concat {
+            axis: u("axis", get("axis")?)?,
+        },
         "reshape" => {
             let v = get("shape")?;
             let mut sc = Cursor { s: v, line };
             Reshape { shape: sc.shape()? }
         }
-        "attention" => Attention { scale: f("scale", get("scale")?)? },
+        "attention" => Attention {
+            scale: f("scale", get("scale")?)?,
+        },
         "causal_conv1d" => CausalConv1d,
         "conv_shift" => ConvShift,
         "delta_rule_update" => DeltaRuleUpdate,
-        "delta_rule_readout" => DeltaRuleReadout { scale: f("scale", get("scale")?)? },
+        "delta_rule_readout" => DeltaRuleReadout {
+            scale: f("scale", get("scale")?)?,
+        },
         "softmax" => Softmax,
-        "top_k" => TopK { k: u("k", get("k")?)? },
+        "top_k" => TopK {
+            k: u("k", get("k")?)?,
+        },
         "gather" => Gather,
-        "sum" => Sum { axis: u("axis", get("axis")?)? },
+        "sum" => Sum {
+            axis: u("axis", get("axis")?)?,
+        },
         "argmax" => Argmax,
         "increment" => Increment,
         other => return c.err(format!("unknown op `{other}`")),

@@ -92,7 +92,10 @@ pub struct Type {
 
 impl Type {
     pub fn new(dtype: DType, dims: impl Into<Vec<usize>>) -> Type {
-        Type { dtype, shape: Shape::new(dims) }
+        Type {
+            dtype,
+            shape: Shape::new(dims),
+        }
     }
     pub fn f32(dims: impl Into<Vec<usize>>) -> Type {
         Type::new(DType::F32, dims)

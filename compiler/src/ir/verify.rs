@@ -22,7 +22,11 @@ pub enum VerifyErrorKind {
     #[error("operand {0} is used before it is defined")]
     UndefinedValue(ValueId),
     #[error("operand {index} has type {got}, expected {expected}")]
-    OperandType { index: usize, got: Type, expected: String },
+    OperandType {
+        index: usize,
+        got: Type,
+        expected: String,
+    },
     #[error("shapes {0} and {1} do not broadcast")]
     Broadcast(Shape, Shape),
     #[error("{0}")]
@@ -36,7 +40,11 @@ pub enum VerifyErrorKind {
     #[error("state `{0}` is written twice in one step")]
     StateWrittenTwice(String),
     #[error("state `{name}` is a {kind} state; this op needs {expected}")]
-    StateKind { name: String, kind: &'static str, expected: &'static str },
+    StateKind {
+        name: String,
+        kind: &'static str,
+        expected: &'static str,
+    },
     #[error("op has no result")]
     NoResult,
     #[error("output `{0}` names an undefined value")]
@@ -49,7 +57,11 @@ fn expect(cond: bool, index: usize, got: &Type, expected: impl FnOnce() -> Strin
     if cond {
         Ok(())
     } else {
-        Err(VerifyErrorKind::OperandType { index, got: got.clone(), expected: expected() })
+        Err(VerifyErrorKind::OperandType {
+            index,
+            got: got.clone(),
+            expected: expected(),
+        })
     }
 }
 
@@ -66,8 +78,16 @@ pub fn broadcast(a: &Shape, b: &Shape) -> Option<Shape> {
     let rank = a.rank().max(b.rank());
     let mut out = vec![0; rank];
     for i in 0..rank {
-        let da = if i < rank - a.rank() { 1 } else { a.0[i - (rank - a.rank())] };
-        let db = if i < rank - b.rank() { 1 } else { b.0[i - (rank - b.rank())] };
+        let da = if i < rank - a.rank() {
+            1
+        } else {
+            a.0[i - (rank - a.rank())]
+        };
+        let db = if i < rank - b.rank() {
+            1
+        } else {
+            b.0[i - (rank - b.rank())]
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -80,32 +100,53 @@ pub fn broadcast(a: &Shape, b: &Shape) -> Option<Shape> {
 
 /// The result type of `kind` applied to `args` in `p`, or why it does not fit.
 /// `None` for ops without a result.
-pub fn infer(p: &Program, kind: &OpKind, args: &[ValueId], declared: Option<&Type>) -> R<Option<Type>> {
+pub fn infer(
+    p: &Program,
+    kind: &OpKind,
+    args: &[ValueId],
+    declared: Option<&Type>,
+) -> R<Option<Type>> {
     use OpKind::*;
     if args.len() != kind.arity() {
-        return Err(VerifyErrorKind::Arity { expected: kind.arity(), got: args.len() });
+        return Err(VerifyErrorKind::Arity {
+            expected: kind.arity(),
+            got: args.len(),
+        });
     }
     let t: Vec<&Type> = args.iter().map(|a| p.ty(*a)).collect();
     let float = |i: usize| expect(t[i].dtype.is_float(), i, t[i], || "a float type".into());
     let f32_ = |i: usize| expect(t[i].dtype == DType::F32, i, t[i], || "f32".into());
     let rank = |i: usize, r: usize| expect(t[i].shape.rank() == r, i, t[i], || format!("rank {r}"));
     let scalar_i32 = |i: usize| {
-        expect(t[i].dtype == DType::I32 && t[i].shape.0 == [1], i, t[i], || "i32[1]".into())
+        expect(
+            t[i].dtype == DType::I32 && t[i].shape.0 == [1],
+            i,
+            t[i],
+            || "i32[1]".into(),
+        )
     };
     let state = |s: super::StateId| {
-        p.states.get(s.index()).ok_or(VerifyErrorKind::UndeclaredState(s.index()))
+        p.states
+            .get(s.index())
+            .ok_or(VerifyErrorKind::UndeclaredState(s.index()))
     };
     let dims = |i: usize| t[i].shape.dims();
     let same = |i: usize, j: usize| {
-        expect(t[i].shape == t[j].shape, i, t[i], || format!("the shape of operand {j} ({})", t[j].shape))
+        expect(t[i].shape == t[j].shape, i, t[i], || {
+            format!("the shape of operand {j} ({})", t[j].shape)
+        })
     };
 
     let out = match kind {
         Weight { .. } | WeightStack { .. } => {
             let ty = declared.ok_or(VerifyErrorKind::MissingWeightType)?.clone();
-            attr(ty.dtype.is_float(), || format!("weights are float, not {}", ty.dtype))?;
+            attr(ty.dtype.is_float(), || {
+                format!("weights are float, not {}", ty.dtype)
+            })?;
             if let WeightStack { pattern, count } = kind {
-                attr(pattern.contains("{}"), || format!("pattern `{pattern}` has no `{{}}`"))?;
+                attr(pattern.contains("{}"), || {
+                    format!("pattern `{pattern}` has no `{{}}`")
+                })?;
                 attr(ty.shape.0.first() == Some(count), || {
                     format!("stack of {count} has outer dim {:?}", ty.shape.0.first())
                 })?;
@@ -115,8 +156,12 @@ pub fn infer(p: &Program, kind: &OpKind, args: &[ValueId], declared: Option<&Typ
         ReadState { state: s } => state(*s)?.ty.clone(),
         WriteState { state: s } => {
             let decl = state(*s)?;
-            expect(*t[0] == decl.ty, 0, t[0], || format!("the type of state `{}` ({})", decl.name, decl.ty))?;
-            attr(decl.kind != StateKind::KvCache, || "KV caches are written by kv_write".into())?;
+            expect(*t[0] == decl.ty, 0, t[0], || {
+                format!("the type of state `{}` ({})", decl.name, decl.ty)
+            })?;
+            attr(decl.kind != StateKind::KvCache, || {
+                "KV caches are written by kv_write".into()
+            })?;
             return Ok(None);
         }
         KvWrite { state: s } => {
@@ -131,7 +176,9 @@ pub fn infer(p: &Program, kind: &OpKind, args: &[ValueId], declared: Option<&Typ
             let c = decl.ty.shape.dims();
             f32_(0)?;
             rank(0, 2)?;
-            expect(c.len() == 3 && dims(0) == [c[0], c[2]], 0, t[0], || format!("f32[{},{}]", c[0], c[2]))?;
+            expect(c.len() == 3 && dims(0) == [c[0], c[2]], 0, t[0], || {
+                format!("f32[{},{}]", c[0], c[2])
+            })?;
             scalar_i32(1)?;
             decl.ty.clone()
         }
@@ -166,37 +213,56 @@ pub fn infer(p: &Program, kind: &OpKind, args: &[ValueId], declared: Option<&Typ
         ExpertMatvec => {
             float(0)?;
             rank(0, 3)?;
-            expect(t[1].dtype == DType::I32 && t[1].shape.rank() == 1, 1, t[1], || "i32[k]".into())?;
+            expect(
+                t[1].dtype == DType::I32 && t[1].shape.rank() == 1,
+                1,
+                t[1],
+                || "i32[k]".into(),
+            )?;
             f32_(2)?;
             let (o, i, k) = (dims(0)[1], dims(0)[2], dims(1)[0]);
-            expect(dims(2) == [i] || dims(2) == [k, i], 2, t[2], || format!("f32[{i}] or f32[{k},{i}]"))?;
+            expect(dims(2) == [i] || dims(2) == [k, i], 2, t[2], || {
+                format!("f32[{i}] or f32[{k},{i}]")
+            })?;
             Type::f32([k, o])
         }
         Add | Mul | Div => {
             float(0)?;
             float(1)?;
-            let s = broadcast(&t[0].shape, &t[1].shape)
-                .ok_or_else(|| VerifyErrorKind::Broadcast(t[0].shape.clone(), t[1].shape.clone()))?;
-            Type { dtype: DType::F32, shape: s }
+            let s = broadcast(&t[0].shape, &t[1].shape).ok_or_else(|| {
+                VerifyErrorKind::Broadcast(t[0].shape.clone(), t[1].shape.clone())
+            })?;
+            Type {
+                dtype: DType::F32,
+                shape: s,
+            }
         }
         Silu | Sigmoid | Softplus | Exp | Neg | Softmax => {
             float(0)?;
-            Type { dtype: DType::F32, shape: t[0].shape.clone() }
+            Type {
+                dtype: DType::F32,
+                shape: t[0].shape.clone(),
+            }
         }
         Rope { rotary_dim, theta } => {
             f32_(0)?;
             rank(0, 2)?;
             scalar_i32(1)?;
             let d = dims(0)[1];
-            attr(*rotary_dim % 2 == 0 && *rotary_dim > 0 && *rotary_dim <= d, || {
-                format!("rotary_dim {rotary_dim} must be even and in 2..={d}")
+            attr(
+                *rotary_dim % 2 == 0 && *rotary_dim > 0 && *rotary_dim <= d,
+                || format!("rotary_dim {rotary_dim} must be even and in 2..={d}"),
+            )?;
+            attr(theta.0 > 0.0, || {
+                format!("theta {} must be positive", theta)
             })?;
-            attr(theta.0 > 0.0, || format!("theta {} must be positive", theta))?;
             t[0].clone()
         }
         Slice { axis, start, end } => {
             let d = dims(0);
-            attr(*axis < d.len(), || format!("axis {axis} out of range for {}", t[0].shape))?;
+            attr(*axis < d.len(), || {
+                format!("axis {axis} out of range for {}", t[0].shape)
+            })?;
             attr(start < end && *end <= d[*axis], || {
                 format!("range {start}..{end} out of 0..{} on axis {axis}", d[*axis])
             })?;
@@ -206,20 +272,28 @@ pub fn infer(p: &Program, kind: &OpKind, args: &[ValueId], declared: Option<&Typ
         }
         Concat { axis } => {
             let (a, b) = (dims(0), dims(1));
-            attr(*axis < a.len(), || format!("axis {axis} out of range for {}", t[0].shape))?;
+            attr(*axis < a.len(), || {
+                format!("axis {axis} out of range for {}", t[0].shape)
+            })?;
             let fits = a.len() == b.len()
                 && t[0].dtype == t[1].dtype
                 && (0..a.len()).all(|i| i == *axis || a[i] == b[i]);
-            expect(fits, 1, t[1], || format!("{} matching operand 0 except on axis {axis}", t[0].dtype))?;
+            expect(fits, 1, t[1], || {
+                format!("{} matching operand 0 except on axis {axis}", t[0].dtype)
+            })?;
             let mut s = a.to_vec();
             s[*axis] += b[*axis];
             Type::new(t[0].dtype, s)
         }
         Reshape { shape } => {
-            attr(shape.numel() == t[0].shape.numel() && shape.rank() > 0, || {
-                format!("cannot reshape {} to {}", t[0].shape, shape)
-            })?;
-            Type { dtype: t[0].dtype, shape: shape.clone() }
+            attr(
+                shape.numel() == t[0].shape.numel() && shape.rank() > 0,
+                || format!("cannot reshape {} to {}", t[0].shape, shape),
+            )?;
+            Type {
+                dtype: t[0].dtype,
+                shape: shape.clone(),
+            }
         }
         Attention { .. } => {
             f32_(0)?;
@@ -245,7 +319,9 @@ pub fn infer(p: &Program, kind: &OpKind, args: &[ValueId], declared: Option<&Typ
             expect(dims(1) == [c], 1, t[1], || format!("f32[{c}]"))?;
             if matches!(kind, CausalConv1d) {
                 float(2)?;
-                expect(dims(2) == [c, km1 + 1], 2, t[2], || format!("[{c},{}]", km1 + 1))?;
+                expect(dims(2) == [c, km1 + 1], 2, t[2], || {
+                    format!("[{c},{}]", km1 + 1)
+                })?;
                 Type::f32([c])
             } else {
                 t[0].clone()
@@ -282,18 +358,27 @@ pub fn infer(p: &Program, kind: &OpKind, args: &[ValueId], declared: Option<&Typ
         TopK { k } => {
             f32_(0)?;
             rank(0, 1)?;
-            attr(*k >= 1 && *k <= dims(0)[0], || format!("k={k} out of 1..={}", dims(0)[0]))?;
+            attr(*k >= 1 && *k <= dims(0)[0], || {
+                format!("k={k} out of 1..={}", dims(0)[0])
+            })?;
             Type::i32([*k])
         }
         Gather => {
             f32_(0)?;
             rank(0, 1)?;
-            expect(t[1].dtype == DType::I32 && t[1].shape.rank() == 1, 1, t[1], || "i32[k]".into())?;
+            expect(
+                t[1].dtype == DType::I32 && t[1].shape.rank() == 1,
+                1,
+                t[1],
+                || "i32[k]".into(),
+            )?;
             Type::f32(dims(1).to_vec())
         }
         Sum { axis } => {
             f32_(0)?;
-            attr(*axis < t[0].shape.rank(), || format!("axis {axis} out of range for {}", t[0].shape))?;
+            attr(*axis < t[0].shape.rank(), || {
+                format!("axis {axis} out of range for {}", t[0].shape)
+            })?;
             let mut s = dims(0).to_vec();
             s.remove(*axis);
             Type::f32(if s.is_empty() { vec![1] } else { s })
@@ -310,7 +395,10 @@ pub fn infer(p: &Program, kind: &OpKind, args: &[ValueId], declared: Option<&Typ
     };
     if let Some(d) = declared {
         if *d != out {
-            return Err(VerifyErrorKind::DeclaredType { declared: d.clone(), inferred: out });
+            return Err(VerifyErrorKind::DeclaredType {
+                declared: d.clone(),
+                inferred: out,
+            });
         }
     }
     Ok(Some(out))
@@ -323,7 +411,11 @@ impl Program {
         let mut defined = 0usize;
         for (i, op) in self.ops.iter().enumerate() {
             let id = OpId::new(i);
-            let err = |kind| VerifyError { op: id, text: self.op_text(id), kind };
+            let err = |kind| VerifyError {
+                op: id,
+                text: self.op_text(id),
+                kind,
+            };
             if let Some(&bad) = op.args.iter().find(|a| a.index() >= defined) {
                 return Err(err(VerifyErrorKind::UndefinedValue(bad)));
             }
@@ -331,7 +423,9 @@ impl Program {
             let declared = op.result.and_then(|v| self.values.get(v.index())).cloned();
             infer(self, &op.kind, &op.args, declared.as_ref()).map_err(err)?;
             match (op.kind.has_result(), op.result) {
-                (true, Some(v)) if v.index() == defined && self.defs.get(v.index()) == Some(&id) => {
+                (true, Some(v))
+                    if v.index() == defined && self.defs.get(v.index()) == Some(&id) =>
+                {
                     defined += 1
                 }
                 (false, None) => {}
@@ -339,7 +433,9 @@ impl Program {
             }
             if let OpKind::WriteState { state } | OpKind::KvWrite { state } = op.kind {
                 if !written.insert(state) {
-                    return Err(err(VerifyErrorKind::StateWrittenTwice(self.state(state).name.clone())));
+                    return Err(err(VerifyErrorKind::StateWrittenTwice(
+                        self.state(state).name.clone(),
+                    )));
                 }
             }
         }

@@ -27,12 +27,21 @@ impl fmt::Display for KernelCall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.kernel)?;
         if !self.defines.is_empty() {
-            let defines: Vec<String> = self.defines.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let defines: Vec<String> = self
+                .defines
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
             write!(f, "[{}]", defines.join(","))?;
         }
         let spec: Vec<String> = self.spec_constants.iter().map(u32::to_string).collect();
         let [x, y, z] = self.workgroups;
-        write!(f, " spec=[{}] groups={x}x{y}x{z} bindings={}", spec.join(","), self.bindings)?;
+        write!(
+            f,
+            " spec=[{}] groups={x}x{y}x{z} bindings={}",
+            spec.join(","),
+            self.bindings
+        )?;
         if !self.push_constants.is_empty() {
             write!(f, " push={}B", self.push_constants.len())?;
         }

@@ -11,7 +11,11 @@ pub enum KernelError {
     #[error("no kernel named `{0}` in vkfuse-kernels")]
     UnknownKernel(String),
     #[error("kernel `{kernel}` [{defines}] does not compile:\n{message}")]
-    Compile { kernel: String, defines: String, message: String },
+    Compile {
+        kernel: String,
+        defines: String,
+        message: String,
+    },
     #[error("shaderc could not start: {0}")]
     Shaderc(String),
 }
@@ -19,17 +23,25 @@ pub enum KernelError {
 /// The SPIR-V (Vulkan 1.1 target) of `kernel` with `defines`; `#include "x.glsl"` resolves to
 /// the headers of `vkfuse_kernels`. Errors name the kernel and its defines.
 pub fn compile(kernel: &str, defines: &[(String, String)]) -> Result<Vec<u32>, KernelError> {
-    let source = vkfuse_kernels::source(kernel).ok_or_else(|| KernelError::UnknownKernel(kernel.into()))?;
-    let list = defines.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    let source =
+        vkfuse_kernels::source(kernel).ok_or_else(|| KernelError::UnknownKernel(kernel.into()))?;
+    let list = defines
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
     let fail = |message: String| KernelError::Compile {
         kernel: kernel.to_string(),
         defines: list.clone(),
         message,
     };
     for (name, value) in defines {
-        let ok = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        let ok =
+            |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ok(name) || !ok(value) {
-            return Err(fail(format!("define `{name}={value}` is not an identifier pair")));
+            return Err(fail(format!(
+                "define `{name}={value}` is not an identifier pair"
+            )));
         }
     }
     let compiler = Compiler::new().map_err(|e| KernelError::Shaderc(e.to_string()))?;
@@ -60,7 +72,10 @@ mod tests {
     use super::*;
 
     fn d(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -71,9 +86,16 @@ mod tests {
 
     #[test]
     fn errors_name_the_kernel_and_defines() {
-        let err = compile("binary", &d(&[("DTYPE_1", "F32"), ("DTYPE_2", "F32"), ("OP", "POW")])).unwrap_err();
+        let err = compile(
+            "binary",
+            &d(&[("DTYPE_1", "F32"), ("DTYPE_2", "F32"), ("OP", "POW")]),
+        )
+        .unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("`binary`") && msg.contains("OP=POW"), "{msg}");
-        assert!(matches!(compile("nope", &[]), Err(KernelError::UnknownKernel(_))));
+        assert!(matches!(
+            compile("nope", &[]),
+            Err(KernelError::UnknownKernel(_))
+        ));
     }
 }

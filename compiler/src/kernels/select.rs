@@ -24,7 +24,10 @@ const BINARY_MAX_RANK: usize = 4;
 pub fn is_alias(kind: &OpKind) -> bool {
     matches!(
         kind,
-        OpKind::Weight { .. } | OpKind::WeightStack { .. } | OpKind::ReadState { .. } | OpKind::Reshape { .. }
+        OpKind::Weight { .. }
+            | OpKind::WeightStack { .. }
+            | OpKind::ReadState { .. }
+            | OpKind::Reshape { .. }
     )
 }
 
@@ -42,18 +45,22 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
     let arg = |i: usize| program.ty(op.args[i]);
     let out = || program.ty(op.result.expect("every op but write_state has a result"));
     let bindings = 1 + op.kind.arity();
-    let call = |kernel: &'static str, defines: Vec<(&str, String)>, spec: Vec<u32>, groups: usize| {
-        let mut defines: Vec<(String, String)> = defines.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        defines.sort();
-        KernelCall {
-            kernel,
-            defines,
-            spec_constants: spec,
-            push_constants: Vec::new(),
-            workgroups: workgroups(groups),
-            bindings,
-        }
-    };
+    let call =
+        |kernel: &'static str, defines: Vec<(&str, String)>, spec: Vec<u32>, groups: usize| {
+            let mut defines: Vec<(String, String)> = defines
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+            defines.sort();
+            KernelCall {
+                kernel,
+                defines,
+                spec_constants: spec,
+                push_constants: Vec::new(),
+                workgroups: workgroups(groups),
+                bindings,
+            }
+        };
     let elementwise = |n: usize| n.div_ceil(ELEMENTWISE_WG);
     let wg = ELEMENTWISE_WG as u32;
 
@@ -66,32 +73,63 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
         KvWrite { state } => {
             let c = program.state(*state).ty.shape.dims();
             let (hkv, cap, d) = (c[0], c[1], c[2]);
-            call("kv_write", vec![], vec![wg, u(hkv), u(cap), u(d)], elementwise(hkv * d))
+            call(
+                "kv_write",
+                vec![],
+                vec![wg, u(hkv), u(cap), u(d)],
+                elementwise(hkv * d),
+            )
         }
         Embedding => {
             let (v, h) = (arg(0).shape.dims()[0], arg(0).shape.dims()[1]);
-            call("embedding", vec![("DTYPE_1", dtype(arg(0)))], vec![wg, u(v), u(h)], elementwise(h))
+            call(
+                "embedding",
+                vec![("DTYPE_1", dtype(arg(0)))],
+                vec![wg, u(v), u(h)],
+                elementwise(h),
+            )
         }
         RmsNorm { eps, zero_centered } => {
             let (rows, n) = rows(&arg(0).shape);
-            let spec = vec![row_wg(n), u(n), eps.0.to_bits(), u32::from(*zero_centered), u(rows)];
+            let spec = vec![
+                row_wg(n),
+                u(n),
+                eps.0.to_bits(),
+                u32::from(*zero_centered),
+                u(rows),
+            ];
             call("rms_norm", vec![("DTYPE_2", dtype(arg(1)))], spec, rows)
         }
         GatedRmsNorm { eps } => {
             let (rows, n) = rows(&arg(0).shape);
             let spec = vec![row_wg(n), u(n), eps.0.to_bits(), u(rows)];
-            call("gated_rms_norm", vec![("DTYPE_3", dtype(arg(2)))], spec, rows)
+            call(
+                "gated_rms_norm",
+                vec![("DTYPE_3", dtype(arg(2)))],
+                spec,
+                rows,
+            )
         }
         L2Norm { eps } => {
             let (rows, n) = rows(&arg(0).shape);
-            call("l2_norm", vec![], vec![row_wg(n), u(n), eps.0.to_bits(), u(rows)], rows)
+            call(
+                "l2_norm",
+                vec![],
+                vec![row_wg(n), u(n), eps.0.to_bits(), u(rows)],
+                rows,
+            )
         }
         Matvec => {
             let w = arg(0);
             let (o, i) = (w.shape.dims()[0], w.shape.dims()[1]);
             let rows = matvec_rows(o);
             let spec = vec![MATVEC_WG as u32, u(o), u(i), rows, vec4(w.dtype, i)];
-            call("matvec", vec![("DTYPE_1", dtype(w))], spec, o.div_ceil(rows as usize))
+            call(
+                "matvec",
+                vec![("DTYPE_1", dtype(w))],
+                spec,
+                o.div_ceil(rows as usize),
+            )
         }
         ExpertMatvec => {
             let w = arg(0);
@@ -99,9 +137,22 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
             let k = arg(1).shape.dims()[0];
             let per_row = arg(2).shape.rank() == 2;
             let rows = matvec_rows(o);
-            let spec =
-                vec![MATVEC_WG as u32, u(o), u(i), rows, vec4(w.dtype, i), u(e), u(k), u32::from(per_row)];
-            call("expert_matvec", vec![("DTYPE_1", dtype(w))], spec, k * o.div_ceil(rows as usize))
+            let spec = vec![
+                MATVEC_WG as u32,
+                u(o),
+                u(i),
+                rows,
+                vec4(w.dtype, i),
+                u(e),
+                u(k),
+                u32::from(per_row),
+            ];
+            call(
+                "expert_matvec",
+                vec![("DTYPE_1", dtype(w))],
+                spec,
+                k * o.div_ceil(rows as usize),
+            )
         }
         Add | Mul | Div => {
             let name = match op.kind {
@@ -114,7 +165,11 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
             let n = out.shape.numel();
             let mut spec = vec![wg, u(n)];
             spec.extend(dims.iter().chain(&sa).chain(&sb).map(|&x| u(x)));
-            let defines = vec![("DTYPE_1", dtype(arg(0))), ("DTYPE_2", dtype(arg(1))), ("OP", name.into())];
+            let defines = vec![
+                ("DTYPE_1", dtype(arg(0))),
+                ("DTYPE_2", dtype(arg(1))),
+                ("OP", name.into()),
+            ];
             call("binary", defines, spec, elementwise(n))
         }
         Silu | Sigmoid | Softplus | Exp | Neg => {
@@ -126,7 +181,12 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
                 _ => "NEG",
             };
             let n = arg(0).shape.numel();
-            call("unary", vec![("DTYPE_1", dtype(arg(0))), ("OP", name.into())], vec![wg, u(n)], elementwise(n))
+            call(
+                "unary",
+                vec![("DTYPE_1", dtype(arg(0))), ("OP", name.into())],
+                vec![wg, u(n)],
+                elementwise(n),
+            )
         }
         Rope { theta, rotary_dim } => {
             let (heads, d) = (arg(0).shape.dims()[0], arg(0).shape.dims()[1]);
@@ -137,7 +197,11 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
                 2 * vkfuse_kernels::ROPE_MAX_HALF
             );
             let mut spec = vec![wg, u(heads), u(d), u(*rotary_dim)];
-            spec.extend(rope_inv_freq(theta.0, *rotary_dim).iter().map(|f| f.to_bits()));
+            spec.extend(
+                rope_inv_freq(theta.0, *rotary_dim)
+                    .iter()
+                    .map(|f| f.to_bits()),
+            );
             call("rope", vec![], spec, elementwise(heads * d))
         }
         Slice { axis, start, end } => {
@@ -145,7 +209,12 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
             let (outer, len, inner) = around(&x.shape, *axis);
             let n = outer * (end - start) * inner;
             let spec = vec![wg, u(outer), u(len), u(*start), u(end - start), u(inner)];
-            call("slice", vec![("DTYPE_1", dtype(x))], spec, elementwise(words(x.dtype, n)))
+            call(
+                "slice",
+                vec![("DTYPE_1", dtype(x))],
+                spec,
+                elementwise(words(x.dtype, n)),
+            )
         }
         Concat { axis } => {
             let (a, b) = (arg(0), arg(1));
@@ -160,27 +229,59 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
             let (hq, d) = (arg(0).shape.dims()[0], arg(0).shape.dims()[1]);
             let (hkv, cap) = (arg(1).shape.dims()[0], arg(1).shape.dims()[1]);
             let wg = attention_wg(d);
-            call("attention", vec![], vec![wg, u(hq), u(hkv), u(cap), u(d), scale.0.to_bits()], hq)
+            call(
+                "attention",
+                vec![],
+                vec![wg, u(hq), u(hkv), u(cap), u(d), scale.0.to_bits()],
+                hq,
+            )
         }
         CausalConv1d => {
             let (c, km1) = (arg(0).shape.dims()[0], arg(0).shape.dims()[1]);
-            call("causal_conv1d", vec![("DTYPE_3", dtype(arg(2)))], vec![wg, u(c), u(km1)], elementwise(c))
+            call(
+                "causal_conv1d",
+                vec![("DTYPE_3", dtype(arg(2)))],
+                vec![wg, u(c), u(km1)],
+                elementwise(c),
+            )
         }
         ConvShift => {
             let (c, km1) = (arg(0).shape.dims()[0], arg(0).shape.dims()[1]);
-            call("conv_shift", vec![], vec![wg, u(c), u(km1)], elementwise(c * km1))
+            call(
+                "conv_shift",
+                vec![],
+                vec![wg, u(c), u(km1)],
+                elementwise(c * km1),
+            )
         }
         DeltaRuleUpdate => {
             let s = arg(0).shape.dims();
             let (hv, dk, dv, hk) = (s[0], s[1], s[2], arg(1).shape.dims()[0]);
             let spec = vec![DELTA_WG as u32, u(hv), u(hk), u(dk), u(dv)];
-            call("delta_rule_update", vec![], spec, hv * dv.div_ceil(DELTA_WG))
+            call(
+                "delta_rule_update",
+                vec![],
+                spec,
+                hv * dv.div_ceil(DELTA_WG),
+            )
         }
         DeltaRuleReadout { scale } => {
             let s = arg(0).shape.dims();
             let (hv, dk, dv, hk) = (s[0], s[1], s[2], arg(1).shape.dims()[0]);
-            let spec = vec![DELTA_WG as u32, u(hv), u(hk), u(dk), u(dv), scale.0.to_bits()];
-            call("delta_rule_readout", vec![], spec, hv * dv.div_ceil(DELTA_WG))
+            let spec = vec![
+                DELTA_WG as u32,
+                u(hv),
+                u(hk),
+                u(dk),
+                u(dv),
+                scale.0.to_bits(),
+            ];
+            call(
+                "delta_rule_readout",
+                vec![],
+                spec,
+                hv * dv.div_ceil(DELTA_WG),
+            )
         }
         Softmax => {
             let (rows, n) = rows(&arg(0).shape);
@@ -197,9 +298,19 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
         Sum { axis } => {
             let (outer, len, inner) = around(&arg(0).shape, *axis);
             if inner == 1 {
-                call("sum", vec![], vec![row_wg(len), u(outer), u(len), u(inner), 1], outer)
+                call(
+                    "sum",
+                    vec![],
+                    vec![row_wg(len), u(outer), u(len), u(inner), 1],
+                    outer,
+                )
             } else {
-                call("sum", vec![], vec![wg, u(outer), u(len), u(inner), 0], elementwise(outer * inner))
+                call(
+                    "sum",
+                    vec![],
+                    vec![wg, u(outer), u(len), u(inner), 0],
+                    elementwise(outer * inner),
+                )
             }
         }
         Argmax => {
@@ -275,7 +386,11 @@ fn rows(s: &Shape) -> (usize, usize) {
 /// `(outer, len, inner)` around `axis`.
 fn around(s: &Shape, axis: usize) -> (usize, usize, usize) {
     let d = s.dims();
-    (d[..axis].iter().product(), d[axis], d[axis + 1..].iter().product())
+    (
+        d[..axis].iter().product(),
+        d[axis],
+        d[axis + 1..].iter().product(),
+    )
 }
 
 /// 32-bit words holding `n` elements of `dtype` (16-bit dtypes: two per word).
@@ -290,7 +405,9 @@ fn words(dtype: DType, n: usize) -> usize {
 /// inv_freq of rope, computed exactly as the reference does (f32 `powf`), so the device sees
 /// bit-identical angles.
 pub(crate) fn rope_inv_freq(theta: f32, rotary_dim: usize) -> Vec<f32> {
-    (0..rotary_dim / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / rotary_dim as f32)).collect()
+    (0..rotary_dim / 2)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / rotary_dim as f32))
+        .collect()
 }
 
 /// Output dims and element strides of `a` and `b` for a broadcast binary op, merged where
@@ -339,7 +456,11 @@ fn broadcast_strides(out: &Shape, a: &Shape, b: &Shape) -> (Vec<usize>, Vec<usiz
         p.extend(v);
         p
     };
-    (left_pad(merged.iter().map(|m| m.0).collect(), 1), left_pad(sa, 0), left_pad(sb, 0))
+    (
+        left_pad(merged.iter().map(|m| m.0).collect(), 1),
+        left_pad(sa, 0),
+        left_pad(sb, 0),
+    )
 }
 
 #[cfg(test)]
@@ -354,16 +475,28 @@ mod tests {
     fn broadcast_merges_dims_that_broadcast_alike() {
         // Same shapes collapse to one contiguous dim.
         let (d, a, b) = broadcast_strides(&s(&[2, 3, 4]), &s(&[2, 3, 4]), &s(&[2, 3, 4]));
-        assert_eq!((d, a, b), (vec![1, 1, 1, 24], vec![0, 0, 0, 1], vec![0, 0, 0, 1]));
+        assert_eq!(
+            (d, a, b),
+            (vec![1, 1, 1, 24], vec![0, 0, 0, 1], vec![0, 0, 0, 1])
+        );
         // A row vector against a matrix.
         let (d, a, b) = broadcast_strides(&s(&[5, 7]), &s(&[5, 7]), &s(&[7]));
-        assert_eq!((d, a, b), (vec![1, 1, 5, 7], vec![0, 0, 7, 1], vec![0, 0, 0, 1]));
+        assert_eq!(
+            (d, a, b),
+            (vec![1, 1, 5, 7], vec![0, 0, 7, 1], vec![0, 0, 0, 1])
+        );
         // A column against a row: both broadcast.
         let (d, a, b) = broadcast_strides(&s(&[3, 4]), &s(&[3, 1]), &s(&[1, 4]));
-        assert_eq!((d, a, b), (vec![1, 1, 3, 4], vec![0, 0, 1, 0], vec![0, 0, 0, 1]));
+        assert_eq!(
+            (d, a, b),
+            (vec![1, 1, 3, 4], vec![0, 0, 1, 0], vec![0, 0, 0, 1])
+        );
         // Size-1 output dims vanish.
         let (d, a, b) = broadcast_strides(&s(&[1, 6]), &s(&[1, 6]), &s(&[1]));
-        assert_eq!((d, a, b), (vec![1, 1, 1, 6], vec![0, 0, 0, 1], vec![0, 0, 0, 0]));
+        assert_eq!(
+            (d, a, b),
+            (vec![1, 1, 1, 6], vec![0, 0, 0, 1], vec![0, 0, 0, 0])
+        );
     }
 
     #[test]

@@ -26,10 +26,12 @@ impl WeightSource for TensorStore {
 
 impl WeightSource for HashMap<String, Vec<f32>> {
     fn f32(&self, name: &str) -> Result<Vec<f32>, ImportError> {
-        self.get(name).cloned().ok_or_else(|| ImportError::MissingTensor {
-            file: "<memory>".into(),
-            tensor: name.to_string(),
-        })
+        self.get(name)
+            .cloned()
+            .ok_or_else(|| ImportError::MissingTensor {
+                file: "<memory>".into(),
+                tensor: name.to_string(),
+            })
     }
 }
 
@@ -63,13 +65,26 @@ pub struct Reference<'a> {
 
 impl<'a> Reference<'a> {
     pub fn new(program: &'a Program, tensors: &'a dyn WeightSource) -> Reference<'a> {
-        let state = program.states.iter().map(|s| Tensor::zeros(&s.ty.shape, !s.ty.dtype.is_float())).collect();
-        Reference { program, tensors, weights: vec![None; program.ops.len()], state }
+        let state = program
+            .states
+            .iter()
+            .map(|s| Tensor::zeros(&s.ty.shape, !s.ty.dtype.is_float()))
+            .collect();
+        Reference {
+            program,
+            tensors,
+            weights: vec![None; program.ops.len()],
+            state,
+        }
     }
 
     /// Sets a state's value (tests start kernels from arbitrary state this way).
     pub fn set_state(&mut self, state: StateId, value: Tensor) {
-        assert_eq!(value.shape, self.program.state(state).ty.shape, "set_state: shape mismatch");
+        assert_eq!(
+            value.shape,
+            self.program.state(state).ty.shape,
+            "set_state: shape mismatch"
+        );
         self.state[state.index()] = value;
     }
 
@@ -84,7 +99,9 @@ impl<'a> Reference<'a> {
     }
 
     fn scalar_state(&self, kind: StateKind) -> i32 {
-        self.program.state_of_kind(kind).map_or(0, |s| self.state[s.index()].i()[0])
+        self.program
+            .state_of_kind(kind)
+            .map_or(0, |s| self.state[s.index()].i()[0])
     }
 
     /// The number of tokens processed so far.
@@ -94,12 +111,21 @@ impl<'a> Reference<'a> {
 
     /// The KV capacity (the smallest cache), or `usize::MAX` for a model without KV caches.
     pub fn capacity(&self) -> usize {
-        let caches = self.program.states.iter().filter(|s| s.kind == StateKind::KvCache);
-        caches.map(|s| s.ty.shape.dims()[1]).min().unwrap_or(usize::MAX)
+        let caches = self
+            .program
+            .states
+            .iter()
+            .filter(|s| s.kind == StateKind::KvCache);
+        caches
+            .map(|s| s.ty.shape.dims()[1])
+            .min()
+            .unwrap_or(usize::MAX)
     }
 
     fn vocab(&self) -> usize {
-        self.program.output("logits").map_or(0, |v| self.program.ty(v).shape.numel())
+        self.program
+            .output("logits")
+            .map_or(0, |v| self.program.ty(v).shape.numel())
     }
 
     /// Runs one step. `token` overrides the input token (teacher forcing); `None` feeds the
@@ -112,15 +138,25 @@ impl<'a> Reference<'a> {
         if let Some(t) = token {
             let vocab = self.vocab();
             if t as usize >= vocab {
-                return Err(ReferenceError::TokenOutOfRange { token: t as i64, vocab });
+                return Err(ReferenceError::TokenOutOfRange {
+                    token: t as i64,
+                    vocab,
+                });
             }
             if let Some(s) = self.program.state_of_kind(StateKind::Token) {
                 self.state[s.index()] = Tensor::i32(&[1], vec![t as i32]);
             }
         }
         let values = self.run()?;
-        let logits_id = self.program.output("logits").ok_or(ReferenceError::NoLogits)?;
-        let logits = values[logits_id.index()].as_ref().expect("outputs are defined").f().to_vec();
+        let logits_id = self
+            .program
+            .output("logits")
+            .ok_or(ReferenceError::NoLogits)?;
+        let logits = values[logits_id.index()]
+            .as_ref()
+            .expect("outputs are defined")
+            .f()
+            .to_vec();
         let next_token = self.scalar_state(StateKind::Token);
         Ok(StepOutput { logits, next_token })
     }
@@ -153,7 +189,11 @@ impl<'a> Reference<'a> {
         let mut vals: Vec<Option<Tensor>> = vec![None; p.values.len()];
         let mut writes = vec![];
         for (i, op) in p.ops.iter().enumerate() {
-            let a = |n: usize| vals[op.args[n].index()].as_ref().expect("SSA: defined before use");
+            let a = |n: usize| {
+                vals[op.args[n].index()]
+                    .as_ref()
+                    .expect("SSA: defined before use")
+            };
             let out = match &op.kind {
                 Weight { .. } | WeightStack { .. } => self.weight(i)?,
                 ReadState { state } => self.state[state.index()].clone(),
@@ -168,7 +208,8 @@ impl<'a> Reference<'a> {
                     let x = a(0).f().to_vec();
                     if let Data::F32(c) = &mut cache.data {
                         for h in 0..hkv {
-                            c[(h * cap + pos) * d..(h * cap + pos + 1) * d].copy_from_slice(&x[h * d..(h + 1) * d]);
+                            c[(h * cap + pos) * d..(h * cap + pos + 1) * d]
+                                .copy_from_slice(&x[h * d..(h + 1) * d]);
                         }
                     }
                     cache.clone()
@@ -178,7 +219,9 @@ impl<'a> Reference<'a> {
                     let h = table.dims()[1];
                     Tensor::f32(&[h], table.f()[tok * h..(tok + 1) * h].to_vec())
                 }
-                RmsNorm { eps, zero_centered } => ops::rms_norm(a(0), a(1).f(), eps.0, *zero_centered),
+                RmsNorm { eps, zero_centered } => {
+                    ops::rms_norm(a(0), a(1).f(), eps.0, *zero_centered)
+                }
                 GatedRmsNorm { eps } => ops::gated_rms_norm(a(0), a(1).f(), a(2).f(), eps.0),
                 L2Norm { eps } => ops::l2_norm(a(0), eps.0),
                 Matvec => {
@@ -197,8 +240,13 @@ impl<'a> Reference<'a> {
                 Rope { theta, rotary_dim } => ops::rope(a(0), a(1).i()[0], theta.0, *rotary_dim),
                 Slice { axis, start, end } => ops::slice(a(0), *axis, *start, *end),
                 Concat { axis } => ops::concat(a(0), a(1), *axis),
-                Reshape { shape } => Tensor { shape: shape.clone(), data: a(0).data.clone() },
-                Attention { scale } => ops::attention(a(0), a(1), a(2), a(3).i()[0] as usize, scale.0),
+                Reshape { shape } => Tensor {
+                    shape: shape.clone(),
+                    data: a(0).data.clone(),
+                },
+                Attention { scale } => {
+                    ops::attention(a(0), a(1), a(2), a(3).i()[0] as usize, scale.0)
+                }
                 CausalConv1d => ops::causal_conv1d(a(0), a(1).f(), a(2).f()),
                 ConvShift => ops::conv_shift(a(0), a(1).f()),
                 DeltaRuleUpdate => ops::delta_rule_update(a(0), a(1), a(2).f(), a(3).f(), a(4).f()),
@@ -208,13 +256,21 @@ impl<'a> Reference<'a> {
                 Gather => {
                     let x = a(0).f();
                     let idx = a(1).i();
-                    Tensor::f32(&[idx.len()], idx.iter().map(|&j| x[(j.max(0) as usize).min(x.len() - 1)]).collect())
+                    Tensor::f32(
+                        &[idx.len()],
+                        idx.iter()
+                            .map(|&j| x[(j.max(0) as usize).min(x.len() - 1)])
+                            .collect(),
+                    )
                 }
                 Sum { axis } => ops::sum(a(0), *axis),
                 Argmax => Tensor::i32(&[1], ops::top_k(a(0).f(), 1)),
                 Increment => Tensor::i32(&[1], vec![a(0).i()[0] + 1]),
             };
-            vals[op.result.expect("all but write_state have a result").index()] = Some(out);
+            vals[op
+                .result
+                .expect("all but write_state have a result")
+                .index()] = Some(out);
         }
         // State writes take effect after the step, as between two launches on the device.
         for (s, t) in writes {

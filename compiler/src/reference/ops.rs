@@ -43,7 +43,10 @@ pub fn binary(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32) -> Tensor {
     let mut coord = vec![0usize; out.rank()];
     let mut data = Vec::with_capacity(out.numel());
     for _ in 0..out.numel() {
-        data.push(f(a.f()[idx(&a.shape, &coord)], b.f()[idx(&b.shape, &coord)]));
+        data.push(f(
+            a.f()[idx(&a.shape, &coord)],
+            b.f()[idx(&b.shape, &coord)],
+        ));
         for d in (0..coord.len()).rev() {
             coord[d] += 1;
             if coord[d] < out.dims()[d] {
@@ -74,7 +77,11 @@ pub fn rms_norm(x: &Tensor, w: &[f32], eps: f32, zero_centered: bool) -> Tensor 
     rows(x, |_, src, dst| {
         let s = inv_rms(src, eps);
         for i in 0..src.len() {
-            let w = if zero_centered { 1.0 + w[i] as f64 } else { w[i] as f64 };
+            let w = if zero_centered {
+                1.0 + w[i] as f64
+            } else {
+                w[i] as f64
+            };
             dst[i] = (src[i] as f64 * s * w) as f32;
         }
     })
@@ -113,7 +120,9 @@ pub fn softmax(x: &Tensor) -> Tensor {
 /// `w[o, i] · x[i]`.
 pub fn matvec(w: &[f32], rows_: usize, x: &[f32]) -> Vec<f32> {
     let n = x.len();
-    (0..rows_).map(|o| dot(&w[o * n..(o + 1) * n], x) as f32).collect()
+    (0..rows_)
+        .map(|o| dot(&w[o * n..(o + 1) * n], x) as f32)
+        .collect()
 }
 
 pub fn expert_matvec(w: &Tensor, idx: &[i32], x: &Tensor) -> Tensor {
@@ -121,7 +130,11 @@ pub fn expert_matvec(w: &Tensor, idx: &[i32], x: &Tensor) -> Tensor {
     let mut out = Vec::with_capacity(idx.len() * o);
     for (j, &ex) in idx.iter().enumerate() {
         let ex = (ex.max(0) as usize).min(e - 1);
-        let xin = if x.shape.rank() == 1 { x.f() } else { &x.f()[j * i..(j + 1) * i] };
+        let xin = if x.shape.rank() == 1 {
+            x.f()
+        } else {
+            &x.f()[j * i..(j + 1) * i]
+        };
         out.extend(matvec(&w.f()[ex * o * i..(ex + 1) * o * i], o, xin));
     }
     Tensor::f32(&[idx.len(), o], out)
@@ -130,7 +143,9 @@ pub fn expert_matvec(w: &Tensor, idx: &[i32], x: &Tensor) -> Tensor {
 /// Rotate-half RoPE on the first `rot` dims of each head, angle = f32(inv_freq · pos).
 pub fn rope(x: &Tensor, pos: i32, theta: f32, rot: usize) -> Tensor {
     let half = rot / 2;
-    let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / rot as f32)).collect();
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / rot as f32))
+        .collect();
     rows(x, |_, src, dst| {
         dst.copy_from_slice(src);
         for i in 0..half {
@@ -143,7 +158,14 @@ pub fn rope(x: &Tensor, pos: i32, theta: f32, rot: usize) -> Tensor {
     })
 }
 
-fn pick<T: Copy>(v: &[T], outer: usize, len: usize, start: usize, end: usize, inner: usize) -> Vec<T> {
+fn pick<T: Copy>(
+    v: &[T],
+    outer: usize,
+    len: usize,
+    start: usize,
+    end: usize,
+    inner: usize,
+) -> Vec<T> {
     let mut out = Vec::with_capacity(outer * (end - start) * inner);
     for o in 0..outer {
         let base = o * len * inner;
@@ -202,7 +224,9 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, pos: usize, scale: f32) -> 
         let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
         let total: f64 = e.iter().sum();
         for c in 0..d {
-            let acc: f64 = (0..=pos).map(|j| e[j] * v.f()[(kh * cap + j) * d + c] as f64).sum();
+            let acc: f64 = (0..=pos)
+                .map(|j| e[j] * v.f()[(kh * cap + j) * d + c] as f64)
+                .sum();
             out[h * d + c] = (acc / total) as f32;
         }
     }
@@ -230,7 +254,11 @@ pub fn conv_shift(state: &Tensor, x: &[f32]) -> Tensor {
     let mut out = vec![0.0; c * km1];
     for ch in 0..c {
         for j in 0..km1 {
-            out[ch * km1 + j] = if j + 1 < km1 { state.f()[ch * km1 + j + 1] } else { x[ch] };
+            out[ch * km1 + j] = if j + 1 < km1 {
+                state.f()[ch * km1 + j + 1]
+            } else {
+                x[ch]
+            };
         }
     }
     Tensor::f32(&[c, km1], out)
@@ -266,7 +294,9 @@ pub fn delta_rule_readout(s: &Tensor, q: &Tensor, scale: f32) -> Tensor {
     for h in 0..hv {
         let qh = &q.f()[(h / group) * dk..(h / group + 1) * dk];
         for j in 0..dv {
-            let acc: f64 = (0..dk).map(|i| s.f()[(h * dk + i) * dv + j] as f64 * qh[i] as f64).sum();
+            let acc: f64 = (0..dk)
+                .map(|i| s.f()[(h * dk + i) * dv + j] as f64 * qh[i] as f64)
+                .sum();
             out[h * dv + j] = (acc * scale as f64) as f32;
         }
     }

@@ -18,7 +18,13 @@ type R<T> = Result<T, TraceError>;
 
 impl<'m> Tracer<'m> {
     pub fn new(model: &'m Model, capacity: usize) -> Tracer<'m> {
-        Tracer { model, p: Program::new(), capacity, pos: None, weights: vec![] }
+        Tracer {
+            model,
+            p: Program::new(),
+            capacity,
+            pos: None,
+            weights: vec![],
+        }
     }
 
     pub fn finish(self) -> Program {
@@ -36,7 +42,13 @@ impl<'m> Tracer<'m> {
         }
         let info = self.model.tensors.expect(name, shape)?;
         let ty = Type::new(info.dtype, shape.to_vec());
-        let v = self.p.push(OpKind::Weight { name: name.to_string() }, vec![], Some(ty))?;
+        let v = self.p.push(
+            OpKind::Weight {
+                name: name.to_string(),
+            },
+            vec![],
+            Some(ty),
+        )?;
         let v = v.expect("weights have a result");
         self.weights.push((name.to_string(), v));
         Ok(v)
@@ -46,14 +58,23 @@ impl<'m> Tracer<'m> {
     pub fn weight_stack(&mut self, pattern: &str, count: usize, shape: &[usize]) -> R<ValueId> {
         let mut dtype = None;
         for e in 0..count {
-            let info = self.model.tensors.expect(&pattern.replace("{}", &e.to_string()), shape)?;
+            let info = self
+                .model
+                .tensors
+                .expect(&pattern.replace("{}", &e.to_string()), shape)?;
             dtype.get_or_insert(info.dtype);
         }
         let mut dims = vec![count];
         dims.extend_from_slice(shape);
         let ty = Type::new(dtype.unwrap_or(DType::F32), dims);
-        let kind = OpKind::WeightStack { pattern: pattern.to_string(), count };
-        Ok(self.p.push(kind, vec![], Some(ty))?.expect("weights have a result"))
+        let kind = OpKind::WeightStack {
+            pattern: pattern.to_string(),
+            count,
+        };
+        Ok(self
+            .p
+            .push(kind, vec![], Some(ty))?
+            .expect("weights have a result"))
     }
 
     pub fn state(&mut self, name: String, kind: StateKind, ty: Type) -> crate::ir::StateId {
@@ -61,7 +82,12 @@ impl<'m> Tracer<'m> {
     }
 
     pub fn reshape(&mut self, x: ValueId, dims: &[usize]) -> R<ValueId> {
-        self.op(OpKind::Reshape { shape: Shape::new(dims) }, &[x])
+        self.op(
+            OpKind::Reshape {
+                shape: Shape::new(dims),
+            },
+            &[x],
+        )
     }
 
     pub fn slice(&mut self, x: ValueId, axis: usize, start: usize, end: usize) -> R<ValueId> {
@@ -126,12 +152,20 @@ impl<'m> Tracer<'m> {
         let w = self.weight(lm, &[vocab, hidden])?;
         let logits = self.op(OpKind::Matvec, &[w, x])?;
         let next = self.op(OpKind::Argmax, &[logits])?;
-        let token = self.p.state_of_kind(StateKind::Token).expect("head() declared it");
-        let position = self.p.state_of_kind(StateKind::Position).expect("head() declared it");
-        self.p.push(OpKind::WriteState { state: token }, vec![next], None)?;
+        let token = self
+            .p
+            .state_of_kind(StateKind::Token)
+            .expect("head() declared it");
+        let position = self
+            .p
+            .state_of_kind(StateKind::Position)
+            .expect("head() declared it");
+        self.p
+            .push(OpKind::WriteState { state: token }, vec![next], None)?;
         let pos = self.pos.expect("head() read it");
         let pos1 = self.op(OpKind::Increment, &[pos])?;
-        self.p.push(OpKind::WriteState { state: position }, vec![pos1], None)?;
+        self.p
+            .push(OpKind::WriteState { state: position }, vec![pos1], None)?;
         self.p.outputs.push(("logits".into(), logits));
         Ok(())
     }
@@ -141,7 +175,13 @@ impl<'m> Tracer<'m> {
     pub fn attention(&mut self, q: ValueId, k: ValueId, v: ValueId) -> R<ValueId> {
         let kt = self.p.ty(k).clone();
         let (hkv, d) = (kt.shape.0[0], kt.shape.0[1]);
-        let n = self.p.states.iter().filter(|s| s.kind == StateKind::KvCache).count() / 2;
+        let n = self
+            .p
+            .states
+            .iter()
+            .filter(|s| s.kind == StateKind::KvCache)
+            .count()
+            / 2;
         let cache_ty = Type::f32([hkv, self.capacity, d]);
         let kc = self.state(format!("k_cache_{n}"), StateKind::KvCache, cache_ty.clone());
         let vc = self.state(format!("v_cache_{n}"), StateKind::KvCache, cache_ty);
@@ -154,7 +194,10 @@ impl<'m> Tracer<'m> {
 
     pub fn rope(&mut self, x: ValueId) -> R<ValueId> {
         let rope = &self.model.config.rope;
-        let kind = OpKind::Rope { theta: F32Attr(rope.theta), rotary_dim: rope.rotary_dim };
+        let kind = OpKind::Rope {
+            theta: F32Attr(rope.theta),
+            rotary_dim: rope.rotary_dim,
+        };
         let pos = self.pos.expect("head() read it");
         self.op(kind, &[x, pos])
     }

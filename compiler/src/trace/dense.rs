@@ -12,7 +12,10 @@ pub fn trace(t: &mut Tracer<'_>) -> Result<(), TraceError> {
         return Err(crate::import::ImportError::Unsupported {
             file: t.model.dir.join("config.json"),
             field: "rope_parameters.rope_type".into(),
-            message: format!("scaled RoPE ({:?}) is not traced yet; only the default rope is", c.rope.scaling),
+            message: format!(
+                "scaled RoPE ({:?}) is not traced yet; only the default rope is",
+                c.rope.scaling
+            ),
         }
         .into());
     }
@@ -22,9 +25,24 @@ pub fn trace(t: &mut Tracer<'_>) -> Result<(), TraceError> {
     for layer in 0..c.num_layers {
         let pre = format!("model.layers.{layer}");
         let x = t.rms_norm(h, &format!("{pre}.input_layernorm.weight"), false)?;
-        let q = t.linear(&format!("{pre}.self_attn.q_proj"), x, hq * d, c.attention_bias)?;
-        let k = t.linear(&format!("{pre}.self_attn.k_proj"), x, hkv * d, c.attention_bias)?;
-        let v = t.linear(&format!("{pre}.self_attn.v_proj"), x, hkv * d, c.attention_bias)?;
+        let q = t.linear(
+            &format!("{pre}.self_attn.q_proj"),
+            x,
+            hq * d,
+            c.attention_bias,
+        )?;
+        let k = t.linear(
+            &format!("{pre}.self_attn.k_proj"),
+            x,
+            hkv * d,
+            c.attention_bias,
+        )?;
+        let v = t.linear(
+            &format!("{pre}.self_attn.v_proj"),
+            x,
+            hkv * d,
+            c.attention_bias,
+        )?;
         let mut q = t.reshape(q, &[hq, d])?;
         let mut k = t.reshape(k, &[hkv, d])?;
         let v = t.reshape(v, &[hkv, d])?;
@@ -36,7 +54,12 @@ pub fn trace(t: &mut Tracer<'_>) -> Result<(), TraceError> {
         let k = t.rope(k)?;
         let a = t.attention(q, k, v)?;
         let a = t.reshape(a, &[hq * d])?;
-        let o = t.linear(&format!("{pre}.self_attn.o_proj"), a, c.hidden_size, c.attention_bias)?;
+        let o = t.linear(
+            &format!("{pre}.self_attn.o_proj"),
+            a,
+            c.hidden_size,
+            c.attention_bias,
+        )?;
         h = t.add(h, o)?;
         let x = t.rms_norm(h, &format!("{pre}.post_attention_layernorm.weight"), false)?;
         let m = t.swiglu_mlp(&format!("{pre}.mlp"), x, c.intermediate_size, c.mlp_bias)?;

@@ -12,13 +12,18 @@ type R<T> = Result<T, TraceError>;
 
 pub fn trace(t: &mut Tracer<'_>) -> R<()> {
     let c = t.model.config.clone();
-    let hy = c.hybrid.clone().expect("the importer fills `hybrid` for Qwen3Next");
+    let hy = c
+        .hybrid
+        .clone()
+        .expect("the importer fills `hybrid` for Qwen3Next");
     let mut h = t.head()?;
     for layer in 0..c.num_layers {
         let pre = format!("model.layers.{layer}");
         let x = t.rms_norm(h, &format!("{pre}.input_layernorm.weight"), true)?;
         let a = match hy.layer_types[layer] {
-            LayerType::LinearAttention => gated_delta_net(t, &c, &hy, &format!("{pre}.linear_attn"), x)?,
+            LayerType::LinearAttention => {
+                gated_delta_net(t, &c, &hy, &format!("{pre}.linear_attn"), x)?
+            }
             LayerType::FullAttention => gated_attention(t, &c, &format!("{pre}.self_attn"), x)?,
         };
         h = t.add(h, a)?;
@@ -57,9 +62,19 @@ fn gated_attention(t: &mut Tracer<'_>, c: &ModelConfig, pre: &str, x: ValueId) -
 
 /// One decode step of Gated DeltaNet: projections, causal conv update with its state, q/k
 /// l2-norm, the gated delta rule on the recurrent state, gated RMSNorm, out_proj.
-fn gated_delta_net(t: &mut Tracer<'_>, c: &ModelConfig, hy: &HybridConfig, pre: &str, x: ValueId) -> R<ValueId> {
+fn gated_delta_net(
+    t: &mut Tracer<'_>,
+    c: &ModelConfig,
+    hy: &HybridConfig,
+    pre: &str,
+    x: ValueId,
+) -> R<ValueId> {
     let (hk, hv) = (hy.linear_num_key_heads, hy.linear_num_value_heads);
-    let (dk, dv, kern) = (hy.linear_key_head_dim, hy.linear_value_head_dim, hy.linear_conv_kernel_dim);
+    let (dk, dv, kern) = (
+        hy.linear_key_head_dim,
+        hy.linear_value_head_dim,
+        hy.linear_conv_kernel_dim,
+    );
     let r = hv / hk;
     let (key_dim, value_dim) = (hk * dk, hv * dv);
     let conv_dim = 2 * key_dim + value_dim;
@@ -83,14 +98,26 @@ fn gated_delta_net(t: &mut Tracer<'_>, c: &ModelConfig, hy: &HybridConfig, pre: 
     let v = t.reshape(v, &[value_dim])?;
     let qk = t.op(OpKind::Concat { axis: 0 }, &[q, k])?;
     let mixed = t.op(OpKind::Concat { axis: 0 }, &[qk, v])?;
-    let n = t.p.states.iter().filter(|s| s.kind == StateKind::Conv).count();
-    let conv_state = t.state(format!("conv_state_{n}"), StateKind::Conv, Type::f32([conv_dim, kern - 1]));
+    let n =
+        t.p.states
+            .iter()
+            .filter(|s| s.kind == StateKind::Conv)
+            .count();
+    let conv_state = t.state(
+        format!("conv_state_{n}"),
+        StateKind::Conv,
+        Type::f32([conv_dim, kern - 1]),
+    );
     let cs = t.op(OpKind::ReadState { state: conv_state }, &[])?;
     let w = t.weight(&format!("{pre}.conv1d.weight"), &[conv_dim, 1, kern])?;
     let w = t.reshape(w, &[conv_dim, kern])?;
     let conv = t.op(OpKind::CausalConv1d, &[cs, mixed, w])?;
     let shifted = t.op(OpKind::ConvShift, &[cs, mixed])?;
-    t.p.push(OpKind::WriteState { state: conv_state }, vec![shifted], None)?;
+    t.p.push(
+        OpKind::WriteState { state: conv_state },
+        vec![shifted],
+        None,
+    )?;
     let conv = t.op(OpKind::Silu, &[conv])?;
     let q = t.slice(conv, 0, 0, key_dim)?;
     let k = t.slice(conv, 0, key_dim, 2 * key_dim)?;
@@ -115,8 +142,16 @@ fn gated_delta_net(t: &mut Tracer<'_>, c: &ModelConfig, hy: &HybridConfig, pre: 
     let g = t.op(OpKind::Mul, &[decay, a])?;
 
     // The gated delta rule on the recurrent state [hv, dk, dv].
-    let n = t.p.states.iter().filter(|s| s.kind == StateKind::Recurrent).count();
-    let rec = t.state(format!("recurrent_state_{n}"), StateKind::Recurrent, Type::f32([hv, dk, dv]));
+    let n =
+        t.p.states
+            .iter()
+            .filter(|s| s.kind == StateKind::Recurrent)
+            .count();
+    let rec = t.state(
+        format!("recurrent_state_{n}"),
+        StateKind::Recurrent,
+        Type::f32([hv, dk, dv]),
+    );
     let s = t.op(OpKind::ReadState { state: rec }, &[])?;
     let s = t.op(OpKind::DeltaRuleUpdate, &[s, k, v, g, beta])?;
     t.p.push(OpKind::WriteState { state: rec }, vec![s], None)?;
@@ -136,7 +171,11 @@ fn gated_delta_net(t: &mut Tracer<'_>, c: &ModelConfig, hy: &HybridConfig, pre: 
 /// experts chosen on the device by index, plus a shared expert behind a sigmoid gate.
 fn sparse_moe(t: &mut Tracer<'_>, hy: &HybridConfig, pre: &str, x: ValueId) -> R<ValueId> {
     let hidden = t.p.ty(x).shape.numel();
-    let (e, k, inter) = (hy.num_experts, hy.num_experts_per_tok, hy.moe_intermediate_size);
+    let (e, k, inter) = (
+        hy.num_experts,
+        hy.num_experts_per_tok,
+        hy.moe_intermediate_size,
+    );
     let logits = t.linear(&format!("{pre}.gate"), x, e, false)?;
     let probs = t.op(OpKind::Softmax, &[logits])?;
     let idx = t.op(OpKind::TopK { k }, &[probs])?;
@@ -145,9 +184,21 @@ fn sparse_moe(t: &mut Tracer<'_>, hy: &HybridConfig, pre: &str, x: ValueId) -> R
         let total = t.op(OpKind::Sum { axis: 0 }, &[w])?;
         w = t.op(OpKind::Div, &[w, total])?;
     }
-    let wg = t.weight_stack(&format!("{pre}.experts.{{}}.gate_proj.weight"), e, &[inter, hidden])?;
-    let wu = t.weight_stack(&format!("{pre}.experts.{{}}.up_proj.weight"), e, &[inter, hidden])?;
-    let wd = t.weight_stack(&format!("{pre}.experts.{{}}.down_proj.weight"), e, &[hidden, inter])?;
+    let wg = t.weight_stack(
+        &format!("{pre}.experts.{{}}.gate_proj.weight"),
+        e,
+        &[inter, hidden],
+    )?;
+    let wu = t.weight_stack(
+        &format!("{pre}.experts.{{}}.up_proj.weight"),
+        e,
+        &[inter, hidden],
+    )?;
+    let wd = t.weight_stack(
+        &format!("{pre}.experts.{{}}.down_proj.weight"),
+        e,
+        &[hidden, inter],
+    )?;
     let g = t.op(OpKind::ExpertMatvec, &[wg, idx, x])?;
     let u = t.op(OpKind::ExpertMatvec, &[wu, idx, x])?;
     let g = t.op(OpKind::Silu, &[g])?;
@@ -157,7 +208,12 @@ fn sparse_moe(t: &mut Tracer<'_>, hy: &HybridConfig, pre: &str, x: ValueId) -> R
     let d = t.op(OpKind::Mul, &[d, w])?;
     let routed = t.op(OpKind::Sum { axis: 0 }, &[d])?;
 
-    let shared = t.swiglu_mlp(&format!("{pre}.shared_expert"), x, hy.shared_expert_intermediate_size, false)?;
+    let shared = t.swiglu_mlp(
+        &format!("{pre}.shared_expert"),
+        x,
+        hy.shared_expert_intermediate_size,
+        false,
+    )?;
     let sg = t.linear(&format!("{pre}.shared_expert_gate"), x, 1, false)?;
     let sg = t.op(OpKind::Sigmoid, &[sg])?;
     let shared = t.op(OpKind::Mul, &[shared, sg])?;

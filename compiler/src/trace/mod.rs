@@ -44,7 +44,10 @@ pub enum TraceError {
 pub fn max_context(model: &Model, opts: &TraceOptions) -> Result<usize, TraceError> {
     let limit = model.config.max_position_embeddings.max(1);
     match opts.max_context {
-        Some(n) if n == 0 || n > (1 << 24) => Err(TraceError::MaxContext { requested: n, limit }),
+        Some(n) if n == 0 || n > (1 << 24) => Err(TraceError::MaxContext {
+            requested: n,
+            limit,
+        }),
         Some(n) => Ok(n),
         None => Ok(limit.min(TraceOptions::DEFAULT_MAX_CONTEXT)),
     }

@@ -11,11 +11,18 @@ pub enum ScheduleError {
     Invalid(String),
 }
 
-fn check_slice(s: &Schedule, slice: &Slice, what: &dyn Fn() -> String) -> Result<(), ScheduleError> {
-    let buf = s
-        .buffers
-        .get(slice.buffer.index())
-        .ok_or_else(|| ScheduleError::Invalid(format!("{}: buffer {} does not exist", what(), slice.buffer)))?;
+fn check_slice(
+    s: &Schedule,
+    slice: &Slice,
+    what: &dyn Fn() -> String,
+) -> Result<(), ScheduleError> {
+    let buf = s.buffers.get(slice.buffer.index()).ok_or_else(|| {
+        ScheduleError::Invalid(format!(
+            "{}: buffer {} does not exist",
+            what(),
+            slice.buffer
+        ))
+    })?;
     let end = slice.offset.checked_add(slice.size);
     if end.is_none_or(|e| e > buf.size) {
         return Err(ScheduleError::Invalid(format!(
@@ -39,19 +46,29 @@ impl Schedule {
             return invalid("vocab_size and max_context must be positive".into());
         }
         for (i, w) in self.weights.iter().enumerate() {
-            check_slice(self, &w.dst, &|| format!("weight upload {i} `{}`", w.tensor))?;
+            check_slice(self, &w.dst, &|| {
+                format!("weight upload {i} `{}`", w.tensor)
+            })?;
             if self.buffer(w.dst.buffer).role != BufferRole::Weights {
-                return invalid(format!("weight upload `{}` targets a buffer that holds no weights", w.tensor));
+                return invalid(format!(
+                    "weight upload `{}` targets a buffer that holds no weights",
+                    w.tensor
+                ));
             }
         }
         for (i, d) in self.dispatches.iter().enumerate() {
             let what = || format!("dispatch {i} ({})", d.label);
-            let k = self
-                .kernels
-                .get(d.kernel.index())
-                .ok_or_else(|| ScheduleError::Invalid(format!("{}: kernel {} does not exist", what(), d.kernel)))?;
+            let k = self.kernels.get(d.kernel.index()).ok_or_else(|| {
+                ScheduleError::Invalid(format!("{}: kernel {} does not exist", what(), d.kernel))
+            })?;
             if d.bindings.len() != k.bindings as usize {
-                return invalid(format!("{}: {} bindings, kernel `{}` has {}", what(), d.bindings.len(), k.label, k.bindings));
+                return invalid(format!(
+                    "{}: {} bindings, kernel `{}` has {}",
+                    what(),
+                    d.bindings.len(),
+                    k.label,
+                    k.bindings
+                ));
             }
             if d.push_constants.len() != k.push_constant_bytes as usize {
                 return invalid(format!(
@@ -63,7 +80,11 @@ impl Schedule {
                 ));
             }
             if d.workgroups.contains(&0) {
-                return invalid(format!("{}: empty workgroup count {:?}", what(), d.workgroups));
+                return invalid(format!(
+                    "{}: empty workgroup count {:?}",
+                    what(),
+                    d.workgroups
+                ));
             }
             for b in &d.bindings {
                 check_slice(self, b, &what)?;
@@ -72,18 +93,29 @@ impl Schedule {
         let mut next = 0u32;
         for l in &self.levels {
             if l.start != next || l.end <= l.start {
-                return invalid(format!("levels must cover the dispatches in order; level {l:?} after {next}"));
+                return invalid(format!(
+                    "levels must cover the dispatches in order; level {l:?} after {next}"
+                ));
             }
             next = l.end;
         }
         if next as usize != self.dispatches.len() {
-            return invalid(format!("levels cover {next} of {} dispatches", self.dispatches.len()));
+            return invalid(format!(
+                "levels cover {next} of {} dispatches",
+                self.dispatches.len()
+            ));
         }
         let io = &self.io;
-        for (name, s, min) in [("token", io.token, 4), ("position", io.position, 4), ("logits", io.logits, 4 * self.meta.vocab_size as u64)] {
+        for (name, s, min) in [
+            ("token", io.token, 4),
+            ("position", io.position, 4),
+            ("logits", io.logits, 4 * self.meta.vocab_size as u64),
+        ] {
             check_slice(self, &s, &|| format!("io {name}"))?;
             if self.buffer(s.buffer).role != BufferRole::Io || s.size < min {
-                return invalid(format!("io {name} must be a host-visible slice of at least {min} bytes"));
+                return invalid(format!(
+                    "io {name} must be a host-visible slice of at least {min} bytes"
+                ));
             }
         }
         Ok(())

@@ -32,7 +32,14 @@ impl Eager {
             .collect::<Result<Vec<_>, _>>()?;
         let cmd = loaded.device.create_command_buffer()?;
         let timestamps = loaded.device.create_timestamp_pool(2)?;
-        Ok(Eager { loaded, _pool: pool, sets, cmd, timestamps, gpu_ns: 0.0 })
+        Ok(Eager {
+            loaded,
+            _pool: pool,
+            sets,
+            cmd,
+            timestamps,
+            gpu_ns: 0.0,
+        })
     }
 
     /// The loaded schedule.

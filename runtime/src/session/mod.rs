@@ -80,19 +80,31 @@ pub struct Loaded {
 impl Loaded {
     /// Validates `schedule`, checks it fits the device, creates its buffers and pipelines,
     /// uploads the weights and zeroes state and I/O.
-    pub fn new(device: Device, schedule: Schedule, weights: &dyn TensorBytes) -> Result<Loaded, SessionError> {
+    pub fn new(
+        device: Device,
+        schedule: Schedule,
+        weights: &dyn TensorBytes,
+    ) -> Result<Loaded, SessionError> {
         schedule.validate()?;
         let total: u64 = schedule.buffers.iter().map(|b| b.size).sum();
         device.check_fits(total)?;
         let mut buffers = Vec::with_capacity(schedule.buffers.len());
         for b in &schedule.buffers {
-            let kind = if b.role == BufferRole::Io { BufferKind::Readback } else { BufferKind::DeviceLocal };
+            let kind = if b.role == BufferRole::Io {
+                BufferKind::Readback
+            } else {
+                BufferKind::DeviceLocal
+            };
             buffers.push(device.create_buffer_labeled(&b.label, b.size.max(4), kind)?);
         }
         for w in &schedule.weights {
-            let bytes = weights
-                .tensor_bytes(&w.tensor)
-                .map_err(|message| SessionError::Weight { tensor: w.tensor.clone(), message })?;
+            let bytes =
+                weights
+                    .tensor_bytes(&w.tensor)
+                    .map_err(|message| SessionError::Weight {
+                        tensor: w.tensor.clone(),
+                        message,
+                    })?;
             if bytes.len() as u64 != w.dst.size {
                 return Err(SessionError::Weight {
                     tensor: w.tensor.clone(),
@@ -117,7 +129,12 @@ impl Loaded {
                 cache: None,
             })?);
         }
-        let mut loaded = Loaded { device, schedule, buffers, pipelines };
+        let mut loaded = Loaded {
+            device,
+            schedule,
+            buffers,
+            pipelines,
+        };
         loaded.reset()?;
         Ok(loaded)
     }
@@ -167,8 +184,13 @@ impl Loaded {
     /// The logits and next token of the step that just finished.
     pub fn read_output(&self) -> Result<StepOutput, SessionError> {
         let io = &self.schedule.io;
-        let logits = self.io_buffer().read_pod::<f32>(io.logits.offset, self.schedule.meta.vocab_size as usize)?;
+        let logits = self
+            .io_buffer()
+            .read_pod::<f32>(io.logits.offset, self.schedule.meta.vocab_size as usize)?;
         let next = self.buffers[io.token.buffer.index()].read_pod::<i32>(io.token.offset, 1)?[0];
-        Ok(StepOutput { logits, next_token: next as u32 })
+        Ok(StepOutput {
+            logits,
+            next_token: next as u32,
+        })
     }
 }
