@@ -80,3 +80,30 @@ pub fn assert_rows_close(what: &str, got: &[Vec<f32>], want: &Array2, tol: f64) 
     }
     worst
 }
+
+/// A validated Vulkan device on lavapipe (or whatever `VKFUSE_DEVICE` picks), and its log,
+/// which stays readable after the device is dropped.
+pub fn validated_device() -> (vkfuse_runtime::Device, vkfuse_runtime::ValidationLog) {
+    use vkfuse_runtime::{Device, Instance, InstanceOptions, Requirements};
+    let instance =
+        Instance::new(&InstanceOptions::validated()).expect("a Vulkan instance with validation");
+    let adapter = instance.select_adapter(None).expect("a Vulkan device");
+    let device = Device::new(&instance, &adapter, &Requirements::none()).expect("device");
+    let log = instance.validation_log();
+    (device, log)
+}
+
+/// The fixture `name` lowered unfused and loaded on `device`, ready for eager steps.
+pub fn eager_fixture(name: &str, device: vkfuse_runtime::Device) -> vkfuse_runtime::session::Eager {
+    use vkfuse_compiler::lower::{self, Meta, SpirvCache};
+    use vkfuse_compiler::{import, trace};
+    let model = import::load(&fixture_dir(name)).unwrap();
+    let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
+    let meta = Meta {
+        architecture: model.config.architecture.clone(),
+        eos_token_ids: vec![],
+    };
+    let schedule = lower::lower(&program, &meta, &mut SpirvCache::default()).unwrap();
+    let loaded = vkfuse_runtime::session::Loaded::new(device, schedule, &model.tensors).unwrap();
+    vkfuse_runtime::session::Eager::new(loaded).unwrap()
+}

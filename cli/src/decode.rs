@@ -4,9 +4,72 @@ use crate::metrics::RunReport;
 use crate::{Backend, RunArgs};
 use anyhow::{bail, Context, Result};
 use std::time::Instant;
+use vkfuse_compiler::import::Model;
+use vkfuse_compiler::ir::Program;
+use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::npy::{self, Array2};
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
+use vkfuse_runtime::session::{Eager, Loaded};
+use vkfuse_runtime::{Counters, Device, Instance, InstanceOptions, Requirements};
+
+/// What a decode loop needs from a backend.
+trait Engine {
+    /// One step: `token` is the input (teacher forcing) or `None` for the device's argmax.
+    fn step(&mut self, token: Option<u32>) -> Result<(Vec<f32>, u32)>;
+    /// Counters since the engine was opened (zero for the reference).
+    fn counters(&self) -> Counters {
+        Counters::default()
+    }
+}
+
+impl Engine for Reference<'_> {
+    fn step(&mut self, token: Option<u32>) -> Result<(Vec<f32>, u32)> {
+        let out = Reference::step(self, token)?;
+        Ok((out.logits, out.next_token as u32))
+    }
+}
+
+struct EagerEngine {
+    eager: Eager,
+    start: Counters,
+}
+
+impl Engine for EagerEngine {
+    fn step(&mut self, token: Option<u32>) -> Result<(Vec<f32>, u32)> {
+        let out = self.eager.step(token)?;
+        Ok((out.logits, out.next_token))
+    }
+    fn counters(&self) -> Counters {
+        let mut c = self.eager.loaded().device.counters().since(&self.start);
+        c.gpu_ns = self.eager.gpu_ns().map(|ns| ns as u64);
+        c
+    }
+}
+
+/// Opens a Vulkan device (`--device`, else `VKFUSE_DEVICE`, else the best one).
+pub fn open_device(index: Option<usize>) -> Result<Device> {
+    let instance = Instance::new(&InstanceOptions::default())?;
+    let adapter = instance.select_adapter(index)?;
+    Ok(Device::new(&instance, &adapter, &Requirements::none())?)
+}
+
+fn eager(model: &Model, program: &Program, device: Option<usize>) -> Result<EagerEngine> {
+    let meta = lower::Meta {
+        architecture: model.config.architecture.clone(),
+        eos_token_ids: model.config.eos_token_ids.clone(),
+    };
+    let schedule =
+        lower::lower(program, &meta, &mut SpirvCache::default()).context("lowering the trace")?;
+    let device = open_device(device)?;
+    let loaded = Loaded::new(device, schedule, &model.tensors)
+        .context("loading the schedule on the device")?;
+    let start = loaded.device.counters();
+    Ok(EagerEngine {
+        eager: Eager::new(loaded)?,
+        start,
+    })
+}
 
 pub fn run(args: &RunArgs) -> Result<()> {
     if args.ids.is_empty() {
@@ -32,25 +95,34 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if let Some(bad) = args.ids.iter().find(|&&t| t as usize >= vocab) {
         bail!("token id {bad} is outside the vocabulary of {vocab}");
     }
+    let mut engine: Box<dyn Engine + '_> = match args.backend {
+        Backend::Reference => Box::new(Reference::new(&program, &model.tensors)),
+        Backend::Eager => Box::new(eager(&model, &program, args.device)?),
+    };
+    let backend = format!("{:?}", args.backend).to_lowercase();
 
-    let Backend::Reference = args.backend;
-    let mut engine = Reference::new(&program, &model.tensors);
     let mut logits = Vec::with_capacity(steps * vocab);
     let mut generated = vec![];
     let start = Instant::now();
     for (i, &id) in args.ids.iter().enumerate() {
-        let out = engine.step(Some(id))?;
-        logits.extend_from_slice(&out.logits);
+        let (row, next) = engine.step(Some(id))?;
+        logits.extend_from_slice(&row);
         if i + 1 == args.ids.len() && args.max_new_tokens > 0 {
-            generated.push(out.next_token as u32);
+            generated.push(next);
         }
     }
     while generated.len() < args.max_new_tokens {
-        let out = engine.step(None)?;
-        logits.extend_from_slice(&out.logits);
-        generated.push(out.next_token as u32);
+        let (row, next) = engine.step(None)?;
+        logits.extend_from_slice(&row);
+        generated.push(next);
     }
-    let elapsed = start.elapsed().as_secs_f64();
+    let elapsed = start.elapsed();
+    let mut counters = engine.counters();
+    counters.tokens = steps as u64;
+    counters.wall_ns = elapsed.as_nanos() as u64;
+    let per = counters
+        .per_token()
+        .expect("at least one token was processed");
 
     if let Some(path) = &args.logits_out {
         let rows = logits.len() / vocab;
@@ -64,16 +136,21 @@ pub fn run(args: &RunArgs) -> Result<()> {
         )?;
     }
     let report = RunReport {
-        backend: "reference".into(),
+        backend,
         ids: generated.clone(),
-        tokens_per_s: steps as f64 / elapsed.max(1e-9),
-        host_us_per_token: elapsed * 1e6 / steps as f64,
-        gpu_us_per_token: None,
-        dispatches_per_token: 0.0,
-        barriers_per_token: 0.0,
-        descriptor_writes_per_token: 0.0,
-        recordings_per_token: 0.0,
-        submits_per_token: 0.0,
+        tokens_per_s: per.tokens_per_s.unwrap_or(0.0),
+        // The reference has no recording or submit: its host time is the whole step.
+        host_us_per_token: if args.backend == Backend::Reference {
+            elapsed.as_secs_f64() * 1e6 / steps as f64
+        } else {
+            per.host_us_per_token
+        },
+        gpu_us_per_token: per.gpu_us_per_token,
+        dispatches_per_token: per.dispatches_per_token,
+        barriers_per_token: per.barriers_per_token,
+        descriptor_writes_per_token: per.descriptor_writes_per_token,
+        recordings_per_token: per.recordings_per_token,
+        submits_per_token: per.submits_per_token,
     };
     let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
     println!("generated: {}", ids.join(","));
@@ -81,8 +158,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{steps} tokens in {:.3} s ({:.1} tokens/s, reference backend)",
-            elapsed, report.tokens_per_s
+            "{steps} tokens in {:.3} s: {:.1} tokens/s, host {:.1} us/token, {:.0} dispatches, {:.0} barriers, \
+             {:.0} descriptor writes per token ({} backend)",
+            elapsed.as_secs_f64(),
+            report.tokens_per_s,
+            report.host_us_per_token,
+            report.dispatches_per_token,
+            report.barriers_per_token,
+            report.descriptor_writes_per_token,
+            report.backend
         );
     }
     Ok(())

@@ -1,6 +1,7 @@
 //! `vkfuse`: run a model or schedule, benchmark it, inspect it, list devices.
 
 mod decode;
+mod devices;
 mod metrics;
 
 use anyhow::Result;
@@ -21,12 +22,17 @@ struct Cli {
 enum Command {
     /// Feed token ids one at a time, then decode greedily; print the generated ids.
     Run(RunArgs),
+    /// List the Vulkan devices with their key limits (`VKFUSE_DEVICE` or `--device` picks one).
+    Devices,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
     /// The CPU reference interpreter (f32, f64 accumulation): the oracle, not fast.
     Reference,
+    /// Vulkan, unfused and eager: one dispatch per op, re-recorded every token with a
+    /// descriptor write per binding and a barrier after every dispatch (the baseline).
+    Eager,
 }
 
 #[derive(clap::Args)]
@@ -52,12 +58,17 @@ pub struct RunArgs {
     /// KV-cache capacity in tokens (default: the model's max_position_embeddings, at most 4096).
     #[arg(long, value_name = "N")]
     pub max_context: Option<usize>,
+    /// The Vulkan device, by index in `vkfuse devices` (default: VKFUSE_DEVICE, else the
+    /// first discrete GPU, then integrated, then CPU).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
 }
 
 fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Run(args) => decode::run(&args),
+        Command::Devices => devices::list(),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -6,6 +6,7 @@
 pub mod import;
 pub mod ir;
 pub mod kernels;
+pub mod lower;
 pub mod npy;
 pub mod reference;
 pub mod trace;

@@ -10,7 +10,8 @@ use crate::ir::{OpKind, Program, StateKind, ValueId};
 use crate::kernels::{self, KernelCall, KernelError};
 use std::collections::HashMap;
 use vkfuse_runtime::schedule::{
-    BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Schedule, Slice, WeightUpload,
+    BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Schedule,
+    Slice, WeightUpload,
 };
 use vkfuse_runtime::session::TensorBytes;
 
@@ -25,7 +26,11 @@ pub enum LowerError {
     #[error("op {op} `{text}` has no kernel")]
     NoKernel { op: String, text: String },
     #[error("op {op} `{text}` reads state `{state}` after it was overwritten in the same step")]
-    StateHazard { op: String, text: String, state: String },
+    StateHazard {
+        op: String,
+        text: String,
+        state: String,
+    },
     #[error("the program lacks {0}")]
     Missing(&'static str),
 }
@@ -52,7 +57,11 @@ impl Region {
         let offset = self.size.div_ceil(ALIGN) * ALIGN;
         let size = round4(bytes.max(4));
         self.size = offset + size;
-        Slice { buffer: self.id, offset, size }
+        Slice {
+            buffer: self.id,
+            offset,
+            size,
+        }
     }
 }
 
@@ -75,15 +84,33 @@ impl SpirvCache {
 /// Lowers `p` to an unfused schedule.
 pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedule, LowerError> {
     let mut regions = [
-        Region { id: BufferId(0), size: 0 },
-        Region { id: BufferId(1), size: 0 },
-        Region { id: BufferId(2), size: 0 },
-        Region { id: BufferId(3), size: 0 },
+        Region {
+            id: BufferId(0),
+            size: 0,
+        },
+        Region {
+            id: BufferId(1),
+            size: 0,
+        },
+        Region {
+            id: BufferId(2),
+            size: 0,
+        },
+        Region {
+            id: BufferId(3),
+            size: 0,
+        },
     ];
     let [weights, state, io, arena] = &mut regions;
-    let logits = p.output("logits").ok_or(LowerError::Missing("a `logits` output"))?;
-    let token = p.state_of_kind(StateKind::Token).ok_or(LowerError::Missing("a token state"))?;
-    let position = p.state_of_kind(StateKind::Position).ok_or(LowerError::Missing("a position state"))?;
+    let logits = p
+        .output("logits")
+        .ok_or(LowerError::Missing("a `logits` output"))?;
+    let token = p
+        .state_of_kind(StateKind::Token)
+        .ok_or(LowerError::Missing("a token state"))?;
+    let position = p
+        .state_of_kind(StateKind::Position)
+        .ok_or(LowerError::Missing("a position state"))?;
 
     // State slices; the token and position live in host-visible memory.
     let state_slices: Vec<Slice> = p
@@ -101,7 +128,8 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
     let mut alias: Vec<Option<usize>> = vec![None; p.values.len()];
     let mut uploads = vec![];
     let mut written: HashMap<usize, usize> = HashMap::new();
-    let mut kernel_ids: HashMap<(String, Vec<(String, String)>, Vec<u32>, usize, usize), KernelId> = HashMap::new();
+    let mut kernel_ids: HashMap<(String, Vec<(String, String)>, Vec<u32>, usize, usize), KernelId> =
+        HashMap::new();
     let mut kernels_out: Vec<KernelDecl> = vec![];
     let mut dispatches = vec![];
 
@@ -119,12 +147,20 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
                 }
             }
         }
-        let arg = |v: &ValueId, slices: &[Option<Slice>]| slices[v.index()].expect("SSA: defined before use");
+        let arg = |v: &ValueId, slices: &[Option<Slice>]| {
+            slices[v.index()].expect("SSA: defined before use")
+        };
         let result_slice = match &op.kind {
             OpKind::Weight { name } => {
                 let ty = p.ty(op.result.expect("weights have a result"));
                 let s = weights.alloc(ty.bytes() as u64);
-                uploads.push(WeightUpload { tensor: name.clone(), dst: Slice { size: ty.bytes() as u64, ..s } });
+                uploads.push(WeightUpload {
+                    tensor: name.clone(),
+                    dst: Slice {
+                        size: ty.bytes() as u64,
+                        ..s
+                    },
+                });
                 Some(s)
             }
             OpKind::WeightStack { pattern, count } => {
@@ -132,8 +168,15 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
                 let s = weights.alloc(ty.bytes() as u64);
                 let per = (ty.bytes() / count) as u64;
                 for e in 0..*count {
-                    let dst = Slice { buffer: s.buffer, offset: s.offset + e as u64 * per, size: per };
-                    uploads.push(WeightUpload { tensor: pattern.replace("{}", &e.to_string()), dst });
+                    let dst = Slice {
+                        buffer: s.buffer,
+                        offset: s.offset + e as u64 * per,
+                        size: per,
+                    };
+                    uploads.push(WeightUpload {
+                        tensor: pattern.replace("{}", &e.to_string()),
+                        dst,
+                    });
                 }
                 Some(s)
             }
@@ -152,7 +195,10 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
             slices[op.result.expect("these ops have results").index()] = Some(s);
             continue;
         }
-        let call = kernels::select(p, id).ok_or_else(|| LowerError::NoKernel { op: id.to_string(), text: text() })?;
+        let call = kernels::select(p, id).ok_or_else(|| LowerError::NoKernel {
+            op: id.to_string(),
+            text: text(),
+        })?;
         let out = match &op.kind {
             OpKind::WriteState { state } | OpKind::KvWrite { state } => state_slices[state.index()],
             _ if op.result == Some(logits) => io_logits,
@@ -177,7 +223,11 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
             Some(k) => *k,
             None => {
                 let k = KernelId(kernels_out.len() as u32);
-                let variant: Vec<String> = call.defines.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let variant: Vec<String> = call
+                    .defines
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
                 kernels_out.push(KernelDecl {
                     label: format!("{}[{}]", call.kernel, variant.join(",")),
                     spirv: spirv.get(&call)?,
@@ -207,11 +257,20 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
         .min()
         .unwrap_or(u32::MAX);
     let names = ["weights", "state", "io", "arena"];
-    let roles = [BufferRole::Weights, BufferRole::State, BufferRole::Io, BufferRole::Arena];
+    let roles = [
+        BufferRole::Weights,
+        BufferRole::State,
+        BufferRole::Io,
+        BufferRole::Arena,
+    ];
     let buffers = regions
         .iter()
         .zip(names.iter().zip(roles))
-        .map(|(r, (name, role))| BufferDecl { label: name.to_string(), size: r.size.max(4), role })
+        .map(|(r, (name, role))| BufferDecl {
+            label: name.to_string(),
+            size: r.size.max(4),
+            role,
+        })
         .collect();
     Ok(Schedule {
         meta: ModelMeta {
@@ -225,7 +284,11 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
         kernels: kernels_out,
         dispatches,
         levels: (0..n).map(|i| i..i + 1).collect(),
-        io: Io { token: state_slices[token.index()], position: state_slices[position.index()], logits: io_logits },
+        io: Io {
+            token: state_slices[token.index()],
+            position: state_slices[position.index()],
+            logits: io_logits,
+        },
     })
 }
 

@@ -7,7 +7,6 @@
 #include "common.glsl"
 #include "argbest.glsl"
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint N = 1;
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { int y[]; };

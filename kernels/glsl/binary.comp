@@ -13,7 +13,6 @@
 #define MUL 2
 #define DIV 3
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NUMEL = 1;
 layout(constant_id = 2) const uint D0 = 1;
 layout(constant_id = 3) const uint D1 = 1;

@@ -10,6 +10,11 @@
 // so kernels use `group_id()` / `global_id()` and bounds-check.
 
 // Codes start at 1: an undefined name in `#if` reads as 0 and must match none of them.
+// The workgroup size is specialization constant 0 in every kernel. Declared here, before any
+// function reads gl_WorkGroupSize: glslang folds gl_WorkGroupSize to its default (1) in code
+// parsed before this declaration.
+layout(local_size_x_id = 0) in;
+
 #define F32 1
 #define F16 2
 #define BF16 3

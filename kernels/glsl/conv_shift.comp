@@ -7,7 +7,6 @@
 // Dispatch: ceil(C*KM1 / workgroup size), one invocation per element.
 #include "common.glsl"
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint C = 1;
 layout(constant_id = 2) const uint KM1 = 1;
 

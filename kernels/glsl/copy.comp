@@ -6,7 +6,6 @@
 // Dispatch: ceil(WORDS / workgroup size) workgroups.
 #include "common.glsl"
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint WORDS = 1;
 
 layout(set = 0, binding = 0, std430) writeonly buffer Dst { uint dst[]; };

@@ -13,7 +13,6 @@
 // Dispatch: HV * ceil(DV / workgroup size) workgroups; k of the head is staged in shared memory.
 #include "common.glsl"
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HV = 1;
 layout(constant_id = 2) const uint HK = 1;
 layout(constant_id = 3) const uint DK = 1;

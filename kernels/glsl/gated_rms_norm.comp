@@ -7,7 +7,6 @@
 #include "common.glsl"
 #include "reduce.glsl"
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint N = 1;
 layout(constant_id = 2) const float EPS = 1e-6;
 layout(constant_id = 3) const uint ROWS = 1;

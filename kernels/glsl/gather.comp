@@ -6,7 +6,6 @@
 // Dispatch: ceil(K / workgroup size).
 #include "common.glsl"
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint N = 1;
 layout(constant_id = 2) const uint K = 1;
 

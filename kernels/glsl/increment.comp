@@ -6,8 +6,6 @@
 // Dispatch: one workgroup.
 #include "common.glsl"
 
-layout(local_size_x_id = 0) in;
-
 layout(set = 0, binding = 0, std430) writeonly buffer Y { int y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer X { int x[]; };
 

@@ -6,7 +6,6 @@
 // Dispatch: ceil(HKV*D / workgroup size). A position outside 0..CAP writes nothing.
 #include "common.glsl"
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HKV = 1;
 layout(constant_id = 2) const uint CAP = 1;
 layout(constant_id = 3) const uint D = 1;

@@ -8,8 +8,6 @@
 // reduces in shared memory.
 #include "common.glsl"
 
-layout(local_size_x_id = 0) in;
-
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };

@@ -14,7 +14,6 @@
 // Dispatch: ceil(HEADS*D / workgroup size), one invocation per output element.
 #include "common.glsl"
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HEADS = 1;
 layout(constant_id = 2) const uint D = 2;
 layout(constant_id = 3) const uint ROT = 2;
@@ -146,7 +145,6 @@ layout(constant_id = 128) const float IF124 = 0.0;
 layout(constant_id = 129) const float IF125 = 0.0;
 layout(constant_id = 130) const float IF126 = 0.0;
 layout(constant_id = 131) const float IF127 = 0.0;
-
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer X { float x[]; };

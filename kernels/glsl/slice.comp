@@ -13,7 +13,6 @@
 #error "DTYPE_1 must be F32, F16, BF16 or I32"
 #endif
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint OUTER = 1;
 layout(constant_id = 2) const uint LEN = 1;
 layout(constant_id = 3) const uint START = 0;

@@ -9,7 +9,6 @@
 #include "common.glsl"
 #include "reduce.glsl"
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint OUTER = 1;
 layout(constant_id = 2) const uint LEN = 1;
 layout(constant_id = 3) const uint INNER = 1;

@@ -14,7 +14,6 @@
 #define EXP 4
 #define NEG 5
 
-layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NUMEL = 1;
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };

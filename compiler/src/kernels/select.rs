@@ -364,7 +364,7 @@ fn matvec_rows(o: usize) -> u32 {
 /// Whether matvec rows and the input are 16-byte aligned (f32: I % 4, 16-bit: I % 8).
 fn vec4(w: DType, i: usize) -> u32 {
     let per_16_bytes = 16 / w.size();
-    u32::from(i % per_16_bytes == 0)
+    u32::from(i.is_multiple_of(per_16_bytes))
 }
 
 /// Attention workgroup: also the tile of positions; each invocation owns up to 4 output dims.
