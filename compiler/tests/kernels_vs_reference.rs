@@ -1027,10 +1027,14 @@ proptest! {
 
 /// Median GPU time (µs) of op `id` of `p` and the bytes its operands and result occupy. Float
 /// buffers hold zeros, i32 buffers (positions, indices) `int_fill`.
-fn time_op(p: &Program, id: OpId, int_fill: u32) -> Option<(f64, u64)> {
+/// `wg` overrides the workgroup size `select` chose (to compare sizes).
+fn time_op(p: &Program, id: OpId, int_fill: u32, wg: Option<u32>) -> Option<(f64, u64)> {
     const ITERS: u32 = 30;
     const ROTATE_BYTES: u64 = 256 << 20;
-    let call = kernels::select(p, id)?;
+    let mut call = kernels::select(p, id)?;
+    if let Some(wg) = wg {
+        call.spec_constants[0] = wg;
+    }
     let mut gpu = gpu();
     let device = gpu.device.clone();
     let pool_ts = device.create_timestamp_pool(2 * ITERS).expect("pool")?;
@@ -1112,12 +1116,13 @@ fn time_op(p: &Program, id: OpId, int_fill: u32) -> Option<(f64, u64)> {
 #[ignore = "a timing run for a real GPU, not a test"]
 fn bench_kernels_on_this_device() {
     let mut rows: Vec<String> = Vec::new();
-    let mut bench = |label: &str, c: Case, int_fill: u32| {
+    let mut bench = |label: &str, c: &Case, int_fill: u32, wg: Option<u32>| {
         let id = OpId::new(c.p.ops.len() - 1);
-        if let Some((us, bytes)) = time_op(&c.p, id, int_fill) {
+        if let Some((us, bytes)) = time_op(&c.p, id, int_fill, wg) {
             let gbs = bytes as f64 / (us * 1e3);
+            let wg = wg.map(|w| format!(" wg {w}")).unwrap_or_default();
             rows.push(format!(
-                "{label:<44} {us:>9.2} us {gbs:>8.0} GB/s  ({})",
+                "{label:<44} {us:>9.2} us {gbs:>8.0} GB/s  ({}{wg})",
                 kernels::select(&c.p, id).expect("kernel")
             ));
         }
@@ -1150,7 +1155,7 @@ fn bench_kernels_on_this_device() {
                 .expect("x")
                 .expect("r");
             c.op(OpKind::Matvec, vec![w, x]);
-            bench(&format!("matvec {dt} [{o},{i}]"), c, 0);
+            bench(&format!("matvec {dt} [{o},{i}]"), &c, 0, None);
         }
     }
     for cap in [256usize, 1024, 4096] {
@@ -1187,11 +1192,10 @@ fn bench_kernels_on_this_device() {
             vec![q, k, v, p],
         );
         // At the last slot: the whole cache is attended.
-        bench(
-            &format!("attention 16/8x128 pos {}", cap - 1),
-            c,
-            cap as u32 - 1,
-        );
+        for wg in [256, 512, 1024] {
+            let label = format!("attention 16/8x128 pos {}", cap - 1);
+            bench(&label, &c, cap as u32 - 1, Some(wg));
+        }
     }
     for n in [1024usize, 4096] {
         let mut c = Case::new(0);
@@ -1218,7 +1222,7 @@ fn bench_kernels_on_this_device() {
             },
             vec![x, w],
         );
-        bench(&format!("rms_norm [{n}]"), c, 0);
+        bench(&format!("rms_norm [{n}]"), &c, 0, None);
     }
     {
         let mut c = Case::new(0);
@@ -1231,7 +1235,9 @@ fn bench_kernels_on_this_device() {
             .expect("x")
             .expect("r");
         c.op(OpKind::Argmax, vec![x]);
-        bench("argmax [151936]", c, 0);
+        for wg in [256, 1024] {
+            bench("argmax [151936]", &c, 0, Some(wg));
+        }
     }
     for r in rows {
         eprintln!("{r}");

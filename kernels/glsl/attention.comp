@@ -2,18 +2,21 @@
 #extension GL_GOOGLE_include_directive : require
 // attention (decode): for query head h, kv head h / (HQ / HKV) (grouped-query attention),
 //   y[h] = softmax_j(SCALE * q[h] . k[j]) . v[j]  over slots j = 0..=pos,
-// with the position read from its buffer (slots past CAP are never read). Online softmax over
-// tiles of WG positions: each invocation scores one position of the tile (a D-long dot with
-// 16-byte loads when D % 4 == 0), the tile's max and sum are shared-memory reductions, and each
-// invocation accumulates output dims t, t + WG, .. (D <= 4 * WG) from the tile's weights.
-// Shared memory does not depend on the capacity: q (D floats) and one tile of weights.
+// with the position read from its buffer (a position past CAP attends all CAP slots).
+// One workgroup per query head, online softmax over tiles of T = WG / P positions:
+//   scores:  P invocations per position each dot a strided part of the row (16-byte loads when
+//            D % 4 == 0, P lanes reading adjacent vectors), partials summed in shared memory;
+//   softmax: the tile's max by a shared-memory tree over T, weights exp(s - m) kept in shared;
+//   values:  the workgroup is G = WG / D groups of D invocations; group g accumulates
+//            positions g, g + G, .. of the tile for its output dim (coalesced rows of v), with
+//            its own running sum of weights; groups are summed at the end.
+// Shared memory depends on D and WG only, never on the capacity.
 // Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D], 2 = k cache f32[HKV, CAP, D],
 // 3 = v cache f32[HKV, CAP, D], 4 = pos i32[1].
-// Spec constants: 0 = workgroup size (power of two), 1 = HQ, 2 = HKV, 3 = CAP, 4 = D,
-// 5 = SCALE (f32).
+// Spec constants: 0 = workgroup size (power of two, >= 4 and >= D), 1 = HQ, 2 = HKV, 3 = CAP,
+// 4 = D, 5 = SCALE (f32).
 // Dispatch: HQ workgroups (one per query head).
 #include "common.glsl"
-#include "reduce.glsl"
 
 layout(constant_id = 1) const uint HQ = 1;
 layout(constant_id = 2) const uint HKV = 1;
@@ -28,10 +31,15 @@ layout(set = 0, binding = 2, std430) readonly buffer K4 { vec4 k4[]; };
 layout(set = 0, binding = 3, std430) readonly buffer V { float v[]; };
 layout(set = 0, binding = 4, std430) readonly buffer Pos { int pos[]; };
 
-const uint MAX_DIMS_PER_INVOCATION = 4u;
+// Invocations per position in the score phase.
+const uint P = 4u;
+const uint T = gl_WorkGroupSize.x / P;
+const uint G = gl_WorkGroupSize.x / D;
 
 shared float q_s[D];
-shared float p_s[gl_WorkGroupSize.x];
+shared float part[gl_WorkGroupSize.x];
+shared float w_s[T];
+shared float max_s[T];
 
 void main() {
     uint h = group_id();
@@ -39,66 +47,103 @@ void main() {
         return;
     }
     uint t = gl_LocalInvocationID.x;
-    uint wg = gl_WorkGroupSize.x;
     uint kv_base = (h / (HQ / HKV)) * CAP * D;
     uint n = uint(clamp(pos[0], 0, int(CAP) - 1)) + 1u;
+    uint lane = t % P;
+    uint slot = t / P;
+    uint g = t / D;
+    uint c = t - g * D;
 
-    for (uint c = t; c < D; c += wg) {
-        q_s[c] = q[h * D + c];
+    for (uint i = t; i < D; i += gl_WorkGroupSize.x) {
+        q_s[i] = q[h * D + i];
     }
     barrier();
 
     float m = NEG_BIG;
     float l = 0.0;
-    float acc[MAX_DIMS_PER_INVOCATION];
-    for (uint r = 0u; r < MAX_DIMS_PER_INVOCATION; r++) {
-        acc[r] = 0.0;
-    }
-
-    for (uint tile = 0u; tile < n; tile += wg) {
-        uint j = tile + t;
-        float s = NEG_BIG;
+    float acc = 0.0;
+    for (uint tile = 0u; tile < n; tile += T) {
+        // Scores: P partial dots per position.
+        uint j = tile + slot;
+        float d = 0.0;
         if (j < n) {
-            float d = 0.0;
             uint row = kv_base + j * D;
             if (D % 4u == 0u) {
-                for (uint c = 0u; c < D; c += 4u) {
-                    d += dot(vec4(q_s[c], q_s[c + 1u], q_s[c + 2u], q_s[c + 3u]), k4[(row + c) / 4u]);
+                for (uint c4 = lane; c4 < D / 4u; c4 += P) {
+                    uint e = 4u * c4;
+                    d += dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]), k4[row / 4u + c4]);
                 }
             } else {
-                for (uint c = 0u; c < D; c++) {
-                    d += q_s[c] * k[row + c];
+                for (uint e = lane; e < D; e += P) {
+                    d += q_s[e] * k[row + e];
                 }
             }
-            s = d * SCALE;
         }
-        float m_new = max(m, wg_max(s));
-        float p = j < n ? exp(s - m_new) : 0.0;
-        p_s[t] = p;
-        float alpha = exp(m - m_new);
-        // wg_sum's barriers also publish p_s.
-        l = l * alpha + wg_sum(p);
-        m = m_new;
-        uint count = min(wg, n - tile);
-        for (uint r = 0u; r < MAX_DIMS_PER_INVOCATION; r++) {
-            uint c = t + r * wg;
-            if (c < D) {
-                float a = acc[r] * alpha;
-                uint vrow = kv_base + tile * D + c;
-                for (uint jj = 0u; jj < count; jj++) {
-                    a += p_s[jj] * v[vrow + jj * D];
+        part[t] = d;
+        barrier();
+        // The tile's scores and their max.
+        if (t < T) {
+            float s = NEG_BIG;
+            if (tile + t < n) {
+                float sum = 0.0;
+                for (uint i = 0u; i < P; i++) {
+                    sum += part[t * P + i];
                 }
-                acc[r] = a;
+                s = sum * SCALE;
             }
+            w_s[t] = s;
+            max_s[t] = s;
+        }
+        barrier();
+        for (uint stride = T / 2u; stride > 0u; stride >>= 1u) {
+            if (t < stride) {
+                max_s[t] = max(max_s[t], max_s[t + stride]);
+            }
+            barrier();
+        }
+        float m_new = max(m, max_s[0]);
+        float alpha = exp(m - m_new);
+        m = m_new;
+        if (t < T) {
+            w_s[t] = tile + t < n ? exp(w_s[t] - m_new) : 0.0;
+        }
+        barrier();
+        // Values: group g takes positions g, g + G, .. of the tile.
+        if (g < G) {
+            uint count = min(T, n - tile);
+            uint vrow = kv_base + tile * D + c;
+            float a = acc * alpha;
+            float ws = 0.0;
+            for (uint jj = g; jj < count; jj += G) {
+                float w = w_s[jj];
+                a += w * v[vrow + jj * D];
+                ws += w;
+            }
+            acc = a;
+            l = l * alpha + ws;
         }
         barrier();
     }
 
-    float inv = 1.0 / l;
-    for (uint r = 0u; r < MAX_DIMS_PER_INVOCATION; r++) {
-        uint c = t + r * wg;
-        if (c < D) {
-            y[h * D + c] = acc[r] * inv;
+    // Sum the groups: outputs, then weight totals.
+    part[t] = g < G ? acc : 0.0;
+    barrier();
+    float total = 0.0;
+    if (t < D) {
+        for (uint i = 0u; i < G; i++) {
+            total += part[i * D + t];
         }
+    }
+    barrier();
+    if (g < G && c == 0u) {
+        part[g] = l;
+    }
+    barrier();
+    if (t < D) {
+        float lsum = 0.0;
+        for (uint i = 0u; i < G; i++) {
+            lsum += part[i];
+        }
+        y[h * D + t] = total / lsum;
     }
 }

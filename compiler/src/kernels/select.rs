@@ -315,7 +315,8 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
         }
         Argmax => {
             let n = arg(0).shape.numel();
-            call("argmax", vec![], vec![row_wg(n), u(n)], 1)
+            let wg = u(n.div_ceil(4).next_power_of_two().clamp(32, 1024));
+            call("argmax", vec![], vec![wg, u(n)], 1)
         }
         Increment => call("increment", vec![], vec![1], 1),
     })
@@ -367,14 +368,11 @@ fn vec4(w: DType, i: usize) -> u32 {
     u32::from(i.is_multiple_of(per_16_bytes))
 }
 
-/// Attention workgroup: also the tile of positions; each invocation owns up to 4 output dims.
+/// Attention workgroup: the tile is a quarter of it (4 invocations per position's score), and
+/// it must hold D invocations for the value phase. Large, as one workgroup serves a query head.
 fn attention_wg(d: usize) -> u32 {
-    assert!(d <= 512, "attention: head_dim {d} is past the kernel's 512");
-    if d <= 256 {
-        64
-    } else {
-        128
-    }
+    assert!(d <= 1024, "attention: head_dim {d} is past the kernel's 1024");
+    1024
 }
 
 /// `(rows, n)`: the innermost axis and how many rows of it.
