@@ -12,7 +12,13 @@ fn eager_counts_every_dispatch_binding_and_barrier_per_token() {
     {
         let mut eager = eager_fixture("llama-gqa", device.clone());
         let dispatches = eager.loaded().schedule.dispatches.len() as u64;
-        let bindings: u64 = eager.loaded().schedule.dispatches.iter().map(|d| d.bindings.len() as u64).sum();
+        let bindings: u64 = eager
+            .loaded()
+            .schedule
+            .dispatches
+            .iter()
+            .map(|d| d.bindings.len() as u64)
+            .sum();
         let before = device.counters();
         let tokens = 3;
         for t in 0..tokens {
@@ -20,8 +26,16 @@ fn eager_counts_every_dispatch_binding_and_barrier_per_token() {
         }
         let c = device.counters().since(&before);
         assert_eq!(c.dispatches, dispatches * tokens as u64);
-        assert_eq!(c.barriers, dispatches * tokens as u64, "a barrier after every dispatch");
-        assert_eq!(c.descriptor_writes, bindings * tokens as u64, "every binding written every token");
+        assert_eq!(
+            c.barriers,
+            dispatches * tokens as u64,
+            "a barrier after every dispatch"
+        );
+        assert_eq!(
+            c.descriptor_writes,
+            bindings * tokens as u64,
+            "every binding written every token"
+        );
         assert_eq!(c.recordings, tokens as u64, "re-recorded every token");
         assert_eq!(c.submits, tokens as u64, "one submit per token");
         assert!(c.host_ns > 0);
@@ -34,17 +48,34 @@ fn eager_refuses_a_step_past_the_kv_capacity() {
     let (device, log) = validated_device();
     {
         let model = import::load(&fixture_dir("qwen3-tied")).unwrap();
-        let program = trace::trace(&model, &trace::TraceOptions { max_context: Some(3) }).unwrap();
-        let meta = lower::Meta { architecture: String::new(), eos_token_ids: vec![] };
+        let program = trace::trace(
+            &model,
+            &trace::TraceOptions {
+                max_context: Some(3),
+            },
+        )
+        .unwrap();
+        let meta = lower::Meta {
+            architecture: String::new(),
+            eos_token_ids: vec![],
+        };
         let schedule = lower::lower(&program, &meta, &mut lower::SpirvCache::default()).unwrap();
-        let mut eager =
-            vkfuse_runtime::session::Eager::new(Loaded::new(device, schedule, &model.tensors).unwrap()).unwrap();
+        let mut eager = vkfuse_runtime::session::Eager::new(
+            Loaded::new(device, schedule, &model.tensors).unwrap(),
+        )
+        .unwrap();
         for t in 0..3 {
             eager.step(Some(t + 5)).unwrap();
         }
         match eager.step(Some(1)) {
-            Err(SessionError::ContextFull { position: 3, capacity: 3 }) => {}
-            other => panic!("expected ContextFull, got {:?}", other.map(|o| o.next_token)),
+            Err(SessionError::ContextFull {
+                position: 3,
+                capacity: 3,
+            }) => {}
+            other => panic!(
+                "expected ContextFull, got {:?}",
+                other.map(|o| o.next_token)
+            ),
         }
     }
     assert!(log.is_clean(), "{}", log.report());
@@ -56,11 +87,21 @@ fn a_model_larger_than_device_memory_is_a_clear_error() {
     {
         let model = import::load(&fixture_dir("qwen3-tied")).unwrap();
         let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
-        let meta = lower::Meta { architecture: String::new(), eos_token_ids: vec![] };
-        let mut schedule = lower::lower(&program, &meta, &mut lower::SpirvCache::default()).unwrap();
-        let weights = schedule.buffers.iter_mut().find(|b| b.role == BufferRole::Weights).unwrap();
+        let meta = lower::Meta {
+            architecture: String::new(),
+            eos_token_ids: vec![],
+        };
+        let mut schedule =
+            lower::lower(&program, &meta, &mut lower::SpirvCache::default()).unwrap();
+        let weights = schedule
+            .buffers
+            .iter_mut()
+            .find(|b| b.role == BufferRole::Weights)
+            .unwrap();
         weights.size = 1 << 44; // 16 TiB
-        let err = Loaded::new(device, schedule, &model.tensors).err().expect("must not fit");
+        let err = Loaded::new(device, schedule, &model.tensors)
+            .err()
+            .expect("must not fit");
         let msg = err.to_string();
         assert!(msg.contains("GiB"), "{msg}");
     }

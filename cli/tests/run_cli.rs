@@ -142,10 +142,22 @@ fn vulkan_problems_are_clear_errors_not_panics() {
     let dir = fixture_dir("qwen3-tied");
     let d = dir.to_str().unwrap();
     // --device out of range names how many devices there are.
-    let out = vkfuse(&["run", d, "--backend", "eager", "--ids", "1", "--device", "99"]);
+    let out = vkfuse(&[
+        "run",
+        d,
+        "--backend",
+        "eager",
+        "--ids",
+        "1",
+        "--device",
+        "99",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("device 99") && stderr.contains("device(s)"), "{stderr}");
+    assert!(
+        stderr.contains("device 99") && stderr.contains("device(s)"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
     // No driver at all: the loader finds no ICD.
     let out = Command::new(env!("CARGO_BIN_EXE_vkfuse"))
@@ -156,14 +168,21 @@ fn vulkan_problems_are_clear_errors_not_panics() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("mesa-vulkan-drivers"), "should say how to get a driver: {stderr}");
+    assert!(
+        stderr.contains("mesa-vulkan-drivers"),
+        "should say how to get a driver: {stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[test]
 fn devices_lists_lavapipe_or_a_gpu() {
     let out = vkfuse(&["devices"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("device 0"), "{stdout}");
 }

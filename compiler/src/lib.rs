@@ -3,10 +3,12 @@
 //! The modules follow the pipeline: [`ir`] (the op IR), [`import`] (config and tensors),
 //! [`trace`] (model -> one decode step), [`reference`] (the CPU interpreter, the oracle).
 
+pub mod fuse;
 pub mod import;
 pub mod ir;
 pub mod kernels;
 pub mod lower;
 pub mod npy;
+pub mod plan;
 pub mod reference;
 pub mod trace;

@@ -35,7 +35,7 @@ pub fn is_alias(kind: &OpKind) -> bool {
 ///
 /// Panics only on programs the verifier rejects, or on shapes past the kernels' documented
 /// limits (binary ops needing more than 4 dims after merging, rope with rotary_dim > 256,
-/// attention with head_dim > 512, any value of 2^32 or more elements).
+/// attention with head_dim > 1024, any value of 2^32 or more elements).
 pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
     use OpKind::*;
     let op = program.op(id);
@@ -371,7 +371,10 @@ fn vec4(w: DType, i: usize) -> u32 {
 /// Attention workgroup: the tile is a quarter of it (4 invocations per position's score), and
 /// it must hold D invocations for the value phase. Large, as one workgroup serves a query head.
 fn attention_wg(d: usize) -> u32 {
-    assert!(d <= 1024, "attention: head_dim {d} is past the kernel's 1024");
+    assert!(
+        d <= 1024,
+        "attention: head_dim {d} is past the kernel's 1024"
+    );
     1024
 }
 
