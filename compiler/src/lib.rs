@@ -11,4 +11,5 @@ pub mod lower;
 pub mod npy;
 pub mod plan;
 pub mod reference;
+pub mod regions;
 pub mod trace;

@@ -1,5 +1,5 @@
-//! Unfused lowering: one dispatch per op, one arena slice per value, a barrier after every
-//! dispatch. This is the eager baseline's schedule and the starting point of fusion.
+//! Unfused lowering: one dispatch per op, one arena slice per value, dispatches grouped into
+//! dependency levels. This is the eager baseline's schedule and the starting point of fusion.
 //!
 //! Buffers: `weights` (uploaded once), `state` (KV caches, conv and recurrent state), `io`
 //! (token, position, logits; host-visible) and `arena` (everything else). Views cost nothing:
@@ -8,6 +8,7 @@
 use crate::import::TensorStore;
 use crate::ir::{OpKind, Program, StateKind, ValueId};
 use crate::kernels::{self, KernelCall, KernelError};
+use crate::regions::{regions, Access};
 use std::collections::HashMap;
 use vkfuse_runtime::schedule::{
     BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Schedule,
@@ -83,7 +84,7 @@ impl SpirvCache {
 
 /// Lowers `p` to an unfused schedule.
 pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedule, LowerError> {
-    let mut regions = [
+    let mut bufs = [
         Region {
             id: BufferId(0),
             size: 0,
@@ -101,7 +102,7 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
             size: 0,
         },
     ];
-    let [weights, state, io, arena] = &mut regions;
+    let [weights, state, io, arena] = &mut bufs;
     let logits = p
         .output("logits")
         .ok_or(LowerError::Missing("a `logits` output"))?;
@@ -248,7 +249,21 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
         });
     }
 
-    let n = dispatches.len() as u32;
+    // Binding 0 is what a dispatch writes (its result, or the state it updates); it reads the rest.
+    let accesses: Vec<Access> = dispatches
+        .iter()
+        .map(|d: &Dispatch| Access {
+            reads: d.bindings[1..].to_vec(),
+            writes: vec![d.bindings[0]],
+        })
+        .collect();
+    let regions = regions(&accesses);
+    let mut slots: Vec<Option<Dispatch>> = dispatches.into_iter().map(Some).collect();
+    let dispatches: Vec<Dispatch> = regions
+        .order
+        .iter()
+        .map(|&i| slots[i].take().expect("a permutation"))
+        .collect();
     let capacity = p
         .states
         .iter()
@@ -263,7 +278,7 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
         BufferRole::Io,
         BufferRole::Arena,
     ];
-    let buffers = regions
+    let buffers = bufs
         .iter()
         .zip(names.iter().zip(roles))
         .map(|(r, (name, role))| BufferDecl {
@@ -283,7 +298,7 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
         weights: uploads,
         kernels: kernels_out,
         dispatches,
-        levels: (0..n).map(|i| i..i + 1).collect(),
+        levels: regions.levels,
         io: Io {
             token: state_slices[token.index()],
             position: state_slices[position.index()],
