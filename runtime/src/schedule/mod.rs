@@ -2,8 +2,15 @@
 //! needs a compiler. The compiler builds it (in memory, or written to a file); the runtime
 //! validates it before touching the device, then creates every object once.
 
+mod dump;
+mod file;
 mod validate;
 
+pub use dump::dump;
+pub use file::{
+    crc32, FileLayout, FileWeights, ScheduleFile, ScheduleFileError, Section, TensorEntry, Verify,
+    END_MAGIC, FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
+};
 pub use validate::ScheduleError;
 
 use std::fmt;

@@ -1,0 +1,174 @@
+//! The schedule's text form, for `vkfuse inspect`, snapshots and reviews: a summary, then every
+//! table in full. It never panics, even on a schedule that does not validate.
+//!
+//! ```text
+//! schedule Qwen3ForCausalLM: vocab 151936, max context 4096, eos [151645]
+//!   4 buffers (1.2 GiB), 311 weight uploads (1.1 GiB), 24 kernels, 425 dispatches in 425 levels
+//! io: token b1[+0,4] position b1[+4,4] logits b2[+0,607744]
+//! buffers:
+//!   b0 weights  1191182336 (1.1 GiB)  weights
+//! kernels:
+//!   k0 matvec_f16: 1234 words of SPIR-V, 3 bindings, 16 push-constant bytes, spec [64]
+//! dispatches:
+//!   level 0
+//!     d0 k3 [1,1,1] b0[+0,1024] b3[+0,4] push [1024] embed
+//! weights (311 uploads, 1191182336 bytes):
+//!   model.embed_tokens.weight -> b0[+0,311164928]
+//! ```
+
+use std::fmt;
+
+use super::{Schedule, Slice};
+
+/// The full text dump of `schedule` (its [`Display`](fmt::Display)).
+pub fn dump(schedule: &Schedule) -> String {
+    schedule.to_string()
+}
+
+impl fmt::Display for Slice {
+    /// `b3[+offset,size]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[+{},{}]", self.buffer, self.offset, self.size)
+    }
+}
+
+/// Bytes in the largest binary unit that keeps the number at least 1.
+struct Human(u64);
+
+impl fmt::Display for Human {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let mut v = self.0 as f64;
+        let mut u = 0;
+        while v >= 1024.0 && u + 1 < UNITS.len() {
+            v /= 1024.0;
+            u += 1;
+        }
+        if u == 0 {
+            write!(f, "{} B", self.0)
+        } else {
+            write!(f, "{v:.1} {}", UNITS[u])
+        }
+    }
+}
+
+/// Push constants as little-endian u32 words where they are whole words, else as hex bytes.
+struct PushConstants<'a>(&'a [u8]);
+
+impl fmt::Display for PushConstants<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        if self.0.len() % 4 == 0 {
+            for (i, w) in self.0.chunks_exact(4).enumerate() {
+                let sep = if i == 0 { "" } else { " " };
+                write!(f, "{sep}{}", u32::from_le_bytes([w[0], w[1], w[2], w[3]]))?;
+            }
+        } else {
+            for (i, b) in self.0.iter().enumerate() {
+                let sep = if i == 0 { "" } else { " " };
+                write!(f, "{sep}{b:02x}")?;
+            }
+        }
+        f.write_str("]")
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = &self.meta;
+        writeln!(
+            f,
+            "schedule {}: vocab {}, max context {}, eos {:?}",
+            m.architecture, m.vocab_size, m.max_context, m.eos_token_ids
+        )?;
+        let buffer_bytes: u64 = self.buffers.iter().map(|b| b.size).sum();
+        let weight_bytes: u64 = self.weights.iter().map(|w| w.dst.size).sum();
+        writeln!(
+            f,
+            "  {} buffers ({}), {} weight uploads ({}), {} kernels, {} dispatches in {} levels",
+            self.buffers.len(),
+            Human(buffer_bytes),
+            self.weights.len(),
+            Human(weight_bytes),
+            self.kernels.len(),
+            self.dispatches.len(),
+            self.levels.len()
+        )?;
+        let io = &self.io;
+        writeln!(
+            f,
+            "io: token {} position {} logits {}",
+            io.token, io.position, io.logits
+        )?;
+
+        writeln!(f, "buffers:")?;
+        for (i, b) in self.buffers.iter().enumerate() {
+            writeln!(
+                f,
+                "  b{i:<3} {:<8} {:>12} ({})  {}",
+                b.role.name(),
+                b.size,
+                Human(b.size),
+                b.label
+            )?;
+        }
+
+        writeln!(f, "kernels:")?;
+        for (i, k) in self.kernels.iter().enumerate() {
+            writeln!(
+                f,
+                "  k{i:<3} {}: {} words of SPIR-V, {} bindings, {} push-constant bytes, spec {:?}",
+                k.label,
+                k.spirv.len(),
+                k.bindings,
+                k.push_constant_bytes,
+                k.spec_constants
+            )?;
+        }
+
+        writeln!(f, "dispatches:")?;
+        let mut covered = 0usize;
+        for (l, range) in self.levels.iter().enumerate() {
+            writeln!(f, "  level {l}")?;
+            let (start, end) = (range.start as usize, range.end as usize);
+            match self.dispatches.get(start..end) {
+                Some(ds) => {
+                    for (j, d) in ds.iter().enumerate() {
+                        write_dispatch(f, start + j, d)?;
+                    }
+                    covered = covered.max(end);
+                }
+                None => writeln!(f, "    (dispatches {start}..{end} do not exist)")?,
+            }
+        }
+        if covered < self.dispatches.len() {
+            writeln!(f, "  in no level")?;
+            for (j, d) in self.dispatches[covered..].iter().enumerate() {
+                write_dispatch(f, covered + j, d)?;
+            }
+        }
+
+        writeln!(
+            f,
+            "weights ({} uploads, {} bytes):",
+            self.weights.len(),
+            weight_bytes
+        )?;
+        for w in &self.weights {
+            writeln!(f, "  {} -> {}", w.tensor, w.dst)?;
+        }
+        Ok(())
+    }
+}
+
+fn write_dispatch(f: &mut fmt::Formatter<'_>, i: usize, d: &super::Dispatch) -> fmt::Result {
+    let [x, y, z] = d.workgroups;
+    write!(f, "    d{i:<4} {} [{x},{y},{z}]", d.kernel)?;
+    for b in &d.bindings {
+        write!(f, " {b}")?;
+    }
+    if !d.push_constants.is_empty() {
+        write!(f, " push {}", PushConstants(&d.push_constants))?;
+    }
+    writeln!(f, " {}", d.label)
+}

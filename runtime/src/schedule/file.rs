@@ -1,0 +1,1223 @@
+//! The schedule file (`*.vkf`): a [`Schedule`] and its weight bytes in one versioned,
+//! checksummed, memory-mappable file. `docs/schedule-format.md` is the byte-by-byte spec.
+//!
+//! ```text
+//! 0        header      64 bytes: magic, version, section offsets and lengths, checksums
+//! 64       metadata    the schedule minus weight bytes (length-prefixed little-endian)
+//!          zero padding to a multiple of 4096
+//! W        weights     each distinct tensor once, at an offset that is a multiple of 4096
+//! W+len    trailer     16 bytes: the weights checksum, end magic
+//! ```
+//!
+//! The writer streams the weights tensor by tensor (never the model twice in memory) and needs
+//! only [`Write`]. The reader maps the file, checks every length and offset against the file
+//! size before allocating anything that depends on them, verifies both checksums (CRC-32, the
+//! zlib one), decodes, validates, and hands out the weights as zero-copy slices of the map.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use super::{
+    BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Schedule,
+    ScheduleError, Slice, WeightUpload,
+};
+use crate::session::TensorBytes;
+
+/// The first 8 bytes of every schedule file, in every version.
+pub const MAGIC: [u8; 8] = *b"VKFUSE\0\n";
+/// The last 8 bytes of every version-1 file.
+pub const END_MAGIC: [u8; 8] = *b"VKFEND\0\n";
+/// The format version this build writes, and the newest it reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Every tensor (and the weights section itself) starts at a multiple of this many bytes.
+pub const WEIGHT_ALIGN: u64 = 4096;
+
+const HEADER_LEN: u64 = 64;
+const TRAILER_LEN: u64 = 16;
+/// Bytes of the header the header checksum covers (all but the checksum itself).
+const HEADER_CRC_SPAN: usize = 60;
+
+/// A part of a schedule file, as errors name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Section {
+    /// The fixed 64-byte header.
+    Header,
+    /// The encoded schedule.
+    Metadata,
+    /// The tensors' bytes.
+    Weights,
+    /// The 16 bytes after the weights.
+    Trailer,
+}
+
+impl fmt::Display for Section {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Section::Header => "header",
+            Section::Metadata => "metadata section",
+            Section::Weights => "weights section",
+            Section::Trailer => "trailer",
+        })
+    }
+}
+
+/// Why a schedule file could not be read or written. Reader errors name the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleFileError {
+    /// The file could not be opened, mapped or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// The first bytes are not [`MAGIC`].
+    #[error("{}: not a vkfuse schedule file (it does not start with the vkfuse magic bytes)", path.display())]
+    BadMagic {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is of a format version this build does not read.
+    #[error("{}: {}", path.display(), version_message(*found, *supported))]
+    UnsupportedVersion {
+        /// The file.
+        path: PathBuf,
+        /// The version in the file.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// The file ends before a section does.
+    #[error(
+        "{}: truncated in the {section}: it needs {expected} bytes, the file has {actual}",
+        path.display()
+    )]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// The section that does not fit.
+        section: Section,
+        /// The file size the section needs.
+        expected: u64,
+        /// The file's size.
+        actual: u64,
+    },
+    /// A section's bytes do not match their stored checksum.
+    #[error(
+        "{}: checksum mismatch in the {section} (stored {stored:#010x}, computed {computed:#010x}): \
+         the file is corrupt; recompile the model",
+        path.display()
+    )]
+    ChecksumMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The section.
+        section: Section,
+        /// The checksum the file stores.
+        stored: u32,
+        /// The checksum of the bytes.
+        computed: u32,
+    },
+    /// The checksums match but the contents do not follow the format (a writer bug or a
+    /// crafted file).
+    #[error("{}: malformed {section} at byte {offset}: {message}", path.display())]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// The section.
+        section: Section,
+        /// The byte of the file where decoding stopped.
+        offset: u64,
+        /// What is wrong.
+        message: String,
+    },
+    /// The file decodes, but the schedule does not validate.
+    #[error("{}: {source}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What [`Schedule::validate`] found.
+        source: ScheduleError,
+    },
+    /// Writing to a stream failed ([`Schedule::write_file`] reports [`Self::Io`] instead).
+    #[error("cannot write the schedule file: {0}")]
+    Write(#[source] io::Error),
+    /// The schedule cannot be written: it does not validate, or a table does not fit the
+    /// format.
+    #[error("cannot write the schedule: {0}")]
+    Unwritable(#[source] ScheduleError),
+    /// A weight's bytes are missing or of the wrong size (writer).
+    #[error("weight `{tensor}`: {message}")]
+    Weight {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn version_message(found: u32, supported: u32) -> String {
+    if found > supported {
+        format!(
+            "schedule format version {found} is newer than this vkfuse reads (version \
+             {supported}); upgrade vkfuse or recompile the model with this version"
+        )
+    } else {
+        format!(
+            "schedule format version {found} is not supported (this vkfuse reads version \
+             {supported}); recompile the model"
+        )
+    }
+}
+
+/// How much of the file [`ScheduleFile::open_with`] checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verify {
+    /// Every check, the weights checksum included (reads every weight byte once).
+    All,
+    /// Everything but the weights checksum: for tools that show the schedule and never upload
+    /// the weights (`vkfuse inspect`).
+    SkipWeightsChecksum,
+}
+
+/// One tensor's bytes in the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorEntry {
+    /// The tensor's name, as [`WeightUpload::tensor`] names it.
+    pub name: String,
+    /// The first byte in the file (a multiple of [`WEIGHT_ALIGN`]).
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// Where the sections of an opened file lie, for dumps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileLayout {
+    /// The format version.
+    pub version: u32,
+    /// The file's size in bytes.
+    pub file_len: u64,
+    /// The metadata section's bytes.
+    pub metadata: (u64, u64),
+    /// The metadata section's CRC-32.
+    pub metadata_crc: u32,
+    /// The weights section's bytes (offset, length).
+    pub weights: (u64, u64),
+    /// The weights section's CRC-32.
+    pub weights_crc: u32,
+}
+
+/// The weight bytes of an opened schedule file: zero-copy slices of the memory map.
+pub struct FileWeights {
+    path: PathBuf,
+    map: Mmap,
+    tensors: Vec<TensorEntry>,
+    index: HashMap<String, usize>,
+}
+
+impl FileWeights {
+    /// The tensors in file order.
+    pub fn tensors(&self) -> &[TensorEntry] {
+        &self.tensors
+    }
+
+    /// The sum of the tensors' sizes (padding excluded).
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.len).sum()
+    }
+}
+
+impl TensorBytes for FileWeights {
+    fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
+        let t = self
+            .index
+            .get(tensor)
+            .map(|&i| &self.tensors[i])
+            .ok_or_else(|| format!("no tensor of that name in {}", self.path.display()))?;
+        // In range: open checked every entry against the file size.
+        Ok(&self.map[t.offset as usize..(t.offset + t.len) as usize])
+    }
+}
+
+impl fmt::Debug for FileWeights {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileWeights")
+            .field("path", &self.path)
+            .field("tensors", &self.tensors.len())
+            .field("bytes", &self.total_bytes())
+            .finish()
+    }
+}
+
+/// An opened, verified and validated schedule file.
+///
+/// ```no_run
+/// # use vkfuse_runtime::schedule::ScheduleFile;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let file = ScheduleFile::open("qwen3.vkf")?;
+/// println!("{file}"); // the `vkfuse inspect` dump
+/// let (schedule, weights) = file.into_parts();
+/// // Loaded::new(device, schedule, &weights)
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct ScheduleFile {
+    schedule: Schedule,
+    weights: FileWeights,
+    layout: FileLayout,
+}
+
+impl ScheduleFile {
+    /// Maps, verifies (both checksums), decodes and validates the file at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<ScheduleFile, ScheduleFileError> {
+        Self::open_with(path, Verify::All)
+    }
+
+    /// [`Self::open`], checking as much as `verify` asks.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        verify: Verify,
+    ) -> Result<ScheduleFile, ScheduleFileError> {
+        let path = path.as_ref();
+        let io_err = |source| ScheduleFileError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len();
+        if len == 0 {
+            return Err(ScheduleFileError::Truncated {
+                path: path.to_path_buf(),
+                section: Section::Header,
+                expected: HEADER_LEN,
+                actual: 0,
+            });
+        }
+        // SAFETY: the map is read-only and private to this process; a schedule file must not be
+        // modified while it is open (the same contract as every mmap-based loader). Every access
+        // below is bounds-checked against the map's length.
+        let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+        let (schedule, tensors, layout) = parse(path, &map, verify)?;
+        let index = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Ok(ScheduleFile {
+            schedule,
+            weights: FileWeights {
+                path: path.to_path_buf(),
+                map,
+                tensors,
+                index,
+            },
+            layout,
+        })
+    }
+
+    /// The schedule, validated.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// The weights, for [`crate::session::Loaded::new`].
+    pub fn weights(&self) -> &FileWeights {
+        &self.weights
+    }
+
+    /// Where the sections lie.
+    pub fn layout(&self) -> FileLayout {
+        self.layout
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.weights.path
+    }
+
+    /// The schedule and the weights, apart: `Loaded::new(device, schedule, &weights)`.
+    pub fn into_parts(self) -> (Schedule, FileWeights) {
+        (self.schedule, self.weights)
+    }
+}
+
+impl TensorBytes for ScheduleFile {
+    fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
+        self.weights.tensor_bytes(tensor)
+    }
+}
+
+impl fmt::Display for ScheduleFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let l = &self.layout;
+        writeln!(
+            f,
+            "file {}: vkfuse schedule format {}, {} bytes",
+            self.path().display(),
+            l.version,
+            l.file_len
+        )?;
+        writeln!(
+            f,
+            "  metadata @{} +{} crc32 {:#010x}",
+            l.metadata.0, l.metadata.1, l.metadata_crc
+        )?;
+        writeln!(
+            f,
+            "  weights  @{} +{} crc32 {:#010x}, {} tensors",
+            l.weights.0,
+            l.weights.1,
+            l.weights_crc,
+            self.weights.tensors.len()
+        )?;
+        writeln!(f)?;
+        write!(f, "{}", self.schedule)?;
+        writeln!(f)?;
+        writeln!(f, "tensors in the file ({}):", self.weights.tensors.len())?;
+        for t in &self.weights.tensors {
+            writeln!(f, "  @{:<12} +{:<12} {}", t.offset, t.len, t.name)?;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+impl Schedule {
+    /// Writes the schedule and its weights (from `weights`, streamed tensor by tensor) to
+    /// `out`; returns the bytes written. The output is a function of the schedule and the
+    /// weight bytes only: writing twice gives identical files. Wrap a file in a
+    /// [`BufWriter`]; [`Self::write_file`] does.
+    pub fn write_to<W: Write + ?Sized>(
+        &self,
+        out: &mut W,
+        weights: &dyn TensorBytes,
+    ) -> Result<u64, ScheduleFileError> {
+        self.validate().map_err(ScheduleFileError::Unwritable)?;
+        let tensors = tensor_table(self)?;
+        // Every tensor is present and of its size before a byte is written.
+        let mut sources = Vec::with_capacity(tensors.len());
+        for t in &tensors {
+            let bytes =
+                weights
+                    .tensor_bytes(&t.name)
+                    .map_err(|message| ScheduleFileError::Weight {
+                        tensor: t.name.clone(),
+                        message,
+                    })?;
+            if bytes.len() as u64 != t.len {
+                return Err(ScheduleFileError::Weight {
+                    tensor: t.name.clone(),
+                    message: format!("{} bytes, the schedule expects {}", bytes.len(), t.len),
+                });
+            }
+            sources.push(bytes);
+        }
+        // Offsets relative to the weights section: the metadata does not depend on where the
+        // section starts.
+        let mut cursor = 0u64;
+        let mut relative = Vec::with_capacity(tensors.len());
+        for t in &tensors {
+            let offset = align_up(cursor);
+            relative.push(offset);
+            cursor = offset + t.len;
+        }
+        let weights_len = cursor;
+        let metadata = encode(self, &tensors, &relative).map_err(ScheduleFileError::Unwritable)?;
+        let meta_end = HEADER_LEN + metadata.len() as u64;
+        let weights_offset = align_up(meta_end);
+        let header = Header {
+            version: FORMAT_VERSION,
+            meta_offset: HEADER_LEN,
+            meta_len: metadata.len() as u64,
+            weights_offset,
+            weights_len,
+            meta_crc: crc32::checksum(&metadata),
+        };
+
+        let w = |r: io::Result<()>| r.map_err(ScheduleFileError::Write);
+        w(out.write_all(&header.encode()))?;
+        w(out.write_all(&metadata))?;
+        w(out.write_all(&ZEROS[..(weights_offset - meta_end) as usize]))?;
+        let mut crc = crc32::Crc32::new();
+        let mut at = 0u64;
+        for (bytes, &offset) in sources.iter().zip(&relative) {
+            let pad = &ZEROS[..(offset - at) as usize];
+            crc.update(pad);
+            w(out.write_all(pad))?;
+            crc.update(bytes);
+            w(out.write_all(bytes))?;
+            at = offset + bytes.len() as u64;
+        }
+        let mut trailer = [0u8; TRAILER_LEN as usize];
+        trailer[0..4].copy_from_slice(&crc.finish().to_le_bytes());
+        trailer[8..16].copy_from_slice(&END_MAGIC);
+        w(out.write_all(&trailer))?;
+        w(out.flush())?;
+        Ok(weights_offset + weights_len + TRAILER_LEN)
+    }
+
+    /// [`Self::write_to`] a file at `path`, atomically: the bytes go to `PATH.partial`, which is
+    /// renamed to `path` once complete (and removed on failure).
+    pub fn write_file(
+        &self,
+        path: impl AsRef<Path>,
+        weights: &dyn TensorBytes,
+    ) -> Result<u64, ScheduleFileError> {
+        let path = path.as_ref();
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        let io_err = |p: &Path, source| ScheduleFileError::Io {
+            path: p.to_path_buf(),
+            source,
+        };
+        let file = File::create(&partial).map_err(|e| io_err(&partial, e))?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        let result = self.write_to(&mut out, weights).and_then(|n| {
+            out.into_inner()
+                .map_err(|e| e.into_error())
+                .and_then(|_file| std::fs::rename(&partial, path))
+                .map_err(ScheduleFileError::Write)?;
+            Ok(n)
+        });
+        match result {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                let _ = std::fs::remove_file(&partial);
+                Err(match e {
+                    ScheduleFileError::Write(source) => io_err(path, source),
+                    e => e,
+                })
+            }
+        }
+    }
+}
+
+static ZEROS: [u8; WEIGHT_ALIGN as usize] = [0; WEIGHT_ALIGN as usize];
+
+fn align_up(x: u64) -> u64 {
+    x.div_ceil(WEIGHT_ALIGN) * WEIGHT_ALIGN
+}
+
+/// Each distinct tensor once, in the order of its first upload, with its size.
+fn tensor_table(s: &Schedule) -> Result<Vec<TensorEntry>, ScheduleFileError> {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    let mut out: Vec<TensorEntry> = Vec::new();
+    for w in &s.weights {
+        match seen.get(w.tensor.as_str()) {
+            Some(&i) if out[i].len != w.dst.size => {
+                return Err(ScheduleFileError::Unwritable(ScheduleError::Invalid(
+                    format!(
+                        "tensor `{}` is uploaded with {} bytes and with {}",
+                        w.tensor, out[i].len, w.dst.size
+                    ),
+                )))
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(&w.tensor, out.len());
+                out.push(TensorEntry {
+                    name: w.tensor.clone(),
+                    offset: 0,
+                    len: w.dst.size,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+struct Header {
+    version: u32,
+    meta_offset: u64,
+    meta_len: u64,
+    weights_offset: u64,
+    weights_len: u64,
+    meta_crc: u32,
+}
+
+impl Header {
+    fn encode(&self) -> [u8; HEADER_LEN as usize] {
+        let mut h = [0u8; HEADER_LEN as usize];
+        h[0..8].copy_from_slice(&MAGIC);
+        h[8..12].copy_from_slice(&self.version.to_le_bytes());
+        // 12..16: flags, zero.
+        h[16..24].copy_from_slice(&self.meta_offset.to_le_bytes());
+        h[24..32].copy_from_slice(&self.meta_len.to_le_bytes());
+        h[32..40].copy_from_slice(&self.weights_offset.to_le_bytes());
+        h[40..48].copy_from_slice(&self.weights_len.to_le_bytes());
+        h[48..52].copy_from_slice(&self.meta_crc.to_le_bytes());
+        // 52..60: reserved, zero.
+        let crc = crc32::checksum(&h[..HEADER_CRC_SPAN]);
+        h[60..64].copy_from_slice(&crc.to_le_bytes());
+        h
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metadata encoding: see docs/schedule-format.md for the field order.
+
+struct Encoder(Vec<u8>);
+
+impl Encoder {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn count(&mut self, n: usize, what: &str) -> Result<(), ScheduleError> {
+        let n = u32::try_from(n).map_err(|_| {
+            ScheduleError::Invalid(format!("{what}: {n} entries do not fit the format's u32"))
+        })?;
+        self.u32(n);
+        Ok(())
+    }
+    fn str(&mut self, s: &str, what: &str) -> Result<(), ScheduleError> {
+        self.count(s.len(), what)?;
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+    fn u32s(&mut self, v: &[u32], what: &str) -> Result<(), ScheduleError> {
+        self.count(v.len(), what)?;
+        for &x in v {
+            self.u32(x);
+        }
+        Ok(())
+    }
+    fn slice(&mut self, s: &Slice) {
+        self.u32(s.buffer.0);
+        self.u64(s.offset);
+        self.u64(s.size);
+    }
+}
+
+fn role_code(r: BufferRole) -> u8 {
+    match r {
+        BufferRole::Weights => 0,
+        BufferRole::Arena => 1,
+        BufferRole::State => 2,
+        BufferRole::Io => 3,
+    }
+}
+
+fn encode(
+    s: &Schedule,
+    tensors: &[TensorEntry],
+    offsets: &[u64],
+) -> Result<Vec<u8>, ScheduleError> {
+    let mut e = Encoder(Vec::new());
+    e.str(&s.meta.architecture, "architecture")?;
+    e.u32(s.meta.vocab_size);
+    e.u32(s.meta.max_context);
+    e.u32s(&s.meta.eos_token_ids, "eos_token_ids")?;
+
+    e.count(s.buffers.len(), "buffers")?;
+    for b in &s.buffers {
+        e.str(&b.label, "buffer label")?;
+        e.u64(b.size);
+        e.u8(role_code(b.role));
+    }
+
+    e.count(s.kernels.len(), "kernels")?;
+    for k in &s.kernels {
+        e.str(&k.label, "kernel label")?;
+        e.u32s(&k.spirv, "spirv")?;
+        e.u32(k.bindings);
+        e.u32(k.push_constant_bytes);
+        e.u32s(&k.spec_constants, "spec_constants")?;
+    }
+
+    e.count(s.dispatches.len(), "dispatches")?;
+    for d in &s.dispatches {
+        e.str(&d.label, "dispatch label")?;
+        e.u32(d.kernel.0);
+        for g in d.workgroups {
+            e.u32(g);
+        }
+        e.count(d.bindings.len(), "bindings")?;
+        for b in &d.bindings {
+            e.slice(b);
+        }
+        e.count(d.push_constants.len(), "push_constants")?;
+        e.0.extend_from_slice(&d.push_constants);
+    }
+
+    e.count(s.levels.len(), "levels")?;
+    for l in &s.levels {
+        e.u32(l.start);
+        e.u32(l.end);
+    }
+
+    e.slice(&s.io.token);
+    e.slice(&s.io.position);
+    e.slice(&s.io.logits);
+
+    e.count(s.weights.len(), "weight uploads")?;
+    for w in &s.weights {
+        e.str(&w.tensor, "tensor name")?;
+        e.slice(&w.dst);
+    }
+
+    e.count(tensors.len(), "tensors")?;
+    for (t, &offset) in tensors.iter().zip(offsets) {
+        e.str(&t.name, "tensor name")?;
+        e.u64(offset);
+        e.u64(t.len);
+    }
+    Ok(e.0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+/// Where decoding stopped (relative to the metadata section) and why.
+struct DecodeError {
+    at: usize,
+    message: String,
+}
+
+struct Decoder<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+type Decoded<T> = Result<T, DecodeError>;
+
+impl<'a> Decoder<'a> {
+    fn fail<T>(&self, message: String) -> Decoded<T> {
+        Err(DecodeError {
+            at: self.pos,
+            message,
+        })
+    }
+    fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+    fn take(&mut self, n: usize, what: &str) -> Decoded<&'a [u8]> {
+        if n > self.remaining() {
+            return self.fail(format!(
+                "{what} needs {n} bytes, {} remain",
+                self.remaining()
+            ));
+        }
+        let s = &self.bytes[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn u8(&mut self, what: &str) -> Decoded<u8> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u32(&mut self, what: &str) -> Decoded<u32> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self, what: &str) -> Decoded<u64> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    /// A count of entries each at least `min_size` encoded bytes: a count the remaining bytes
+    /// cannot hold is refused before anything is allocated for it.
+    fn count(&mut self, min_size: usize, what: &str) -> Decoded<usize> {
+        let at = self.pos;
+        let n = self.u32(what)? as usize;
+        if n.saturating_mul(min_size) > self.remaining() {
+            return Err(DecodeError {
+                at,
+                message: format!(
+                    "{what}: {n} entries of at least {min_size} bytes do not fit in the {} bytes \
+                     that remain",
+                    self.remaining()
+                ),
+            });
+        }
+        Ok(n)
+    }
+    fn vec<T>(
+        &mut self,
+        min_size: usize,
+        what: &str,
+        mut item: impl FnMut(&mut Self) -> Decoded<T>,
+    ) -> Decoded<Vec<T>> {
+        let n = self.count(min_size, what)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(item(self)?);
+        }
+        Ok(v)
+    }
+    fn str(&mut self, what: &str) -> Decoded<String> {
+        let n = self.count(1, what)?;
+        let at = self.pos;
+        let b = self.take(n, what)?;
+        match std::str::from_utf8(b) {
+            Ok(s) => Ok(s.to_owned()),
+            Err(e) => Err(DecodeError {
+                at: at + e.valid_up_to(),
+                message: format!("{what} is not UTF-8"),
+            }),
+        }
+    }
+    fn u32s(&mut self, what: &str) -> Decoded<Vec<u32>> {
+        self.vec(4, what, |d| d.u32(what))
+    }
+    fn slice(&mut self, what: &str) -> Decoded<Slice> {
+        Ok(Slice {
+            buffer: BufferId(self.u32(what)?),
+            offset: self.u64(what)?,
+            size: self.u64(what)?,
+        })
+    }
+}
+
+const SLICE_SIZE: usize = 20;
+
+/// A tensor-table record: name, offset in the weights section, size, and where it was read.
+type TensorRecord = (String, u64, u64, usize);
+
+fn decode(bytes: &[u8]) -> Decoded<(Schedule, Vec<TensorRecord>)> {
+    let mut d = Decoder { bytes, pos: 0 };
+    let meta = ModelMeta {
+        architecture: d.str("architecture")?,
+        vocab_size: d.u32("vocab_size")?,
+        max_context: d.u32("max_context")?,
+        eos_token_ids: d.u32s("eos_token_ids")?,
+    };
+    let buffers = d.vec(4 + 8 + 1, "buffers", |d| {
+        let label = d.str("buffer label")?;
+        let size = d.u64("buffer size")?;
+        let role = match d.u8("buffer role")? {
+            0 => BufferRole::Weights,
+            1 => BufferRole::Arena,
+            2 => BufferRole::State,
+            3 => BufferRole::Io,
+            r => {
+                d.pos -= 1;
+                return d.fail(format!("buffer `{label}`: unknown role {r}"));
+            }
+        };
+        Ok(BufferDecl { label, size, role })
+    })?;
+    let kernels = d.vec(4 * 5, "kernels", |d| {
+        Ok(KernelDecl {
+            label: d.str("kernel label")?,
+            spirv: d.u32s("spirv")?,
+            bindings: d.u32("kernel bindings")?,
+            push_constant_bytes: d.u32("push_constant_bytes")?,
+            spec_constants: d.u32s("spec_constants")?,
+        })
+    })?;
+    let dispatches = d.vec(4 + 4 + 12 + 4 + 4, "dispatches", |d| {
+        let label = d.str("dispatch label")?;
+        let kernel = KernelId(d.u32("dispatch kernel")?);
+        let workgroups = [
+            d.u32("workgroups")?,
+            d.u32("workgroups")?,
+            d.u32("workgroups")?,
+        ];
+        let bindings = d.vec(SLICE_SIZE, "bindings", |d| d.slice("binding"))?;
+        let n = d.count(1, "push_constants")?;
+        let push_constants = d.take(n, "push_constants")?.to_vec();
+        Ok(Dispatch {
+            kernel,
+            bindings,
+            push_constants,
+            workgroups,
+            label,
+        })
+    })?;
+    let levels = d.vec(8, "levels", |d| Ok(d.u32("level")?..d.u32("level")?))?;
+    let io = Io {
+        token: d.slice("io token")?,
+        position: d.slice("io position")?,
+        logits: d.slice("io logits")?,
+    };
+    let weights = d.vec(4 + SLICE_SIZE, "weight uploads", |d| {
+        Ok(WeightUpload {
+            tensor: d.str("tensor name")?,
+            dst: d.slice("weight upload")?,
+        })
+    })?;
+    let tensors = d.vec(4 + 8 + 8, "tensors", |d| {
+        let at = d.pos;
+        Ok((
+            d.str("tensor name")?,
+            d.u64("tensor offset")?,
+            d.u64("tensor size")?,
+            at,
+        ))
+    })?;
+    if d.remaining() != 0 {
+        return d.fail(format!("{} bytes after the last table", d.remaining()));
+    }
+    let schedule = Schedule {
+        meta,
+        buffers,
+        weights,
+        kernels,
+        dispatches,
+        levels,
+        io,
+    };
+    Ok((schedule, tensors))
+}
+
+fn read_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn read_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Every check and the decode, on the mapped bytes.
+fn parse(
+    path: &Path,
+    file: &[u8],
+    verify: Verify,
+) -> Result<(Schedule, Vec<TensorEntry>, FileLayout), ScheduleFileError> {
+    let p = || path.to_path_buf();
+    let len = file.len() as u64;
+    let malformed = |section, offset, message: String| ScheduleFileError::Malformed {
+        path: p(),
+        section,
+        offset,
+        message,
+    };
+    let truncated = |section, expected| ScheduleFileError::Truncated {
+        path: p(),
+        section,
+        expected,
+        actual: len,
+    };
+
+    // Header: magic first (a short file of something else is "not a schedule"), then the
+    // version (a newer file may lay out the rest differently), then the rest.
+    let head = &file[..file.len().min(MAGIC.len())];
+    if head != &MAGIC[..head.len()] {
+        return Err(ScheduleFileError::BadMagic { path: p() });
+    }
+    if len < 12 {
+        return Err(truncated(Section::Header, HEADER_LEN));
+    }
+    let version = read_u32(file, 8);
+    if version != FORMAT_VERSION {
+        return Err(ScheduleFileError::UnsupportedVersion {
+            path: p(),
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    if len < HEADER_LEN {
+        return Err(truncated(Section::Header, HEADER_LEN));
+    }
+    let stored = read_u32(file, HEADER_CRC_SPAN);
+    let computed = crc32::checksum(&file[..HEADER_CRC_SPAN]);
+    if stored != computed {
+        return Err(ScheduleFileError::ChecksumMismatch {
+            path: p(),
+            section: Section::Header,
+            stored,
+            computed,
+        });
+    }
+    for (at, what) in [(12, "flags"), (52, "reserved"), (56, "reserved")] {
+        if read_u32(file, at) != 0 {
+            return Err(malformed(
+                Section::Header,
+                at as u64,
+                format!("{what} must be zero"),
+            ));
+        }
+    }
+    let meta_offset = read_u64(file, 16);
+    let meta_len = read_u64(file, 24);
+    let weights_offset = read_u64(file, 32);
+    let weights_len = read_u64(file, 40);
+    let meta_crc = read_u32(file, 48);
+    if meta_offset != HEADER_LEN {
+        return Err(malformed(
+            Section::Header,
+            16,
+            format!("the metadata must start at byte {HEADER_LEN}, not {meta_offset}"),
+        ));
+    }
+    let overflow = || malformed(Section::Header, 24, "section lengths overflow".into());
+    let meta_end = meta_offset.checked_add(meta_len).ok_or_else(overflow)?;
+    if meta_end > len {
+        return Err(truncated(Section::Metadata, meta_end));
+    }
+    if weights_offset % WEIGHT_ALIGN != 0 || weights_offset < meta_end {
+        return Err(malformed(
+            Section::Header,
+            32,
+            format!(
+                "the weights section starts at byte {weights_offset}, which is not a multiple of \
+                 {WEIGHT_ALIGN} at or after the metadata's end ({meta_end})"
+            ),
+        ));
+    }
+    let weights_end = weights_offset
+        .checked_add(weights_len)
+        .ok_or_else(overflow)?;
+    let file_end = weights_end.checked_add(TRAILER_LEN).ok_or_else(overflow)?;
+    if weights_end > len {
+        return Err(truncated(Section::Weights, weights_end));
+    }
+    if file_end > len {
+        return Err(truncated(Section::Trailer, file_end));
+    }
+    if len > file_end {
+        return Err(malformed(
+            Section::Trailer,
+            file_end,
+            format!("{} unexpected bytes after the trailer", len - file_end),
+        ));
+    }
+    // All offsets below are within the file, hence within usize.
+    let (meta_end, weights_offset, weights_end) = (
+        meta_end as usize,
+        weights_offset as usize,
+        weights_end as usize,
+    );
+
+    let metadata = &file[HEADER_LEN as usize..meta_end];
+    let computed = crc32::checksum(metadata);
+    if computed != meta_crc {
+        return Err(ScheduleFileError::ChecksumMismatch {
+            path: p(),
+            section: Section::Metadata,
+            stored: meta_crc,
+            computed,
+        });
+    }
+    let trailer = &file[weights_end..];
+    if trailer[8..16] != END_MAGIC || read_u32(trailer, 4) != 0 {
+        return Err(malformed(
+            Section::Trailer,
+            weights_end as u64,
+            "the trailer is not a weights checksum, zero and the end magic".into(),
+        ));
+    }
+    let weights_crc = read_u32(trailer, 0);
+
+    let (schedule, table) = decode(metadata)
+        .map_err(|e| malformed(Section::Metadata, HEADER_LEN + e.at as u64, e.message))?;
+
+    // The tensor table: aligned, in order, inside the weights section, each name once, and
+    // exactly what the uploads need.
+    let bad_table = |at: usize, m: String| malformed(Section::Metadata, HEADER_LEN + at as u64, m);
+    let tables_end = metadata.len();
+    let mut tensors = Vec::with_capacity(table.len());
+    let mut index: HashMap<&str, u64> = HashMap::with_capacity(table.len());
+    let mut at = 0u64;
+    for (name, offset, size, record) in &table {
+        let end = offset.checked_add(*size);
+        if offset % WEIGHT_ALIGN != 0 || *offset < at || end.is_none_or(|e| e > weights_len) {
+            return Err(bad_table(
+                *record,
+                format!(
+                "tensor `{name}` at +{offset} of {size} bytes is not aligned to {WEIGHT_ALIGN}, \
+                 overlaps the one before it, or lies outside the weights section of \
+                 {weights_len} bytes"
+            ),
+            ));
+        }
+        at = offset + size;
+        if index.insert(name, *size).is_some() {
+            return Err(bad_table(
+                *record,
+                format!("tensor `{name}` is listed twice"),
+            ));
+        }
+        tensors.push(TensorEntry {
+            name: name.clone(),
+            offset: weights_offset as u64 + offset,
+            len: *size,
+        });
+    }
+    for w in &schedule.weights {
+        match index.get(w.tensor.as_str()) {
+            None => {
+                return Err(bad_table(
+                    tables_end,
+                    format!("weight upload `{}` names no tensor in the file", w.tensor),
+                ))
+            }
+            Some(&size) if size != w.dst.size => {
+                return Err(bad_table(
+                    tables_end,
+                    format!(
+                        "weight upload `{}` needs {} bytes, the file holds {size}",
+                        w.tensor, w.dst.size
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    schedule
+        .validate()
+        .map_err(|source| ScheduleFileError::Invalid { path: p(), source })?;
+    // Last, as the only check that reads every weight byte.
+    if verify == Verify::All {
+        let computed = crc32::checksum(&file[weights_offset..weights_end]);
+        if computed != weights_crc {
+            return Err(ScheduleFileError::ChecksumMismatch {
+                path: p(),
+                section: Section::Weights,
+                stored: weights_crc,
+                computed,
+            });
+        }
+    }
+
+    let layout = FileLayout {
+        version,
+        file_len: len,
+        metadata: (HEADER_LEN, meta_len),
+        metadata_crc: meta_crc,
+        weights: (weights_offset as u64, weights_len),
+        weights_crc,
+    };
+    Ok((schedule, tensors, layout))
+}
+
+/// CRC-32 as zlib computes it (reflected polynomial 0xEDB88320, initial and final xor
+/// 0xFFFFFFFF), sixteen bytes at a time ("slicing-by-16").
+pub mod crc32 {
+    const SLICES: usize = 16;
+    static TABLES: [[u32; 256]; SLICES] = tables();
+
+    const fn tables() -> [[u32; 256]; SLICES] {
+        let mut t = [[0u32; 256]; SLICES];
+        let mut i = 0;
+        while i < 256 {
+            let mut c = i as u32;
+            let mut k = 0;
+            while k < 8 {
+                c = if c & 1 != 0 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+                k += 1;
+            }
+            t[0][i] = c;
+            i += 1;
+        }
+        let mut i = 0;
+        while i < 256 {
+            let mut s = 1;
+            while s < SLICES {
+                let prev = t[s - 1][i];
+                t[s][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
+                s += 1;
+            }
+            i += 1;
+        }
+        t
+    }
+
+    /// A running CRC-32.
+    #[derive(Clone, Debug)]
+    pub struct Crc32(u32);
+
+    impl Default for Crc32 {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+
+    impl Crc32 {
+        /// The CRC of no bytes.
+        pub fn new() -> Crc32 {
+            Crc32(!0)
+        }
+
+        /// Adds `bytes`.
+        pub fn update(&mut self, bytes: &[u8]) {
+            let t = &TABLES;
+            let mut c = self.0;
+            let mut chunks = bytes.chunks_exact(SLICES);
+            for b in &mut chunks {
+                let first = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) ^ c;
+                let mut x = t[15][(first & 0xff) as usize]
+                    ^ t[14][((first >> 8) & 0xff) as usize]
+                    ^ t[13][((first >> 16) & 0xff) as usize]
+                    ^ t[12][(first >> 24) as usize];
+                let mut k = 4;
+                while k < SLICES {
+                    x ^= t[SLICES - 1 - k][b[k] as usize];
+                    k += 1;
+                }
+                c = x;
+            }
+            for &b in chunks.remainder() {
+                c = t[0][((c ^ b as u32) & 0xff) as usize] ^ (c >> 8);
+            }
+            self.0 = c;
+        }
+
+        /// The CRC of the bytes so far.
+        pub fn finish(&self) -> u32 {
+            !self.0
+        }
+    }
+
+    /// The CRC-32 of `bytes`.
+    pub fn checksum(bytes: &[u8]) -> u32 {
+        let mut c = Crc32::new();
+        c.update(bytes);
+        c.finish()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn should_match_the_standard_check_value() {
+            assert_eq!(checksum(b"123456789"), 0xCBF4_3926);
+            assert_eq!(checksum(b""), 0);
+        }
+
+        #[test]
+        fn should_not_depend_on_how_the_bytes_are_split() {
+            let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 + 3) as u8).collect();
+            let mut c = Crc32::new();
+            for part in data.chunks(13) {
+                c.update(part);
+            }
+            assert_eq!(c.finish(), checksum(&data));
+            let mut slow = !0u32;
+            for &b in &data {
+                slow ^= b as u32;
+                for _ in 0..8 {
+                    slow = if slow & 1 != 0 {
+                        0xEDB8_8320 ^ (slow >> 1)
+                    } else {
+                        slow >> 1
+                    };
+                }
+            }
+            assert_eq!(!slow, checksum(&data));
+        }
+    }
+}

@@ -1,0 +1,755 @@
+//! The schedule file (`*.vkf`): round trip, determinism, alignment, every error path, and a
+//! proptest that corrupts and truncates files and demands an `Ok` or an `Err`: never a panic,
+//! never an allocation out of proportion to the file. No device needed.
+//!
+//! The helpers that patch files by hand read the header as `docs/schedule-format.md` lays it
+//! out, so these tests also check the document.
+
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use proptest::prelude::*;
+use vkfuse_runtime::schedule::{
+    crc32, BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta,
+    Schedule, ScheduleError, ScheduleFile, ScheduleFileError, Section, Slice, Verify, WeightUpload,
+    FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
+};
+use vkfuse_runtime::session::TensorBytes;
+
+// ---------------------------------------------------------------------------------------------
+// Allocation accounting: bytes allocated by this thread, so parallel tests do not mix.
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATED: Cell<u64> = const { Cell::new(0) };
+}
+
+fn note(bytes: usize) {
+    let _ = ALLOCATED.try_with(|a| a.set(a.get() + bytes as u64));
+}
+
+// SAFETY: every call forwards to the system allocator with the same arguments; the counter is a
+// const-initialized thread local without a destructor, so touching it never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: forwarded unchanged.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: AllocLayout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: forwarded unchanged.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: AllocLayout, new_size: usize) -> *mut u8 {
+        note(new_size);
+        // SAFETY: forwarded unchanged.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
+        // SAFETY: forwarded unchanged.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// `f()` and the bytes this thread allocated while it ran.
+fn allocated_by<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let before = ALLOCATED.with(Cell::get);
+    let out = f();
+    (out, ALLOCATED.with(Cell::get) - before)
+}
+
+// ---------------------------------------------------------------------------------------------
+// A small synthetic schedule and its weights.
+
+#[derive(Default)]
+struct MapWeights(HashMap<String, Vec<u8>>);
+
+impl TensorBytes for MapWeights {
+    fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
+        self.0
+            .get(tensor)
+            .map(Vec::as_slice)
+            .ok_or_else(|| "not in the checkpoint".to_string())
+    }
+}
+
+fn bytes(seed: u32, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+fn s(buffer: u32, offset: u64, size: u64) -> Slice {
+    Slice {
+        buffer: BufferId(buffer),
+        offset,
+        size,
+    }
+}
+
+fn fake_spirv(n: u32) -> Vec<u32> {
+    let mut v = vec![0x0723_0203, 0x0001_0000];
+    v.extend((0..n).map(|i| i.wrapping_mul(0x9E37_79B9)));
+    v
+}
+
+const VOCAB: u32 = 16;
+
+/// Three kernels, four dispatches in three levels, four uploads of three tensors (one tied),
+/// one of them larger than the alignment.
+fn sample() -> (Schedule, MapWeights) {
+    let buffers = vec![
+        BufferDecl {
+            label: "weights".into(),
+            size: 8192,
+            role: BufferRole::Weights,
+        },
+        BufferDecl {
+            label: "io".into(),
+            size: 128,
+            role: BufferRole::Io,
+        },
+        BufferDecl {
+            label: "kv".into(),
+            size: 256,
+            role: BufferRole::State,
+        },
+        BufferDecl {
+            label: "arena".into(),
+            size: 512,
+            role: BufferRole::Arena,
+        },
+    ];
+    let kernels = vec![
+        KernelDecl {
+            label: "embed_f16".into(),
+            spirv: fake_spirv(5),
+            bindings: 3,
+            push_constant_bytes: 8,
+            spec_constants: vec![64],
+        },
+        KernelDecl {
+            label: "rms_norm+matvec_f16".into(),
+            spirv: fake_spirv(40),
+            bindings: 4,
+            push_constant_bytes: 4,
+            spec_constants: vec![64, 1e-6f32.to_bits()],
+        },
+        KernelDecl {
+            label: "argmax".into(),
+            spirv: fake_spirv(9),
+            bindings: 2,
+            push_constant_bytes: 0,
+            spec_constants: vec![],
+        },
+    ];
+    let pc = |words: &[u32]| {
+        words
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    let dispatches = vec![
+        Dispatch {
+            kernel: KernelId(0),
+            bindings: vec![s(0, 0, 64), s(1, 0, 4), s(3, 0, 64)],
+            push_constants: pc(&[16, 4]),
+            workgroups: [1, 1, 1],
+            label: "embed".into(),
+        },
+        Dispatch {
+            kernel: KernelId(1),
+            bindings: vec![s(3, 0, 64), s(0, 256, 100), s(0, 8064, 64), s(3, 256, 64)],
+            push_constants: pc(&[16]),
+            workgroups: [4, 1, 1],
+            label: "rms_norm+q".into(),
+        },
+        Dispatch {
+            kernel: KernelId(1),
+            bindings: vec![s(3, 0, 64), s(0, 256, 100), s(0, 1024, 5000), s(2, 0, 256)],
+            push_constants: pc(&[16]),
+            workgroups: [4, 2, 1],
+            label: "rms_norm+kv".into(),
+        },
+        Dispatch {
+            kernel: KernelId(2),
+            bindings: vec![s(1, 64, 64), s(1, 0, 4)],
+            push_constants: vec![],
+            workgroups: [1, 1, 1],
+            label: "argmax".into(),
+        },
+    ];
+    let weights = vec![
+        WeightUpload {
+            tensor: "model.embed_tokens.weight".into(),
+            dst: s(0, 0, 64),
+        },
+        WeightUpload {
+            tensor: "model.layers.0.input_layernorm.weight".into(),
+            dst: s(0, 256, 100),
+        },
+        WeightUpload {
+            tensor: "model.layers.0.mlp.down_proj.weight".into(),
+            dst: s(0, 1024, 5000),
+        },
+        WeightUpload {
+            tensor: "model.embed_tokens.weight".into(),
+            dst: s(0, 8064, 64),
+        },
+    ];
+    let schedule = Schedule {
+        meta: ModelMeta {
+            architecture: "Qwen3ForCausalLM".into(),
+            vocab_size: VOCAB,
+            max_context: 32,
+            eos_token_ids: vec![2, 15],
+        },
+        buffers,
+        weights,
+        kernels,
+        dispatches,
+        levels: vec![0..1, 1..3, 3..4],
+        io: Io {
+            token: s(1, 0, 4),
+            position: s(1, 4, 4),
+            logits: s(1, 64, 64),
+        },
+    };
+    let mut w = MapWeights::default();
+    for (seed, (name, n)) in [
+        ("model.embed_tokens.weight", 64),
+        ("model.layers.0.input_layernorm.weight", 100),
+        ("model.layers.0.mlp.down_proj.weight", 5000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        w.0.insert(name.into(), bytes(seed as u32, n));
+    }
+    (schedule, w)
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("schedule_file");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir.join(format!("{name}-{}.vkf", std::process::id()))
+}
+
+/// The sample, written to a file; its path and bytes.
+fn sample_file(name: &str) -> (PathBuf, Vec<u8>) {
+    let (schedule, weights) = sample();
+    let path = temp_path(name);
+    schedule.write_file(&path, &weights).expect("write");
+    let bytes = std::fs::read(&path).expect("read back");
+    (path, bytes)
+}
+
+/// Writes `bytes` to a fresh file and opens it.
+fn open_bytes(name: &str, bytes: &[u8]) -> Result<ScheduleFile, ScheduleFileError> {
+    let path = temp_path(name);
+    std::fs::write(&path, bytes).expect("write");
+    ScheduleFile::open(&path)
+}
+
+// The header as docs/schedule-format.md lays it out.
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+fn meta_range(b: &[u8]) -> std::ops::Range<usize> {
+    64..64 + u64_at(b, 24) as usize
+}
+fn weights_range(b: &[u8]) -> std::ops::Range<usize> {
+    let w0 = u64_at(b, 32) as usize;
+    w0..w0 + u64_at(b, 40) as usize
+}
+
+/// Recomputes the checksums of whatever the header says, where it lies inside the file, so a
+/// corrupted file reaches the decoder.
+fn fix_checksums(b: &mut [u8]) {
+    if b.len() < 64 {
+        return;
+    }
+    let (meta_len, w0, wl) = (u64_at(b, 24), u64_at(b, 32), u64_at(b, 40));
+    if let Some(end) = 64u64.checked_add(meta_len).filter(|&e| e <= b.len() as u64) {
+        let crc = crc32::checksum(&b[64..end as usize]);
+        b[48..52].copy_from_slice(&crc.to_le_bytes());
+    }
+    if let Some(end) = w0
+        .checked_add(wl)
+        .filter(|&e| e.saturating_add(4) <= b.len() as u64)
+    {
+        let crc = crc32::checksum(&b[w0 as usize..end as usize]);
+        b[end as usize..end as usize + 4].copy_from_slice(&crc.to_le_bytes());
+    }
+    let crc = crc32::checksum(&b[..60]);
+    b[60..64].copy_from_slice(&crc.to_le_bytes());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Round trip and layout
+
+#[test]
+fn should_read_back_the_schedule_and_the_weight_bytes_written() {
+    let (schedule, weights) = sample();
+    let (path, _) = sample_file("round-trip");
+    let file = ScheduleFile::open(&path).expect("open");
+    assert_eq!(file.schedule(), &schedule);
+    for w in &schedule.weights {
+        assert_eq!(
+            file.tensor_bytes(&w.tensor).unwrap(),
+            weights.tensor_bytes(&w.tensor).unwrap(),
+            "{}",
+            w.tensor
+        );
+    }
+    let (back, file_weights) = file.into_parts();
+    assert_eq!(back, schedule);
+    assert_eq!(file_weights.total_bytes(), 64 + 100 + 5000);
+    assert!(file_weights.tensor_bytes("no.such.tensor").is_err());
+}
+
+#[test]
+fn should_write_identical_bytes_every_time() {
+    let (schedule, weights) = sample();
+    let (_, first) = sample_file("determinism-1");
+    let (_, second) = sample_file("determinism-2");
+    assert_eq!(first, second);
+    let mut streamed = Vec::new();
+    let n = schedule
+        .write_to(&mut streamed, &weights)
+        .expect("write_to");
+    assert_eq!(streamed, first);
+    assert_eq!(n, first.len() as u64);
+}
+
+#[test]
+fn should_start_the_weights_and_every_tensor_at_a_multiple_of_4096() {
+    let (path, bytes) = sample_file("alignment");
+    assert_eq!(&bytes[..8], &MAGIC);
+    assert_eq!(u32_at(&bytes, 8), FORMAT_VERSION);
+    let file = ScheduleFile::open(&path).expect("open");
+    let layout = file.layout();
+    assert_eq!(layout.weights.0 % WEIGHT_ALIGN, 0);
+    assert_eq!(layout.file_len, bytes.len() as u64);
+    let tensors = file.weights().tensors();
+    // The tied embedding is stored once.
+    assert_eq!(tensors.len(), 3);
+    for t in tensors {
+        assert_eq!(t.offset % WEIGHT_ALIGN, 0, "{}", t.name);
+        let slice = file.tensor_bytes(&t.name).unwrap();
+        // Zero-copy: the slice is the mapped file at the recorded offset.
+        assert_eq!(
+            slice,
+            &bytes[t.offset as usize..(t.offset + t.len) as usize]
+        );
+    }
+    assert!(tensors
+        .windows(2)
+        .all(|w| w[0].offset + w[0].len <= w[1].offset));
+}
+
+#[test]
+fn should_round_trip_a_schedule_without_weights() {
+    let (mut schedule, _) = sample();
+    schedule.weights.clear();
+    let path = temp_path("no-weights");
+    schedule
+        .write_file(&path, &MapWeights::default())
+        .expect("write");
+    let file = ScheduleFile::open(&path).expect("open");
+    assert_eq!(file.schedule(), &schedule);
+    assert_eq!(file.layout().weights.1, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer errors
+
+#[test]
+fn should_refuse_to_write_a_schedule_that_does_not_validate() {
+    let (mut schedule, weights) = sample();
+    schedule.dispatches[1].kernel = KernelId(9);
+    let err = schedule.write_to(&mut Vec::new(), &weights).unwrap_err();
+    assert!(matches!(err, ScheduleFileError::Unwritable(_)), "{err}");
+    assert!(
+        err.to_string().contains("kernel k9 does not exist"),
+        "{err}"
+    );
+}
+
+#[test]
+fn should_name_a_missing_or_missized_weight_and_leave_no_file() {
+    let (schedule, mut weights) = sample();
+    weights.0.remove("model.layers.0.input_layernorm.weight");
+    let path = temp_path("missing-weight");
+    let _ = std::fs::remove_file(&path);
+    let err = schedule.write_file(&path, &weights).unwrap_err();
+    assert!(
+        matches!(&err, ScheduleFileError::Weight { tensor, .. }
+            if tensor == "model.layers.0.input_layernorm.weight"),
+        "{err}"
+    );
+    assert!(!path.exists());
+    let mut partial = path.clone().into_os_string();
+    partial.push(".partial");
+    assert!(!Path::new(&partial).exists());
+
+    let (schedule, mut weights) = sample();
+    weights
+        .0
+        .insert("model.embed_tokens.weight".into(), vec![0; 63]);
+    let err = schedule.write_to(&mut Vec::new(), &weights).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "weight `model.embed_tokens.weight`: 63 bytes, the schedule expects 64"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader errors
+
+#[test]
+fn should_name_the_file_it_cannot_open() {
+    let path = temp_path("does-not-exist");
+    let _ = std::fs::remove_file(&path);
+    let err = ScheduleFile::open(&path).unwrap_err();
+    assert!(matches!(err, ScheduleFileError::Io { .. }));
+    assert!(err.to_string().contains("does-not-exist"), "{err}");
+}
+
+#[test]
+fn should_say_a_file_with_another_magic_is_not_a_schedule() {
+    for (name, content) in [
+        ("text", b"hello, world\n".to_vec()),
+        ("short", b"VKF".to_vec().into_iter().chain([b'X']).collect()),
+        ("safetensors", {
+            let (_, mut b) = sample_file("magic-src");
+            b[0] = b'v';
+            b
+        }),
+    ] {
+        let err = open_bytes(&format!("bad-magic-{name}"), &content).unwrap_err();
+        assert!(
+            matches!(err, ScheduleFileError::BadMagic { .. }),
+            "{name}: {err}"
+        );
+        assert!(
+            err.to_string().contains("not a vkfuse schedule file"),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(&format!("bad-magic-{name}")),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn should_reject_a_newer_version_saying_which() {
+    let (_, mut b) = sample_file("version-src");
+    b[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    // Whatever a newer version changed, the version is reported first.
+    b[200] ^= 0xff;
+    let err = open_bytes("version", &b).unwrap_err();
+    match &err {
+        ScheduleFileError::UnsupportedVersion {
+            found, supported, ..
+        } => {
+            assert_eq!((*found, *supported), (FORMAT_VERSION + 1, FORMAT_VERSION));
+        }
+        e => panic!("{e}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains("version 2 is newer"), "{msg}");
+    assert!(msg.contains("upgrade vkfuse"), "{msg}");
+
+    b[8..12].copy_from_slice(&0u32.to_le_bytes());
+    let err = open_bytes("version-0", &b).unwrap_err();
+    assert!(
+        matches!(err, ScheduleFileError::UnsupportedVersion { found: 0, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn should_name_the_section_a_truncated_file_ends_in() {
+    let (_, b) = sample_file("truncate-src");
+    let meta = meta_range(&b);
+    let weights = weights_range(&b);
+    let cases = [
+        (0, Section::Header, 64),
+        (12, Section::Header, 64),
+        (63, Section::Header, 64),
+        (64, Section::Metadata, meta.end as u64),
+        (
+            meta.start + meta.len() / 2,
+            Section::Metadata,
+            meta.end as u64,
+        ),
+        (meta.end + 1, Section::Weights, weights.end as u64),
+        (
+            weights.start + 4096 + 7,
+            Section::Weights,
+            weights.end as u64,
+        ),
+        (weights.end, Section::Trailer, b.len() as u64),
+        (b.len() - 1, Section::Trailer, b.len() as u64),
+    ];
+    for (len, section, expected) in cases {
+        let err = open_bytes("truncated", &b[..len]).unwrap_err();
+        match &err {
+            ScheduleFileError::Truncated {
+                section: s,
+                expected: e,
+                actual,
+                ..
+            } => assert_eq!(
+                (*s, *e, *actual),
+                (section, expected, len as u64),
+                "cut at {len}: {err}"
+            ),
+            e => panic!("cut at {len}: {e}"),
+        }
+        assert!(err.to_string().contains("truncated in the"), "{err}");
+    }
+}
+
+#[test]
+fn should_report_a_flipped_metadata_byte_as_a_metadata_checksum_mismatch() {
+    let (_, mut b) = sample_file("flip-meta-src");
+    let meta = meta_range(&b);
+    b[meta.start + meta.len() / 3] ^= 0x10;
+    let err = open_bytes("flip-meta", &b).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ScheduleFileError::ChecksumMismatch {
+                section: Section::Metadata,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("checksum mismatch in the metadata"),
+        "{err}"
+    );
+}
+
+#[test]
+fn should_report_a_flipped_weight_byte_as_a_weights_checksum_mismatch() {
+    let (_, mut b) = sample_file("flip-weights-src");
+    let w = weights_range(&b);
+    b[w.start + 4096 + 1234] ^= 0x01;
+    let err = open_bytes("flip-weights", &b).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ScheduleFileError::ChecksumMismatch {
+                section: Section::Weights,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Tools that never upload the weights may skip that check.
+    let path = temp_path("flip-weights");
+    assert!(ScheduleFile::open_with(&path, Verify::SkipWeightsChecksum).is_ok());
+}
+
+#[test]
+fn should_report_a_flipped_header_byte_as_a_header_checksum_mismatch() {
+    let (_, mut b) = sample_file("flip-header-src");
+    b[25] ^= 0x01; // the metadata length
+    let err = open_bytes("flip-header", &b).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ScheduleFileError::ChecksumMismatch {
+                section: Section::Header,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn should_reject_bytes_after_the_trailer() {
+    let (_, mut b) = sample_file("trailing-src");
+    b.extend_from_slice(b"junk");
+    let err = open_bytes("trailing", &b).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ScheduleFileError::Malformed {
+                section: Section::Trailer,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn should_reject_at_open_a_schedule_that_does_not_validate() {
+    // vocab_size follows the architecture string (u32 length + bytes) at the metadata's start.
+    let (_, mut b) = sample_file("invalid-src");
+    let at = 64 + 4 + u32_at(&b, 64) as usize;
+    assert_eq!(u32_at(&b, at), VOCAB);
+    b[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+    fix_checksums(&mut b);
+    let err = open_bytes("invalid", &b).unwrap_err();
+    match &err {
+        ScheduleFileError::Invalid {
+            source: ScheduleError::Invalid(m),
+            ..
+        } => assert!(m.contains("vocab_size"), "{m}"),
+        e => panic!("{e}"),
+    }
+    assert!(err.to_string().contains("invalid-"), "{err}");
+}
+
+#[test]
+fn should_reject_a_count_larger_than_the_bytes_left_without_allocating_it() {
+    // The eos count follows architecture, vocab_size and max_context.
+    let (_, mut b) = sample_file("huge-count-src");
+    let at = 64 + 4 + u32_at(&b, 64) as usize + 8;
+    b[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    fix_checksums(&mut b);
+    let (result, allocated) = allocated_by(|| open_bytes("huge-count", &b));
+    let err = result.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            ScheduleFileError::Malformed { section: Section::Metadata, offset, .. }
+                if *offset == at as u64
+        ),
+        "{err}"
+    );
+    assert!(allocated < 1 << 20, "{allocated} bytes allocated");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The text dump
+
+#[test]
+fn should_dump_every_table_readably() {
+    let (path, _) = sample_file("dump");
+    let file = ScheduleFile::open(&path).expect("open");
+    let text = vkfuse_runtime::schedule::dump(file.schedule());
+    for needle in [
+        "schedule Qwen3ForCausalLM: vocab 16, max context 32, eos [2, 15]",
+        "4 buffers (8.9 KiB), 4 weight uploads (5.1 KiB), 3 kernels, 4 dispatches in 3 levels",
+        "io: token b1[+0,4] position b1[+4,4] logits b1[+64,64]",
+        "b0   weights          8192 (8.0 KiB)  weights",
+        "b2   state             256 (256 B)  kv",
+        "k1   rms_norm+matvec_f16: 42 words of SPIR-V, 4 bindings, 4 push-constant bytes, \
+         spec [64, 897988541]",
+        "  level 1\n    d1    k1 [4,1,1] b3[+0,64] b0[+256,100] b0[+8064,64] b3[+256,64] \
+         push [16] rms_norm+q\n    d2    k1 [4,2,1]",
+        "d3    k2 [1,1,1] b1[+64,64] b1[+0,4] argmax",
+        "weights (4 uploads, 5228 bytes):",
+        "model.layers.0.mlp.down_proj.weight -> b0[+1024,5000]",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    let whole = file.to_string();
+    assert!(whole.contains("vkfuse schedule format 1"), "{whole}");
+    assert!(whole.contains("tensors in the file (3):"), "{whole}");
+    assert!(whole.contains(&text), "{whole}");
+}
+
+#[test]
+fn should_dump_an_invalid_schedule_without_panicking() {
+    let (mut schedule, _) = sample();
+    schedule.levels = vec![0..2, 5..9];
+    schedule.dispatches[0].push_constants = vec![1, 2, 3];
+    let text = schedule.to_string();
+    assert!(text.contains("dispatches 5..9 do not exist"), "{text}");
+    assert!(text.contains("in no level"), "{text}");
+    assert!(text.contains("push [01 02 03]"), "{text}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Corruption never panics
+
+#[derive(Clone, Debug)]
+struct Corruption {
+    /// (position as a fraction of the length, xor mask)
+    flips: Vec<(f64, u8)>,
+    /// Bias the flips into the header and metadata, where the decoder lives.
+    into_metadata: bool,
+    fix_checksums: bool,
+    truncate: Option<f64>,
+}
+
+fn corruption() -> impl Strategy<Value = Corruption> {
+    (
+        prop::collection::vec((0.0f64..1.0, 1u8..=255), 0..8),
+        any::<bool>(),
+        prop::bool::weighted(0.7),
+        prop::option::weighted(0.3, 0.0f64..1.0),
+    )
+        .prop_map(
+            |(flips, into_metadata, fix_checksums, truncate)| Corruption {
+                flips,
+                into_metadata,
+                fix_checksums,
+                truncate,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn should_return_ok_or_err_on_any_corruption_without_panicking(c in corruption()) {
+        thread_local! {
+            static SOURCE: Vec<u8> = sample_file("prop-src").1;
+        }
+        let mut b = SOURCE.with(Clone::clone);
+        let span = if c.into_metadata { meta_range(&b).end } else { b.len() };
+        for &(at, mask) in &c.flips {
+            let i = ((at * span as f64) as usize).min(span - 1);
+            b[i] ^= mask;
+        }
+        if c.fix_checksums {
+            fix_checksums(&mut b);
+        }
+        if let Some(t) = c.truncate {
+            b.truncate((t * b.len() as f64) as usize);
+        }
+        let len = b.len() as u64;
+        let (result, allocated) = allocated_by(|| open_bytes("prop", &b));
+        // Bounded by the file, whatever the lengths inside claim.
+        prop_assert!(
+            allocated <= 16 * len + (1 << 16),
+            "{allocated} bytes allocated for a file of {len}"
+        );
+        if c.flips.is_empty() && c.truncate.is_none() {
+            prop_assert!(result.is_ok(), "{}", result.unwrap_err());
+        }
+        if let Err(e) = result {
+            // Every error names the file.
+            prop_assert!(e.to_string().contains("prop-"), "{e}");
+        }
+    }
+}
