@@ -106,8 +106,8 @@ fn a_chain_fits_in_two_slots() {
         (8192, 8192, 409_600)
     );
 
-    // With varying sizes the lower bound is the largest adjacent pair; two of the largest slot
-    // always suffice.
+    // With varying sizes the lower bound is the largest adjacent pair; the plan stays within two
+    // of the largest slot (here it meets the bound exactly).
     let sizes = [4096u64, 12_288, 8192, 49_152, 4096, 16_384, 24_576, 4096];
     let rs: Vec<Request> = (0..64)
         .map(|k| req(sizes[k as usize % sizes.len()], k, k + 1))

@@ -29,7 +29,7 @@ pub fn check(requests: &[Request], plan: &Plan, align: u64) -> Result<(), PlanEr
             });
         }
         let offset = plan.offsets[index];
-        if offset % align != 0 {
+        if offset & (align - 1) != 0 {
             return Err(PlanError::Misaligned {
                 index,
                 offset,

@@ -1,8 +1,8 @@
-//! The planner: greedy by size with best fit, as in TFLite's arena planner ("greedy by size for
-//! offset calculation"). Buffers are placed largest first; each goes into the smallest gap left
-//! between the already placed buffers whose live ranges meet its own, or above them all when no
-//! gap fits. Placing large buffers first leaves small ones to fill the holes, which keeps the
-//! arena close to the peak of live bytes on decode-shaped liveness (short-lived temporaries).
+//! The planner: greedy by size, as in TFLite's arena planner ("greedy by size for offset
+//! calculation"). Buffers are placed largest first; each goes into the lowest gap left between the
+//! already placed buffers whose live ranges meet its own, or above them all when no gap fits.
+//! Placing large buffers first leaves small ones to fill the holes, which keeps the arena close
+//! to the peak of live bytes on decode-shaped liveness (short-lived temporaries).
 
 use super::{Plan, PlanError, Request};
 
@@ -31,19 +31,17 @@ pub fn plan(requests: &[Request], align: u64) -> Result<Plan, PlanError> {
             .map(|&j| (offsets[j], offsets[j] + slots[j]))
             .collect();
         busy.sort_unstable();
-        // Best fit: the smallest gap that holds the slot, the lowest such on ties; else the top.
-        // Every gap starts at 0 or at a slot's end, both multiples of `align`.
-        let (mut cursor, mut best): (u64, Option<(u64, u64)>) = (0, None);
+        // First fit: the lowest gap that holds the slot, else the top of the busy ones. Every gap
+        // starts at 0 or at a slot's end, both multiples of `align`. (First fit measured better
+        // than TFLite's smallest-gap best fit on random and decode-shaped liveness.)
+        let mut cursor = 0u64;
         for &(start, end) in &busy {
             if start >= cursor + slots[i] {
-                let gap = start - cursor;
-                if best.is_none_or(|(size, _)| gap < size) {
-                    best = Some((gap, cursor));
-                }
+                break;
             }
             cursor = cursor.max(end);
         }
-        offsets[i] = best.map_or(cursor, |(_, at)| at);
+        offsets[i] = cursor;
         placed.push(i);
     }
     // Each offset is at most the highest end placed before it, so every end is at most the sum of
