@@ -3,6 +3,7 @@
 use crate::metrics::RunReport;
 use crate::{Backend, RunArgs};
 use anyhow::{bail, Context, Result};
+use std::io::Write;
 use std::time::Instant;
 use vkfuse_compiler::import::Model;
 use vkfuse_compiler::ir::Program;
@@ -10,7 +11,8 @@ use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::npy::{self, Array2};
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
-use vkfuse_runtime::session::{Eager, Loaded};
+use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
+use vkfuse_runtime::session::{Eager, Loaded, TensorBytes};
 use vkfuse_runtime::{Counters, Device, Instance, InstanceOptions, Requirements};
 
 /// What a decode loop needs from a backend.
@@ -54,16 +56,14 @@ pub fn open_device(index: Option<usize>) -> Result<Device> {
     Ok(Device::new(&instance, &adapter, &Requirements::none())?)
 }
 
-fn eager(model: &Model, program: &Program, device: Option<usize>) -> Result<EagerEngine> {
-    let meta = lower::Meta {
-        architecture: model.config.architecture.clone(),
-        eos_token_ids: model.config.eos_token_ids.clone(),
-    };
-    let schedule =
-        lower::lower(program, &meta, &mut SpirvCache::default()).context("lowering the trace")?;
+fn eager_engine(
+    schedule: Schedule,
+    weights: &dyn TensorBytes,
+    device: Option<usize>,
+) -> Result<EagerEngine> {
     let device = open_device(device)?;
-    let loaded = Loaded::new(device, schedule, &model.tensors)
-        .context("loading the schedule on the device")?;
+    let loaded =
+        Loaded::new(device, schedule, weights).context("loading the schedule on the device")?;
     let start = loaded.device.counters();
     Ok(EagerEngine {
         eager: Eager::new(loaded)?,
@@ -71,18 +71,81 @@ fn eager(model: &Model, program: &Program, device: Option<usize>) -> Result<Eage
     })
 }
 
+/// What `vkfuse run` decodes with: a model directory (compiled in memory) or a schedule file.
+enum Source {
+    Model {
+        model: Box<Model>,
+        program: Program,
+        capacity: usize,
+    },
+    File(ScheduleFile),
+}
+
+impl Source {
+    fn open(args: &RunArgs) -> Result<Source> {
+        if args.model.is_file() {
+            if args.max_context.is_some() {
+                bail!("--max-context is fixed when the schedule is compiled (compile-model --max-context)");
+            }
+            return Ok(Source::File(ScheduleFile::open(&args.model)?));
+        }
+        let model = import::load(&args.model)
+            .with_context(|| format!("loading {}", args.model.display()))?;
+        let opts = trace::TraceOptions {
+            max_context: args.max_context,
+        };
+        let program = trace::trace(&model, &opts).context("tracing the decode step")?;
+        let capacity = trace::max_context(&model, &opts)?;
+        Ok(Source::Model {
+            model: Box::new(model),
+            program,
+            capacity,
+        })
+    }
+
+    fn vocab_and_capacity(&self) -> (usize, usize) {
+        match self {
+            Source::Model {
+                model, capacity, ..
+            } => (model.config.vocab_size, *capacity),
+            Source::File(f) => (
+                f.schedule().meta.vocab_size as usize,
+                f.schedule().meta.max_context as usize,
+            ),
+        }
+    }
+
+    fn engine(&self, backend: Backend, device: Option<usize>) -> Result<Box<dyn Engine + '_>> {
+        Ok(match (self, backend) {
+            (Source::Model { model, program, .. }, Backend::Reference) => {
+                Box::new(Reference::new(program, &model.tensors))
+            }
+            (Source::Model { model, program, .. }, Backend::Eager) => {
+                let meta = lower::Meta {
+                    architecture: model.config.architecture.clone(),
+                    eos_token_ids: model.config.eos_token_ids.clone(),
+                };
+                let schedule = lower::lower(program, &meta, &mut SpirvCache::default())
+                    .context("lowering the trace")?;
+                Box::new(eager_engine(schedule, &model.tensors, device)?)
+            }
+            (Source::File(_), Backend::Reference) => {
+                bail!("the reference backend interprets the trace: give it the model directory, not a schedule file")
+            }
+            (Source::File(f), Backend::Eager) => {
+                Box::new(eager_engine(f.schedule().clone(), f.weights(), device)?)
+            }
+        })
+    }
+}
+
 pub fn run(args: &RunArgs) -> Result<()> {
     if args.ids.is_empty() {
         bail!("--ids needs at least one token id");
     }
-    let model =
-        import::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
-    let opts = trace::TraceOptions {
-        max_context: args.max_context,
-    };
-    let program = trace::trace(&model, &opts).context("tracing the decode step")?;
+    let source = Source::open(args)?;
+    let (vocab, capacity) = source.vocab_and_capacity();
     let steps = args.ids.len() + args.max_new_tokens.saturating_sub(1);
-    let capacity = trace::max_context(&model, &opts)?;
     if steps > capacity {
         bail!(
             "{} prompt ids + {} new tokens need {steps} positions, more than the KV capacity of {capacity} \
@@ -91,14 +154,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
             args.max_new_tokens
         );
     }
-    let vocab = model.config.vocab_size;
     if let Some(bad) = args.ids.iter().find(|&&t| t as usize >= vocab) {
         bail!("token id {bad} is outside the vocabulary of {vocab}");
     }
-    let mut engine: Box<dyn Engine + '_> = match args.backend {
-        Backend::Reference => Box::new(Reference::new(&program, &model.tensors)),
-        Backend::Eager => Box::new(eager(&model, &program, args.device)?),
-    };
+    let mut engine = source.engine(args.backend, args.device)?;
     let backend = format!("{:?}", args.backend).to_lowercase();
 
     let mut logits = Vec::with_capacity(steps * vocab);
@@ -153,11 +212,16 @@ pub fn run(args: &RunArgs) -> Result<()> {
         submits_per_token: per.submits_per_token,
     };
     let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
-    println!("generated: {}", ids.join(","));
+    writeln!(std::io::stdout().lock(), "generated: {}", ids.join(","))?;
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        writeln!(
+            std::io::stdout().lock(),
+            "{}",
+            serde_json::to_string(&report)?
+        )?;
     } else {
-        println!(
+        writeln!(
+            std::io::stdout().lock(),
             "{steps} tokens in {:.3} s: {:.1} tokens/s, host {:.1} us/token, {:.0} dispatches, {:.0} barriers, \
              {:.0} descriptor writes per token ({} backend)",
             elapsed.as_secs_f64(),
@@ -167,7 +231,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             report.barriers_per_token,
             report.descriptor_writes_per_token,
             report.backend
-        );
+        )?;
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `vkfuse devices`: what Vulkan sees, with the limits that matter to vkfuse.
 
 use anyhow::Result;
+use std::io::Write;
 use vkfuse_runtime::{Instance, InstanceOptions};
 
 pub fn list() -> Result<()> {
@@ -13,7 +14,12 @@ pub fn list() -> Result<()> {
         } else {
             ""
         };
-        println!("device {}{mark}:\n{}", a.index(), a.info());
+        writeln!(
+            std::io::stdout().lock(),
+            "device {}{mark}:\n{}",
+            a.index(),
+            a.info()
+        )?;
     }
     Ok(())
 }

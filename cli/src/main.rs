@@ -6,6 +6,7 @@ mod metrics;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
+use std::io::Write;
 use std::path::PathBuf;
 
 /// vkfuse: LLM decode with the host out of the way.
@@ -24,6 +25,11 @@ enum Command {
     Run(RunArgs),
     /// List the Vulkan devices with their key limits (`VKFUSE_DEVICE` or `--device` picks one).
     Devices,
+    /// Print a schedule file (from `compile-model -o`) as readable text.
+    Inspect {
+        /// The schedule file.
+        file: PathBuf,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -37,7 +43,8 @@ pub enum Backend {
 
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// A Hugging Face model directory (config.json + *.safetensors).
+    /// A Hugging Face model directory (config.json + *.safetensors), compiled in memory, or a
+    /// schedule file from `compile-model -o`.
     pub model: PathBuf,
     /// Which executor runs the decode step.
     #[arg(long, value_enum, default_value = "reference")]
@@ -64,13 +71,27 @@ pub struct RunArgs {
     pub device: Option<usize>,
 }
 
+fn inspect(file: &std::path::Path) -> Result<()> {
+    use vkfuse_runtime::schedule::{ScheduleFile, Verify};
+    let f = ScheduleFile::open_with(file, Verify::SkipWeightsChecksum)?;
+    write!(std::io::stdout().lock(), "{f}")?;
+    Ok(())
+}
+
 fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Run(args) => decode::run(&args),
         Command::Devices => devices::list(),
+        Command::Inspect { file } => inspect(&file),
     };
     if let Err(e) = result {
+        // A closed pipe (`vkfuse ... | head`) is the reader's choice, not a failure.
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            return;
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

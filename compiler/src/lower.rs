@@ -8,6 +8,7 @@
 use crate::import::TensorStore;
 use crate::ir::{OpKind, Program, StateKind, ValueId};
 use crate::kernels::{self, KernelCall, KernelError};
+use crate::plan::{self, Plan, Request};
 use crate::regions::{regions, Access};
 use std::collections::HashMap;
 use vkfuse_runtime::schedule::{
@@ -34,6 +35,8 @@ pub enum LowerError {
     },
     #[error("the program lacks {0}")]
     Missing(&'static str),
+    #[error("buffer planning failed (please report): {0}")]
+    Plan(plan::PlanError),
 }
 
 /// Model facts the schedule carries.
@@ -82,8 +85,25 @@ impl SpirvCache {
     }
 }
 
+/// What lowering decided, for reports.
+#[derive(Clone, Debug)]
+pub struct LowerReport {
+    /// The arena plan (offsets of every transient value).
+    pub plan: Plan,
+}
+
 /// Lowers `p` to an unfused schedule.
 pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedule, LowerError> {
+    Ok(lower_with_report(p, meta, spirv, true)?.0)
+}
+
+/// Lowers `p` to an unfused schedule; `plan_memory = false` gives every value its own slot.
+pub fn lower_with_report(
+    p: &Program,
+    meta: &Meta,
+    spirv: &mut SpirvCache,
+    plan_memory: bool,
+) -> Result<(Schedule, LowerReport), LowerError> {
     let mut bufs = [
         Region {
             id: BufferId(0),
@@ -259,11 +279,51 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
         .collect();
     let regions = regions(&accesses);
     let mut slots: Vec<Option<Dispatch>> = dispatches.into_iter().map(Some).collect();
-    let dispatches: Vec<Dispatch> = regions
+    let mut dispatches: Vec<Dispatch> = regions
         .order
         .iter()
         .map(|&i| slots[i].take().expect("a permutation"))
         .collect();
+
+    // Arena values so far have distinct (naive) slots, so the regions above saw only true data
+    // dependencies. Now place them from liveness measured in levels: dispatches of one level
+    // run concurrently, so two values may share bytes only if a barrier separates every use of
+    // one from every use of the other.
+    let arena_id = arena.id;
+    let mut requests: Vec<Request> = vec![];
+    let mut index_of: HashMap<u64, usize> = HashMap::new();
+    for (k, d) in dispatches.iter().enumerate() {
+        let level = regions
+            .levels
+            .iter()
+            .position(|l| l.contains(&(k as u32)))
+            .expect("levels cover all") as u32;
+        for b in d.bindings.iter().filter(|b| b.buffer == arena_id) {
+            let i = *index_of.entry(b.offset).or_insert_with(|| {
+                requests.push(Request {
+                    bytes: b.size,
+                    first: level,
+                    last: level,
+                });
+                requests.len() - 1
+            });
+            requests[i].first = requests[i].first.min(level);
+            requests[i].last = requests[i].last.max(level);
+        }
+    }
+    let plan = if plan_memory {
+        plan::plan(&requests, ALIGN)
+    } else {
+        plan::plan_naive(&requests, ALIGN)
+    }
+    .map_err(LowerError::Plan)?;
+    plan::check(&requests, &plan, ALIGN).map_err(LowerError::Plan)?;
+    for d in &mut dispatches {
+        for b in d.bindings.iter_mut().filter(|b| b.buffer == arena_id) {
+            b.offset = plan.offsets[index_of[&b.offset]];
+        }
+    }
+    arena.size = plan.arena_bytes;
     let capacity = p
         .states
         .iter()
@@ -287,7 +347,7 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
             role,
         })
         .collect();
-    Ok(Schedule {
+    let schedule = Schedule {
         meta: ModelMeta {
             architecture: meta.architecture.clone(),
             vocab_size: p.ty(logits).shape.numel() as u32,
@@ -304,7 +364,8 @@ pub fn lower(p: &Program, meta: &Meta, spirv: &mut SpirvCache) -> Result<Schedul
             position: state_slices[position.index()],
             logits: io_logits,
         },
-    })
+    };
+    Ok((schedule, LowerReport { plan }))
 }
 
 impl TensorBytes for TensorStore {
