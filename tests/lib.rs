@@ -107,3 +107,20 @@ pub fn eager_fixture(name: &str, device: vkfuse_runtime::Device) -> vkfuse_runti
     let loaded = vkfuse_runtime::session::Loaded::new(device, schedule, &model.tensors).unwrap();
     vkfuse_runtime::session::Eager::new(loaded).unwrap()
 }
+
+/// The fixture `name` lowered unfused and loaded on `device` (for any executor).
+pub fn loaded_fixture(
+    name: &str,
+    device: vkfuse_runtime::Device,
+) -> vkfuse_runtime::session::Loaded {
+    use vkfuse_compiler::lower::{self, Meta, SpirvCache};
+    use vkfuse_compiler::{import, trace};
+    let model = import::load(&fixture_dir(name)).unwrap();
+    let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
+    let meta = Meta {
+        architecture: model.config.architecture.clone(),
+        eos_token_ids: vec![],
+    };
+    let schedule = lower::lower(&program, &meta, &mut SpirvCache::default()).unwrap();
+    vkfuse_runtime::session::Loaded::new(device, schedule, &model.tensors).unwrap()
+}

@@ -4,7 +4,7 @@
 //! any real backend does; everything per-dispatch is redone per token.
 
 use super::{Loaded, SessionError, StepOutput, STEP_TIMEOUT};
-use crate::{BufferBinding, CommandBuffer, DescriptorPool, DescriptorSet, TimestampPool};
+use crate::{CommandBuffer, DescriptorPool, DescriptorSet, Stages, TimestampPool};
 
 /// Runs a loaded schedule eagerly.
 pub struct Eager {
@@ -67,19 +67,10 @@ impl Eager {
             rec.reset_timestamps(ts)?;
             rec.write_timestamp(ts, 0)?;
         }
-        for (d, set) in l.schedule.dispatches.iter().zip(&self.sets) {
+        let n = l.schedule.dispatches.len();
+        for (k, (d, set)) in l.schedule.dispatches.iter().zip(&self.sets).enumerate() {
             let pipeline = &l.pipelines[d.kernel.index()];
-            let bindings: Vec<BufferBinding<'_>> = d
-                .bindings
-                .iter()
-                .enumerate()
-                .map(|(i, s)| BufferBinding {
-                    binding: i as u32,
-                    buffer: &l.buffers[s.buffer.index()],
-                    offset: s.offset,
-                    range: s.size,
-                })
-                .collect();
+            let bindings = l.bindings(d);
             l.device.write_descriptors(set, &bindings)?;
             rec.bind_pipeline(pipeline)?;
             rec.bind_descriptor_set(set)?;
@@ -87,7 +78,12 @@ impl Eager {
                 rec.push_constants(0, &d.push_constants)?;
             }
             rec.dispatch(d.workgroups[0], d.workgroups[1], d.workgroups[2])?;
-            rec.compute_barrier();
+            // The last barrier also makes the step's results visible to the host.
+            if k + 1 == n {
+                rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::HOST);
+            } else {
+                rec.compute_barrier();
+            }
         }
         if let Some(ts) = &self.timestamps {
             rec.write_timestamp(ts, 1)?;

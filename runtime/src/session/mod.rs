@@ -1,9 +1,12 @@
 //! Running a schedule: [`Loaded`] creates every Vulkan object once (buffers, weights, pipelines);
-//! executors drive it one step at a time. [`Eager`] re-records every token (the baseline).
+//! executors drive it one step at a time. [`Eager`] re-records every token (the baseline);
+//! [`Replay`] records once and only submits per token.
 
 mod eager;
+mod replay;
 
 pub use eager::Eager;
+pub use replay::Replay;
 
 use crate::schedule::{BufferRole, Schedule, ScheduleError};
 use crate::{Buffer, BufferKind, Device, Error, Pipeline, SpecConstants};
@@ -151,6 +154,20 @@ impl Loaded {
         rec.finish()?;
         self.device.submit_and_wait(&mut cmd, STEP_TIMEOUT)?;
         Ok(())
+    }
+
+    /// The descriptor writes of dispatch `d`: its slices bound at bindings 0.. of set 0.
+    pub(crate) fn bindings(&self, d: &crate::schedule::Dispatch) -> Vec<crate::BufferBinding<'_>> {
+        d.bindings
+            .iter()
+            .enumerate()
+            .map(|(i, s)| crate::BufferBinding {
+                binding: i as u32,
+                buffer: &self.buffers[s.buffer.index()],
+                offset: s.offset,
+                range: s.size,
+            })
+            .collect()
     }
 
     fn io_buffer(&self) -> &Buffer {
