@@ -12,13 +12,17 @@ use vkfuse_compiler::npy::{self, Array2};
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
-use vkfuse_runtime::session::{Eager, Loaded, TensorBytes};
+use vkfuse_runtime::session::{Eager, Loaded, Replay, TensorBytes};
 use vkfuse_runtime::{Counters, Device, Instance, InstanceOptions, Requirements};
 
 /// What a decode loop needs from a backend.
 trait Engine {
     /// One step: `token` is the input (teacher forcing) or `None` for the device's argmax.
     fn step(&mut self, token: Option<u32>) -> Result<(Vec<f32>, u32)>;
+    /// `k` greedy steps (one submit where the backend can chain them).
+    fn steps(&mut self, k: u32) -> Result<Vec<(Vec<f32>, u32)>> {
+        (0..k).map(|_| self.step(None)).collect()
+    }
     /// Counters since the engine was opened (zero for the reference).
     fn counters(&self) -> Counters {
         Counters::default()
@@ -49,6 +53,31 @@ impl Engine for EagerEngine {
     }
 }
 
+struct ReplayEngine {
+    replay: Replay,
+    start: Counters,
+}
+
+impl Engine for ReplayEngine {
+    fn step(&mut self, token: Option<u32>) -> Result<(Vec<f32>, u32)> {
+        let out = self.replay.step(token)?;
+        Ok((out.logits, out.next_token))
+    }
+    fn steps(&mut self, k: u32) -> Result<Vec<(Vec<f32>, u32)>> {
+        Ok(self
+            .replay
+            .steps(None, k)?
+            .into_iter()
+            .map(|o| (o.logits, o.next_token))
+            .collect())
+    }
+    fn counters(&self) -> Counters {
+        let mut c = self.replay.loaded().device.counters().since(&self.start);
+        c.gpu_ns = self.replay.gpu_ns().map(|ns| ns as u64);
+        c
+    }
+}
+
 /// Opens a Vulkan device (`--device`, else `VKFUSE_DEVICE`, else the best one).
 pub fn open_device(index: Option<usize>) -> Result<Device> {
     let instance = Instance::new(&InstanceOptions::default())?;
@@ -56,18 +85,36 @@ pub fn open_device(index: Option<usize>) -> Result<Device> {
     Ok(Device::new(&instance, &adapter, &Requirements::none())?)
 }
 
-fn eager_engine(
+/// Loads `schedule` and opens the Vulkan executor `backend` on it. Counting starts after
+/// everything done once (loading, recording, descriptor writes), so the figures are per token.
+fn vulkan_engine(
+    backend: Backend,
     schedule: Schedule,
     weights: &dyn TensorBytes,
     device: Option<usize>,
-) -> Result<EagerEngine> {
+    chains: &[u32],
+) -> Result<Box<dyn Engine>> {
     let device = open_device(device)?;
-    let loaded =
-        Loaded::new(device, schedule, weights).context("loading the schedule on the device")?;
-    let start = loaded.device.counters();
-    Ok(EagerEngine {
-        eager: Eager::new(loaded)?,
-        start,
+    let loaded = Loaded::new(device.clone(), schedule, weights)
+        .context("loading the schedule on the device")?;
+    Ok(match backend {
+        Backend::Eager => {
+            let eager = Eager::new(loaded)?;
+            Box::new(EagerEngine {
+                eager,
+                start: device.counters(),
+            })
+        }
+        _ => {
+            let mut replay = Replay::new(loaded)?;
+            for &k in chains {
+                replay.prepare(k)?;
+            }
+            Box::new(ReplayEngine {
+                replay,
+                start: device.counters(),
+            })
+        }
     })
 }
 
@@ -115,25 +162,30 @@ impl Source {
         }
     }
 
-    fn engine(&self, backend: Backend, device: Option<usize>) -> Result<Box<dyn Engine + '_>> {
+    fn engine(
+        &self,
+        backend: Backend,
+        device: Option<usize>,
+        chains: &[u32],
+    ) -> Result<Box<dyn Engine + '_>> {
         Ok(match (self, backend) {
             (Source::Model { model, program, .. }, Backend::Reference) => {
                 Box::new(Reference::new(program, &model.tensors))
             }
-            (Source::Model { model, program, .. }, Backend::Eager) => {
+            (Source::Model { model, program, .. }, backend) => {
                 let meta = lower::Meta {
                     architecture: model.config.architecture.clone(),
                     eos_token_ids: model.config.eos_token_ids.clone(),
                 };
                 let schedule = lower::lower(program, &meta, &mut SpirvCache::default())
                     .context("lowering the trace")?;
-                Box::new(eager_engine(schedule, &model.tensors, device)?)
+                vulkan_engine(backend, schedule, &model.tensors, device, chains)?
             }
             (Source::File(_), Backend::Reference) => {
                 bail!("the reference backend interprets the trace: give it the model directory, not a schedule file")
             }
-            (Source::File(f), Backend::Eager) => {
-                Box::new(eager_engine(f.schedule().clone(), f.weights(), device)?)
+            (Source::File(f), backend) => {
+                vulkan_engine(backend, f.schedule().clone(), f.weights(), device, chains)?
             }
         })
     }
@@ -157,8 +209,21 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if let Some(bad) = args.ids.iter().find(|&&t| t as usize >= vocab) {
         bail!("token id {bad} is outside the vocabulary of {vocab}");
     }
-    let mut engine = source.engine(args.backend, args.device)?;
-    let backend = format!("{:?}", args.backend).to_lowercase();
+    let backend_kind = args.backend.unwrap_or(match source {
+        Source::File(_) => Backend::Replay,
+        Source::Model { .. } => Backend::Reference,
+    });
+    if args.tokens_per_submit == 0 || args.tokens_per_submit > 64 {
+        bail!("--tokens-per-submit must be between 1 and 64");
+    }
+    if args.tokens_per_submit > 1 && backend_kind != Backend::Replay {
+        bail!("--tokens-per-submit chains steps on the device: it needs --backend replay");
+    }
+    // The chain lengths the greedy loop will submit, recorded before timing starts.
+    let k = args.tokens_per_submit as usize;
+    let chains = [k, args.max_new_tokens.saturating_sub(1) % k].map(|c| c as u32);
+    let mut engine = source.engine(backend_kind, args.device, &chains)?;
+    let backend = format!("{backend_kind:?}").to_lowercase();
 
     let mut logits = Vec::with_capacity(steps * vocab);
     let mut generated = vec![];
@@ -171,9 +236,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
         }
     }
     while generated.len() < args.max_new_tokens {
-        let (row, next) = engine.step(None)?;
-        logits.extend_from_slice(&row);
-        generated.push(next);
+        let k = args
+            .tokens_per_submit
+            .min((args.max_new_tokens - generated.len()) as u32);
+        for (row, next) in engine.steps(k)? {
+            logits.extend_from_slice(&row);
+            generated.push(next);
+        }
     }
     let elapsed = start.elapsed();
     let mut counters = engine.counters();
@@ -199,7 +268,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         ids: generated.clone(),
         tokens_per_s: per.tokens_per_s.unwrap_or(0.0),
         // The reference has no recording or submit: its host time is the whole step.
-        host_us_per_token: if args.backend == Backend::Reference {
+        host_us_per_token: if backend_kind == Backend::Reference {
             elapsed.as_secs_f64() * 1e6 / steps as f64
         } else {
             per.host_us_per_token

@@ -36,9 +36,12 @@ enum Command {
 pub enum Backend {
     /// The CPU reference interpreter (f32, f64 accumulation): the oracle, not fast.
     Reference,
-    /// Vulkan, unfused and eager: one dispatch per op, re-recorded every token with a
-    /// descriptor write per binding and a barrier after every dispatch (the baseline).
+    /// Vulkan, eager: re-recorded every token with a descriptor write per binding and a
+    /// barrier after every dispatch (the baseline).
     Eager,
+    /// Vulkan, replay: descriptors written and the step recorded once; per token only a submit,
+    /// barriers only between dependency levels (the default for schedule files).
+    Replay,
 }
 
 #[derive(clap::Args)]
@@ -46,9 +49,14 @@ pub struct RunArgs {
     /// A Hugging Face model directory (config.json + *.safetensors), compiled in memory, or a
     /// schedule file from `compile-model -o`.
     pub model: PathBuf,
-    /// Which executor runs the decode step.
-    #[arg(long, value_enum, default_value = "reference")]
-    pub backend: Backend,
+    /// Which executor runs the decode step (default: replay for a schedule file, reference for
+    /// a model directory).
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
+    /// Greedy steps recorded back to back in one submit (replay), position and token chained on
+    /// the device.
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pub tokens_per_submit: u32,
     /// Prompt token ids, comma-separated (e.g. 1,2,3).
     #[arg(long, value_delimiter = ',', required = true, num_args = 1..)]
     pub ids: Vec<u32>,

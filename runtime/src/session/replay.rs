@@ -157,6 +157,18 @@ impl Replay {
         Ok(())
     }
 
+    /// Records the chain of `k` steps now (it is otherwise recorded on first use), so that
+    /// nothing is recorded while tokens are being timed.
+    pub fn prepare(&mut self, k: u32) -> Result<(), SessionError> {
+        if k == 0 || k > MAX_TOKENS_PER_SUBMIT || self.chains.contains_key(&k) {
+            return Ok(());
+        }
+        let mut cmd = self.loaded.device.create_command_buffer()?;
+        self.record(&mut cmd, k, true)?;
+        self.chains.insert(k, cmd);
+        Ok(())
+    }
+
     /// Runs one step: `token` is the input (teacher forcing); `None` feeds the previous step's
     /// device-side argmax. The host does nothing but write the token (if any) and submit.
     pub fn step(&mut self, token: Option<u32>) -> Result<StepOutput, SessionError> {
@@ -187,11 +199,7 @@ impl Replay {
                 capacity,
             });
         }
-        if !self.chains.contains_key(&k) {
-            let mut cmd = self.loaded.device.create_command_buffer()?;
-            self.record(&mut cmd, k, true)?;
-            self.chains.insert(k, cmd);
-        }
+        self.prepare(k)?;
         let cmd = self.chains.get_mut(&k).expect("recorded above");
         self.loaded.device.submit_and_wait(cmd, STEP_TIMEOUT)?;
         self.add_gpu_time()?;
