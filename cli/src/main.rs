@@ -1,5 +1,6 @@
 //! `vkfuse`: run a model or schedule, benchmark it, inspect it, list devices.
 
+mod bench;
 mod decode;
 mod devices;
 mod metrics;
@@ -25,6 +26,8 @@ enum Command {
     Run(RunArgs),
     /// List the Vulkan devices with their key limits (`VKFUSE_DEVICE` or `--device` picks one).
     Devices,
+    /// Decode the same tokens with every executor configuration and print one table.
+    Bench(bench::BenchArgs),
     /// Print a schedule file (from `compile-model -o`) as readable text.
     Inspect {
         /// The schedule file.
@@ -91,6 +94,7 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Run(args) => decode::run(&args),
         Command::Devices => devices::list(),
+        Command::Bench(args) => bench::run(&args),
         Command::Inspect { file } => inspect(&file),
     };
     if let Err(e) = result {

@@ -186,3 +186,43 @@ fn devices_lists_lavapipe_or_a_gpu() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("device 0"), "{stdout}");
 }
+
+#[test]
+fn bench_prints_one_row_per_configuration_and_replay_does_no_per_token_host_work() {
+    let dir = fixture_dir("qwen3-tied");
+    let out = vkfuse(&["bench", dir.to_str().unwrap(), "--tokens", "9", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let rows: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    for r in rows {
+        for key in [
+            "fused",
+            "backend",
+            "tokens_per_submit",
+            "ids",
+            "tokens_per_s",
+            "host_us_per_token",
+            "dispatches_per_token",
+        ] {
+            assert!(r.get(key).is_some(), "row lacks `{key}`: {r}");
+        }
+        if r["backend"] == "replay" {
+            assert_eq!(r["descriptor_writes_per_token"], 0.0);
+            assert_eq!(r["recordings_per_token"], 0.0);
+        } else {
+            assert_eq!(r["recordings_per_token"], 1.0);
+        }
+    }
+    // K = 8: 9 tokens take 1 (prompt) + 1 chain of 8 submits.
+    let k8 = rows.iter().find(|r| r["tokens_per_submit"] == 8).unwrap();
+    assert!(
+        (k8["submits_per_token"].as_f64().unwrap() - 2.0 / 9.0).abs() < 1e-9,
+        "{k8}"
+    );
+}
