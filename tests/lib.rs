@@ -95,6 +95,16 @@ pub fn validated_device() -> (vkfuse_runtime::Device, vkfuse_runtime::Validation
 
 /// The fixture `name` lowered unfused and loaded on `device`, ready for eager steps.
 pub fn eager_fixture(name: &str, device: vkfuse_runtime::Device) -> vkfuse_runtime::session::Eager {
+    vkfuse_runtime::session::Eager::new(loaded_fixture(name, device)).unwrap()
+}
+
+/// The fixture `name`: its model and its unfused schedule.
+pub fn fixture_schedule(
+    name: &str,
+) -> (
+    vkfuse_compiler::import::Model,
+    vkfuse_runtime::schedule::Schedule,
+) {
     use vkfuse_compiler::lower::{self, Meta, SpirvCache};
     use vkfuse_compiler::{import, trace};
     let model = import::load(&fixture_dir(name)).unwrap();
@@ -104,8 +114,7 @@ pub fn eager_fixture(name: &str, device: vkfuse_runtime::Device) -> vkfuse_runti
         eos_token_ids: vec![],
     };
     let schedule = lower::lower(&program, &meta, &mut SpirvCache::default()).unwrap();
-    let loaded = vkfuse_runtime::session::Loaded::new(device, schedule, &model.tensors).unwrap();
-    vkfuse_runtime::session::Eager::new(loaded).unwrap()
+    (model, schedule)
 }
 
 /// The fixture `name` lowered unfused and loaded on `device` (for any executor).
@@ -113,14 +122,6 @@ pub fn loaded_fixture(
     name: &str,
     device: vkfuse_runtime::Device,
 ) -> vkfuse_runtime::session::Loaded {
-    use vkfuse_compiler::lower::{self, Meta, SpirvCache};
-    use vkfuse_compiler::{import, trace};
-    let model = import::load(&fixture_dir(name)).unwrap();
-    let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
-    let meta = Meta {
-        architecture: model.config.architecture.clone(),
-        eos_token_ids: vec![],
-    };
-    let schedule = lower::lower(&program, &meta, &mut SpirvCache::default()).unwrap();
+    let (model, schedule) = fixture_schedule(name);
     vkfuse_runtime::session::Loaded::new(device, schedule, &model.tensors).unwrap()
 }

@@ -1,22 +1,14 @@
 //! A schedule written to a file and read back runs exactly like the in-memory one: the same
 //! logits bit for bit, within 5e-3 of transformers, the same greedy tokens.
 
-use vkfuse_compiler::lower::{self, Meta, SpirvCache};
-use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::ScheduleFile;
 use vkfuse_runtime::session::{Eager, Loaded};
-use vkfuse_tests::{assert_rows_close, expected, fixture_dir, validated_device};
+use vkfuse_tests::{assert_rows_close, expected, fixture_schedule, validated_device};
 
 #[test]
 fn schedule_file_round_trip_runs_like_the_in_memory_schedule() {
     let name = "qwen3-untied";
-    let model = import::load(&fixture_dir(name)).unwrap();
-    let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
-    let meta = Meta {
-        architecture: model.config.architecture.clone(),
-        eos_token_ids: vec![],
-    };
-    let schedule = lower::lower(&program, &meta, &mut SpirvCache::default()).unwrap();
+    let (model, schedule) = fixture_schedule(name);
     let path = std::env::temp_dir().join(format!("vkfuse-e2e-{}.vkf", std::process::id()));
     schedule.write_file(&path, &model.tensors).unwrap();
     let file = ScheduleFile::open(&path).unwrap();

@@ -104,18 +104,11 @@ fn measure(
     let mut c = counters;
     c.tokens = tokens as u64;
     let per = c.per_token().context("no tokens")?;
-    Ok(RunReport {
-        backend: if k == 0 { "eager" } else { "replay" }.into(),
+    Ok(RunReport::new(
+        if k == 0 { "eager" } else { "replay" },
         ids,
-        tokens_per_s: per.tokens_per_s.unwrap_or(0.0),
-        host_us_per_token: per.host_us_per_token,
-        gpu_us_per_token: per.gpu_us_per_token,
-        dispatches_per_token: per.dispatches_per_token,
-        barriers_per_token: per.barriers_per_token,
-        descriptor_writes_per_token: per.descriptor_writes_per_token,
-        recordings_per_token: per.recordings_per_token,
-        submits_per_token: per.submits_per_token,
-    })
+        &per,
+    ))
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {

@@ -263,22 +263,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
             },
         )?;
     }
-    let report = RunReport {
-        backend,
-        ids: generated.clone(),
-        tokens_per_s: per.tokens_per_s.unwrap_or(0.0),
+    let report = {
+        let mut r = RunReport::new(backend, generated.clone(), &per);
         // The reference has no recording or submit: its host time is the whole step.
-        host_us_per_token: if backend_kind == Backend::Reference {
-            elapsed.as_secs_f64() * 1e6 / steps as f64
-        } else {
-            per.host_us_per_token
-        },
-        gpu_us_per_token: per.gpu_us_per_token,
-        dispatches_per_token: per.dispatches_per_token,
-        barriers_per_token: per.barriers_per_token,
-        descriptor_writes_per_token: per.descriptor_writes_per_token,
-        recordings_per_token: per.recordings_per_token,
-        submits_per_token: per.submits_per_token,
+        if backend_kind == Backend::Reference {
+            r.host_us_per_token = elapsed.as_secs_f64() * 1e6 / steps as f64;
+        }
+        r
     };
     let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
     writeln!(std::io::stdout().lock(), "generated: {}", ids.join(","))?;

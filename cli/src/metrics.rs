@@ -17,3 +17,25 @@ pub struct RunReport {
     pub recordings_per_token: f64,
     pub submits_per_token: f64,
 }
+
+impl RunReport {
+    /// The report of `backend` from a run's per-token counters.
+    pub fn new(
+        backend: impl Into<String>,
+        ids: Vec<u32>,
+        per: &vkfuse_runtime::PerToken,
+    ) -> RunReport {
+        RunReport {
+            backend: backend.into(),
+            ids,
+            tokens_per_s: per.tokens_per_s.unwrap_or(0.0),
+            host_us_per_token: per.host_us_per_token,
+            gpu_us_per_token: per.gpu_us_per_token,
+            dispatches_per_token: per.dispatches_per_token,
+            barriers_per_token: per.barriers_per_token,
+            descriptor_writes_per_token: per.descriptor_writes_per_token,
+            recordings_per_token: per.recordings_per_token,
+            submits_per_token: per.submits_per_token,
+        }
+    }
+}
