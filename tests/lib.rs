@@ -125,3 +125,45 @@ pub fn loaded_fixture(
     let (model, schedule) = fixture_schedule(name);
     vkfuse_runtime::session::Loaded::new(device, schedule, &model.tensors).unwrap()
 }
+
+/// The fixture `name` lowered with fusion: the model (its tensors feed the weights), the
+/// schedule and the fusion report.
+pub fn fused_schedule(
+    name: &str,
+) -> (
+    vkfuse_compiler::import::Model,
+    vkfuse_runtime::schedule::Schedule,
+    vkfuse_compiler::fuse::FusionReport,
+) {
+    use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
+    use vkfuse_compiler::lower::{Meta, SpirvCache};
+    use vkfuse_compiler::{import, trace};
+    let model = import::load(&fixture_dir(name)).unwrap();
+    let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
+    let meta = Meta {
+        architecture: model.config.architecture.clone(),
+        eos_token_ids: vec![],
+    };
+    let (schedule, report) = lower_fused(
+        &program,
+        &meta,
+        &mut SpirvCache::default(),
+        &FuseOptions::default(),
+    )
+    .unwrap();
+    (model, schedule, report)
+}
+
+/// The fixture `name` lowered with fusion (and the fusion report), loaded on `device`, ready
+/// for eager steps.
+pub fn fused_fixture(
+    name: &str,
+    device: vkfuse_runtime::Device,
+) -> (
+    vkfuse_runtime::session::Eager,
+    vkfuse_compiler::fuse::FusionReport,
+) {
+    let (model, schedule, report) = fused_schedule(name);
+    let loaded = vkfuse_runtime::session::Loaded::new(device, schedule, &model.tensors).unwrap();
+    (vkfuse_runtime::session::Eager::new(loaded).unwrap(), report)
+}

@@ -10,14 +10,15 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 use vkfuse_compiler::lower::{self, SpirvCache};
-use vkfuse_compiler::{import, trace};
+use vkfuse_compiler::{fuse, import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::{Eager, Loaded, Replay, TensorBytes};
 use vkfuse_runtime::Device;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// A Hugging Face model directory (compiled in memory, unfused) or a schedule file.
+    /// A Hugging Face model directory (compiled in memory both unfused and fused) or a schedule
+    /// file (run as compiled).
     pub model: PathBuf,
     /// Greedy tokens to decode per configuration.
     #[arg(long, default_value_t = 64)]
@@ -115,21 +116,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.tokens < 2 {
         bail!("--tokens must be at least 2");
     }
-    // The schedules to compare. A fused schedule joins when the fusion stage is wired in.
-    let (unfused, weights): (Schedule, Box<dyn TensorBytes>) = if args.model.is_file() {
-        let f = ScheduleFile::open(&args.model)?;
-        let (s, w) = f.into_parts();
-        (s, Box::new(w))
+    // The schedules to compare: a model directory is compiled both ways in memory; a schedule
+    // file runs as it was compiled (fused unless compile-model had --no-fuse).
+    let mut schedules: Vec<(bool, Schedule)> = vec![];
+    let weights: Box<dyn TensorBytes> = if args.model.is_file() {
+        let (s, w) = ScheduleFile::open(&args.model)?.into_parts();
+        let fused = s.kernels.iter().any(|k| k.label.starts_with("fused_"));
+        schedules.push((fused, s));
+        Box::new(w)
     } else {
-        let model = import::load(&args.model)
-            .with_context(|| format!("loading {}", args.model.display()))?;
+        let model = import::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
         let program = trace::trace(&model, &trace::TraceOptions::default())?;
         let meta = lower::Meta {
             architecture: model.config.architecture.clone(),
             eos_token_ids: model.config.eos_token_ids.clone(),
         };
-        let s = lower::lower(&program, &meta, &mut SpirvCache::default())?;
-        (s, Box::new(model.tensors))
+        let mut spirv = SpirvCache::default();
+        schedules.push((false, lower::lower(&program, &meta, &mut spirv)?));
+        let (fused, _) = fuse::lower_fused(&program, &meta, &mut spirv, &fuse::FuseOptions::default())?;
+        schedules.push((true, fused));
+        Box::new(model.tensors)
     };
     let device = crate::decode::open_device(args.device)?;
     let mut out = std::io::stdout().lock();
@@ -140,7 +146,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         args.tokens
     )?;
     let mut rows = vec![];
-    for (fused, schedule) in [(false, &unfused)] {
+    for (fused, schedule) in &schedules {
+        let fused = *fused;
         for k in [0u32, 1, 8] {
             let report = measure(&device, schedule, weights.as_ref(), k, args.tokens)?;
             rows.push(Row {

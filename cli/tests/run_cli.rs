@@ -189,6 +189,7 @@ fn devices_lists_lavapipe_or_a_gpu() {
 
 #[test]
 fn bench_prints_one_row_per_configuration_and_replay_does_no_per_token_host_work() {
+    // A model directory is compiled both unfused and fused.
     let dir = fixture_dir("qwen3-tied");
     let out = vkfuse(&["bench", dir.to_str().unwrap(), "--tokens", "9", "--json"]);
     assert!(
@@ -199,7 +200,9 @@ fn bench_prints_one_row_per_configuration_and_replay_does_no_per_token_host_work
     let stdout = String::from_utf8(out.stdout).unwrap();
     let rows: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     let rows = rows.as_array().unwrap();
-    assert_eq!(rows.len(), 3, "{stdout}");
+    // {unfused, fused} x {eager, replay K=1, replay K=8}, and they agreed on the tokens.
+    assert_eq!(rows.len(), 6, "{stdout}");
+    assert_eq!(rows.iter().filter(|r| r["fused"] == true).count(), 3);
     for r in rows {
         for key in [
             "fused",

@@ -71,7 +71,11 @@ impl Region {
 
 /// SPIR-V per (kernel, defines), compiled once per process.
 #[derive(Default)]
-pub struct SpirvCache(HashMap<(String, Vec<(String, String)>), Vec<u32>>);
+pub struct SpirvCache(
+    HashMap<(String, Vec<(String, String)>), Vec<u32>>,
+    /// Generated sources (the fused kernels), by content.
+    HashMap<String, Vec<u32>>,
+);
 
 impl SpirvCache {
     pub fn get(&mut self, call: &KernelCall) -> Result<Vec<u32>, KernelError> {
@@ -81,6 +85,16 @@ impl SpirvCache {
         }
         let words = kernels::compile(call.kernel, &call.defines)?;
         self.0.insert(key, words.clone());
+        Ok(words)
+    }
+
+    /// The SPIR-V of a generated source, compiled once per distinct source text.
+    pub fn get_source(&mut self, label: &str, source: &str) -> Result<Vec<u32>, KernelError> {
+        if let Some(words) = self.1.get(source) {
+            return Ok(words.clone());
+        }
+        let words = kernels::compile_source(label, source)?;
+        self.1.insert(source.to_string(), words.clone());
         Ok(words)
     }
 }

@@ -47,6 +47,28 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("reduce.glsl", include_str!("../glsl/reduce.glsl")),
     ("argbest.glsl", include_str!("../glsl/argbest.glsl")),
     ("matvec_core.glsl", include_str!("../glsl/matvec_core.glsl")),
+    // Anchors of the fused kernels: the compiler generates the sources that include them.
+    (
+        "fused_matvec.glsl",
+        include_str!("../glsl/fused_matvec.glsl"),
+    ),
+    (
+        "fused_attention.glsl",
+        include_str!("../glsl/fused_attention.glsl"),
+    ),
+    (
+        "fused_argmax.glsl",
+        include_str!("../glsl/fused_argmax.glsl"),
+    ),
+    ("fused_rope.glsl", include_str!("../glsl/fused_rope.glsl")),
+    (
+        "fused_epilogue.glsl",
+        include_str!("../glsl/fused_epilogue.glsl"),
+    ),
+    (
+        "fused_elementwise.glsl",
+        include_str!("../glsl/fused_elementwise.glsl"),
+    ),
 ];
 
 /// The GLSL source of kernel `name`.

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::{fuse, import, trace};
+use vkfuse_runtime::schedule::BufferRole;
 
 /// Compile a Hugging Face model (config.json + *.safetensors) into a vkfuse schedule.
 ///
@@ -35,6 +36,9 @@ struct Args {
     /// Give every transient value its own arena slot instead of planning reuse from liveness.
     #[arg(long)]
     no_plan: bool,
+    /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.
+    #[arg(long)]
+    explain: bool,
 }
 
 fn main() {
@@ -116,27 +120,28 @@ fn run(args: Args) -> Result<()> {
     let Some(path) = &args.output else {
         return Ok(());
     };
-    if !args.no_fuse {
-        bail!(
-            "fusion is not wired into compile-model yet: pass --no-fuse for the unfused schedule"
-        );
-    }
     let segmentation = st.run("discover", || Ok(fuse::discover(&program)))?;
     let meta = lower::Meta {
         architecture: model.config.architecture.clone(),
         eos_token_ids: model.config.eos_token_ids.clone(),
     };
-    let (schedule, report) = st.run("lower", || {
-        lower::lower_with_report(&program, &meta, &mut SpirvCache::default(), !args.no_plan)
-            .context("lowering")
-    })?;
+    let mut spirv = SpirvCache::default();
+    let (schedule, fusion, plan) = if args.no_fuse {
+        let (s, r) = st.run("lower", || {
+            lower::lower_with_report(&program, &meta, &mut spirv, !args.no_plan).context("lowering")
+        })?;
+        (s, None, Some(r.plan))
+    } else {
+        let opts = fuse::FuseOptions { plan_memory: !args.no_plan, ..Default::default() };
+        let (s, r) = st.run("fuse", || {
+            fuse::lower_fused(&program, &meta, &mut spirv, &opts).context("fusing and lowering")
+        })?;
+        (s, Some(r), None)
+    };
     let bytes = st.run("write", || {
-        schedule
-            .write_file(path, &model.tensors)
-            .with_context(|| format!("writing {}", path.display()))
+        schedule.write_file(path, &model.tensors).with_context(|| format!("writing {}", path.display()))
     })?;
 
-    let per_token_dispatches = schedule.dispatches.len();
     let templates: Vec<String> = segmentation
         .templates
         .iter()
@@ -144,34 +149,36 @@ fn run(args: Args) -> Result<()> {
         .map(|(t, tpl)| format!("T{t} ({} ops) x {}", tpl.len, tpl.instances.len()))
         .collect();
     println!("wrote {} ({:.2} MB)", path.display(), bytes as f64 / 1e6);
-    println!("fusion:      off (--no-fuse): one dispatch per op");
-    println!(
-        "trace:       {} ops -> {per_token_dispatches} dispatches per token",
-        program.ops.len()
-    );
+    match &fusion {
+        None => println!("fusion:      off (--no-fuse): one dispatch per op"),
+        Some(r) => {
+            let per: Vec<String> =
+                r.per_template().iter().map(|(t, k, n)| format!("{t} {k} dispatches x {n}")).collect();
+            println!("fusion:      on ({} unfused dispatches before): {}", r.unfused_dispatches, per.join(", "));
+        }
+    }
+    println!("trace:       {} ops -> {} dispatches per token", program.ops.len(), schedule.dispatches.len());
     println!(
         "levels:      {} ({} barriers per token in replay; eager puts one after every dispatch)",
         schedule.levels.len(),
         schedule.levels.len().saturating_sub(1)
     );
-    println!(
-        "templates:   {}",
-        if templates.is_empty() {
-            "none found".into()
-        } else {
-            templates.join(", ")
+    println!("templates:   {}", if templates.is_empty() { "none found".into() } else { templates.join(", ") });
+    match &plan {
+        Some(plan) => println!(
+            "arena:       {} bytes (lower bound {}, naive {})",
+            plan.arena_bytes, plan.lower_bound, plan.naive_bytes
+        ),
+        None => {
+            let arena = schedule.buffers.iter().find(|b| b.role == BufferRole::Arena).map_or(0, |b| b.size);
+            println!("arena:       {arena} bytes")
         }
-    );
-    println!(
-        "arena:       {} bytes (lower bound {}, naive {})",
-        report.plan.arena_bytes, report.plan.lower_bound, report.plan.naive_bytes
-    );
+    }
     println!("kernels:     {} pipelines", schedule.kernels.len());
-    let times: Vec<String> = st
-        .times
-        .iter()
-        .map(|(n, t)| format!("{n} {t:.3} s"))
-        .collect();
+    let times: Vec<String> = st.times.iter().map(|(n, t)| format!("{n} {t:.3} s")).collect();
     println!("time:        {}", times.join(", "));
+    if let (true, Some(r)) = (args.explain, &fusion) {
+        println!("\n{r}");
+    }
     Ok(())
 }

@@ -67,6 +67,42 @@ pub fn compile(kernel: &str, defines: &[(String, String)]) -> Result<Vec<u32>, K
     Ok(artifact.as_binary().to_vec())
 }
 
+/// The SPIR-V of a generated kernel source (the fusion compiler's kernels), compiled exactly
+/// as [`compile`] compiles the kernels of `vkfuse_kernels`: same target, optimisation, warnings
+/// as errors, and `#include "x.glsl"` resolving to its headers. Errors name `label` and carry
+/// the source with line numbers, so a bad generated expression can be read where it failed.
+pub fn compile_source(label: &str, source: &str) -> Result<Vec<u32>, KernelError> {
+    let compiler = Compiler::new().map_err(|e| KernelError::Shaderc(e.to_string()))?;
+    let mut options = CompileOptions::new().map_err(|e| KernelError::Shaderc(e.to_string()))?;
+    options.set_target_env(TargetEnv::Vulkan, EnvVersion::Vulkan1_1 as u32);
+    options.set_optimization_level(OptimizationLevel::Performance);
+    options.set_warnings_as_errors();
+    options.set_include_callback(|name, _kind, _from, _depth| {
+        vkfuse_kernels::header(name)
+            .map(|content| ResolvedInclude {
+                resolved_name: name.to_string(),
+                content: content.to_string(),
+            })
+            .ok_or_else(|| format!("no header `{name}` in vkfuse-kernels"))
+    });
+    let file = format!("{label}.comp");
+    let artifact = compiler
+        .compile_into_spirv(source, ShaderKind::Compute, &file, "main", Some(&options))
+        .map_err(|e| {
+            let numbered: Vec<String> = source
+                .lines()
+                .enumerate()
+                .map(|(i, l)| format!("{:4} {l}", i + 1))
+                .collect();
+            KernelError::Compile {
+                kernel: label.to_string(),
+                defines: "generated".to_string(),
+                message: format!("{e}\n{}", numbered.join("\n")),
+            }
+        })?;
+    Ok(artifact.as_binary().to_vec())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,5 +15,6 @@ mod compile;
 mod select;
 
 pub use call::KernelCall;
-pub use compile::{compile, KernelError};
+pub use compile::{compile, compile_source, KernelError};
+pub(crate) use select::rope_inv_freq;
 pub use select::{is_alias, select, MAX_WORKGROUPS_X};

@@ -1,0 +1,433 @@
+//! Kernel generation: GLSL sources for the fused kernels, each a few generated lines (dtypes,
+//! the epilogue expression, extra-input bindings, rope tables) around an anchor kernel from
+//! `vkfuse_kernels` (`fused_matvec.glsl`, `fused_attention.glsl`, `fused_argmax.glsl`).
+//! Shapes are specialization constants, as in the unfused kernels; the SPIR-V is compiled by
+//! shaderc once per distinct source text (`SpirvCache::get_source`).
+
+use crate::ir::{DType, F32Attr};
+use crate::kernels::MAX_WORKGROUPS_X;
+use std::fmt;
+use std::fmt::Write as _;
+
+/// Output parts of a stacked kernel start at multiples of this many f32 (256 bytes: any
+/// device's storage-buffer offset alignment), so every part can be bound on its own.
+pub const PART_ALIGN: usize = 64;
+/// Workgroup size of the fused matvec kernels.
+pub const MATVEC_WG: u32 = 128;
+/// Workgroup size of the fused elementwise kernels.
+pub const ELEMENTWISE_WG: u32 = 128;
+/// Workgroup size of the attention block (as the unfused attention kernel).
+pub const ATTENTION_WG: u32 = 1024;
+
+/// An rms-norm prologue.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NormSpec {
+    pub eps: F32Attr,
+    pub zero_centered: bool,
+    /// The norm weight's dtype.
+    pub dtype: DType,
+}
+
+/// An epilogue expression over the row's accumulators and extra inputs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Epi {
+    /// The row's dot (stacked parts).
+    Acc,
+    /// Part K's dot for this row (zipped parts).
+    Part(u8),
+    /// The row's element of extra input K (element 0 when the input is a scalar).
+    In(u8),
+    Add(Box<Epi>, Box<Epi>),
+    Mul(Box<Epi>, Box<Epi>),
+    Div(Box<Epi>, Box<Epi>),
+    Silu(Box<Epi>),
+    Sigmoid(Box<Epi>),
+    Exp(Box<Epi>),
+    Neg(Box<Epi>),
+    Softplus(Box<Epi>),
+}
+
+impl Epi {
+    /// The GLSL of the expression; `a` holds the accumulators, `INk(row)` the extra inputs.
+    pub fn glsl(&self) -> String {
+        match self {
+            Epi::Acc => "a[0]".to_string(),
+            Epi::Part(k) => format!("a[{k}]"),
+            Epi::In(k) => format!("IN{k}(row)"),
+            Epi::Add(x, y) => format!("({} + {})", x.glsl(), y.glsl()),
+            Epi::Mul(x, y) => format!("({} * {})", x.glsl(), y.glsl()),
+            Epi::Div(x, y) => format!("({} / {})", x.glsl(), y.glsl()),
+            Epi::Silu(x) => format!("silu({})", x.glsl()),
+            // As unary.comp computes them (fused_epilogue.glsl).
+            Epi::Sigmoid(x) => format!("fused_sigmoid({})", x.glsl()),
+            Epi::Exp(x) => format!("exp({})", x.glsl()),
+            Epi::Neg(x) => format!("(-{})", x.glsl()),
+            Epi::Softplus(x) => format!("fused_softplus({})", x.glsl()),
+        }
+    }
+
+    /// Whether the expression is the bare accumulator.
+    pub fn is_identity(&self) -> bool {
+        matches!(self, Epi::Acc)
+    }
+}
+
+impl fmt::Display for Epi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Epi::Acc => f.write_str("acc"),
+            Epi::Part(k) => write!(f, "acc{k}"),
+            Epi::In(k) => write!(f, "in{k}"),
+            Epi::Add(x, y) => write!(f, "add({x}, {y})"),
+            Epi::Mul(x, y) => write!(f, "mul({x}, {y})"),
+            Epi::Div(x, y) => write!(f, "div({x}, {y})"),
+            Epi::Silu(x) => write!(f, "silu({x})"),
+            Epi::Sigmoid(x) => write!(f, "sigmoid({x})"),
+            Epi::Exp(x) => write!(f, "exp({x})"),
+            Epi::Neg(x) => write!(f, "neg({x})"),
+            Epi::Softplus(x) => write!(f, "softplus({x})"),
+        }
+    }
+}
+
+/// An extra per-row input of a matvec kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ExtraSpec {
+    pub dtype: DType,
+    /// A one-element input read for every row.
+    pub scalar: bool,
+}
+
+/// A kernel of the matvec family.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MatvecSpec {
+    /// The weights' dtype (every part alike).
+    pub dtype: DType,
+    /// The input length.
+    pub cols: usize,
+    /// Rows of each packed weight, in order.
+    pub part_rows: Vec<usize>,
+    /// Parts combined row by row (all of one height) rather than stacked.
+    pub zipped: bool,
+    pub norm: Option<NormSpec>,
+    pub extras: Vec<ExtraSpec>,
+    pub epi: Epi,
+}
+
+impl MatvecSpec {
+    /// Output rows the kernel computes (without the stacked layout's padding).
+    pub fn rows(&self) -> usize {
+        if self.zipped {
+            self.part_rows[0]
+        } else {
+            self.part_rows.iter().sum()
+        }
+    }
+
+    /// Element offset of each part in the stacked output (aligned), and the output's length.
+    pub fn layout(&self) -> (Vec<usize>, usize) {
+        if self.zipped {
+            return (vec![0], self.part_rows[0]);
+        }
+        let mut offsets = vec![];
+        let mut end: usize = 0;
+        for (k, &r) in self.part_rows.iter().enumerate() {
+            let at = if k == 0 {
+                0
+            } else {
+                end.div_ceil(PART_ALIGN) * PART_ALIGN
+            };
+            offsets.push(at);
+            end = at + r;
+        }
+        (offsets, end)
+    }
+
+    /// A one-line description: `norm1p bf16 3 parts stacked: add(in0, acc)`.
+    pub fn describe(&self) -> String {
+        let mut s = String::new();
+        if let Some(n) = &self.norm {
+            s += if n.zero_centered { "norm1p " } else { "norm " };
+        }
+        let parts = self.part_rows.len();
+        let rows: Vec<String> = self.part_rows.iter().map(usize::to_string).collect();
+        let _ = write!(s, "{} [{}]x{}", self.dtype, rows.join("+"), self.cols);
+        if parts > 1 {
+            s += if self.zipped { " zipped" } else { " stacked" };
+        }
+        let _ = write!(s, ": {}", self.epi);
+        s
+    }
+}
+
+/// An elementwise kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ElementwiseSpec {
+    /// Output elements.
+    pub n: usize,
+    pub inputs: Vec<ExtraSpec>,
+    pub epi: Epi,
+}
+
+/// The attention block.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AttnSpec {
+    pub hq: usize,
+    pub hkv: usize,
+    pub head_dim: usize,
+    pub capacity: usize,
+    pub scale: F32Attr,
+    /// The q and k norms (same eps and centring; weights of these dtypes).
+    pub qk_norm: Option<(NormSpec, DType)>,
+    pub theta: F32Attr,
+    pub rotary_dim: usize,
+}
+
+/// The tail kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TailSpec {
+    /// The argmax of n logits into the token state.
+    Argmax { n: usize },
+    /// The position advanced in its state.
+    Advance,
+    /// Both.
+    Step { n: usize },
+}
+
+/// A generated kernel, ready for `SpirvCache::get_source`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generated {
+    pub label: String,
+    pub source: String,
+    pub spec_constants: Vec<u32>,
+    pub workgroups: [u32; 3],
+    pub bindings: usize,
+}
+
+fn u(n: usize) -> u32 {
+    u32::try_from(n).expect("kernels index values of fewer than 2^32 elements")
+}
+
+fn dtype_code(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "F32",
+        DType::F16 => "F16",
+        DType::BF16 => "BF16",
+        DType::I32 => "I32",
+    }
+}
+
+fn workgroups(n: usize) -> [u32; 3] {
+    let n = n.max(1);
+    if n <= MAX_WORKGROUPS_X {
+        [u(n), 1, 1]
+    } else {
+        [u(MAX_WORKGROUPS_X), u(n.div_ceil(MAX_WORKGROUPS_X)), 1]
+    }
+}
+
+const HEADER: &str = "#version 450\n#extension GL_GOOGLE_include_directive : require\n";
+
+/// The matvec-family kernel of `spec`.
+pub fn matvec(spec: &MatvecSpec) -> Generated {
+    let parts = spec.part_rows.len();
+    assert!((1..=8).contains(&parts), "1..=8 packed parts");
+    let per_row = if spec.zipped { parts } else { 1 };
+    let o = spec.rows();
+    let base_rows = match o {
+        0..=1 => 1,
+        2..=4095 => 2,
+        _ => 4,
+    };
+    let rows_per_wg = base_rows.min(8 / per_row).max(1);
+    let vec4 = spec.cols.is_multiple_of(16 / spec.dtype.size());
+    let (offsets, _) = spec.layout();
+    let mut ends = vec![0u32; 8];
+    let mut shifts = vec![0u32; 8];
+    let mut end = 0;
+    for k in 0..parts {
+        if spec.zipped {
+            break;
+        }
+        end += spec.part_rows[k];
+        ends[k] = u(end);
+        shifts[k] = u(offsets[k] - (end - spec.part_rows[k]));
+    }
+    let norm = spec.norm.as_ref();
+    let mut spec_constants = vec![
+        MATVEC_WG,
+        u(o),
+        u(spec.cols),
+        u(rows_per_wg),
+        u32::from(vec4),
+        norm.map_or(0.0f32, |n| n.eps.0).to_bits(),
+    ];
+    spec_constants.extend(ends);
+    spec_constants.extend(shifts);
+
+    let mut s = String::from(HEADER);
+    let _ = writeln!(
+        s,
+        "// Generated by vkfuse (fuse::codegen): {}",
+        spec.describe()
+    );
+    let _ = writeln!(s, "#define W_DTYPE {}", dtype_code(spec.dtype));
+    let _ = writeln!(s, "#define NORM {}", u8::from(norm.is_some()));
+    let _ = writeln!(
+        s,
+        "#define NW_DTYPE {}",
+        dtype_code(norm.map_or(DType::F32, |n| n.dtype))
+    );
+    let _ = writeln!(
+        s,
+        "#define NORM_ZC {}",
+        u8::from(norm.is_some_and(|n| n.zero_centered))
+    );
+    let _ = writeln!(s, "#define PARTS {parts}u");
+    let _ = writeln!(s, "#define ZIPPED {}", u8::from(spec.zipped));
+    s += "#include \"common.glsl\"\n";
+    let first_extra = 3 + usize::from(norm.is_some());
+    declare_inputs(&mut s, &spec.extras, first_extra);
+    let _ = writeln!(s, "#define EPILOGUE(row, a) {}", spec.epi.glsl());
+    s += "#include \"fused_matvec.glsl\"\n";
+    Generated {
+        label: format!("fused_matvec[{}]", spec.describe()),
+        source: s,
+        spec_constants,
+        workgroups: workgroups(o.div_ceil(rows_per_wg)),
+        bindings: first_extra + spec.extras.len(),
+    }
+}
+
+/// Bindings `first..` holding `inputs`, read by `IN<k>(row)`.
+fn declare_inputs(s: &mut String, inputs: &[ExtraSpec], first: usize) {
+    for (k, e) in inputs.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "layout(set = 0, binding = {}, std430) readonly buffer E{k} {{ uint e{k}[]; }};",
+            first + k
+        );
+        let index = if e.scalar { "0u" } else { "(row)" };
+        let _ = writeln!(
+            s,
+            "#define IN{k}(row) LOAD({}, e{k}, {index})",
+            dtype_code(e.dtype)
+        );
+    }
+}
+
+/// The elementwise kernel of `spec`.
+pub fn elementwise(spec: &ElementwiseSpec) -> Generated {
+    let mut s = String::from(HEADER);
+    let _ = writeln!(
+        s,
+        "// Generated by vkfuse (fuse::codegen): elementwise {}",
+        spec.epi
+    );
+    s += "#include \"common.glsl\"\n";
+    declare_inputs(&mut s, &spec.inputs, 1);
+    let _ = writeln!(s, "#define EW(row) {}", spec.epi.glsl());
+    s += "#include \"fused_elementwise.glsl\"\n";
+    Generated {
+        label: format!("fused_elementwise[{}]", spec.epi),
+        source: s,
+        spec_constants: vec![ELEMENTWISE_WG, u(spec.n)],
+        workgroups: workgroups(spec.n.div_ceil(ELEMENTWISE_WG as usize)),
+        bindings: 1 + spec.inputs.len(),
+    }
+}
+
+/// The attention block of `spec`.
+pub fn attention(spec: &AttnSpec) -> Generated {
+    let inv_freq = crate::kernels::rope_inv_freq(spec.theta.0, spec.rotary_dim);
+    let (norm, qk) = match &spec.qk_norm {
+        Some((n, k)) => (Some(n), Some((n.dtype, *k))),
+        None => (None, None),
+    };
+    let mut s = String::from(HEADER);
+    let _ = writeln!(
+        s,
+        "// Generated by vkfuse (fuse::codegen): attention block, {} q heads per kv head, rope {} of {}{}",
+        spec.hq / spec.hkv,
+        spec.rotary_dim,
+        spec.head_dim,
+        if norm.is_some() { ", q/k norm" } else { "" }
+    );
+    let _ = writeln!(s, "#define QK_NORM {}", u8::from(norm.is_some()));
+    let (qd, kd) = qk.unwrap_or((DType::F32, DType::F32));
+    let _ = writeln!(s, "#define QN_DTYPE {}", dtype_code(qd));
+    let _ = writeln!(s, "#define KN_DTYPE {}", dtype_code(kd));
+    let _ = writeln!(
+        s,
+        "#define NORM_ZC {}",
+        u8::from(norm.is_some_and(|n| n.zero_centered))
+    );
+    let _ = writeln!(s, "#define ROT {}u", spec.rotary_dim);
+    s += "#include \"common.glsl\"\n";
+    // inv_freq exactly as the rope kernel's spec constants carry it (bit patterns).
+    let table: Vec<String> = inv_freq
+        .iter()
+        .map(|f| format!("uintBitsToFloat(0x{:08x}u)", f.to_bits()))
+        .collect();
+    let _ = writeln!(
+        s,
+        "float inv_freq(uint i) {{\n    const float table[{}] = float[]({});\n    return table[i];\n}}",
+        table.len(),
+        table.join(", ")
+    );
+    s += "#include \"fused_attention.glsl\"\n";
+    let spec_constants = vec![
+        ATTENTION_WG,
+        u(spec.hq),
+        u(spec.hkv),
+        u(spec.capacity),
+        u(spec.head_dim),
+        spec.scale.0.to_bits(),
+        norm.map_or(0.0f32, |n| n.eps.0).to_bits(),
+    ];
+    Generated {
+        label: format!(
+            "fused_attention[hq={},hkv={},d={},rot={}{}]",
+            spec.hq,
+            spec.hkv,
+            spec.head_dim,
+            spec.rotary_dim,
+            if norm.is_some() { ",qk_norm" } else { "" }
+        ),
+        source: s,
+        spec_constants,
+        workgroups: workgroups(spec.hkv),
+        bindings: if norm.is_some() { 9 } else { 7 },
+    }
+}
+
+/// The tail kernel of `spec`.
+pub fn tail(spec: &TailSpec) -> Generated {
+    let (token, advance, n) = match *spec {
+        TailSpec::Argmax { n } => (true, false, n),
+        TailSpec::Advance => (false, true, 1),
+        TailSpec::Step { n } => (true, true, n),
+    };
+    let wg = if token {
+        u(n.div_ceil(4).next_power_of_two().clamp(32, 1024))
+    } else {
+        1
+    };
+    let mut s = String::from(HEADER);
+    let _ = writeln!(s, "// Generated by vkfuse (fuse::codegen): tail {spec:?}");
+    let _ = writeln!(s, "#define WRITE_TOKEN {}", u8::from(token));
+    let _ = writeln!(s, "#define ADVANCE {}", u8::from(advance));
+    s += "#include \"common.glsl\"\n#include \"fused_argmax.glsl\"\n";
+    let label = match spec {
+        TailSpec::Argmax { .. } => "fused_tail[argmax->token]",
+        TailSpec::Advance => "fused_tail[position+1]",
+        TailSpec::Step { .. } => "fused_tail[argmax->token,position+1]",
+    };
+    Generated {
+        label: label.to_string(),
+        source: s,
+        spec_constants: vec![wg, u(n)],
+        workgroups: [1, 1, 1],
+        bindings: 2 * usize::from(token) + 2 * usize::from(advance),
+    }
+}

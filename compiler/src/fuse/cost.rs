@@ -1,0 +1,151 @@
+//! The cost model: dispatches × per-dispatch cost, plus barriers (dependency levels) × barrier
+//! cost, plus bytes moved ÷ bandwidth, with parameters per device class. Views, weight packing
+//! and the code sub-languages cost nothing; every other node is one dispatch.
+
+use super::lang::{FuseGraph, FuseLang};
+use egg::{Id, Language};
+use std::fmt;
+
+/// Cost parameters of a device class.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceCost {
+    /// A name for reports.
+    pub name: &'static str,
+    /// µs per dispatch when dispatches overlap (no barrier between them).
+    pub dispatch_us: f64,
+    /// µs of idle GPU per compute→compute barrier (one per dependency level).
+    pub barrier_us: f64,
+    /// Bytes per µs of memory bandwidth.
+    pub bytes_per_us: f64,
+    /// Positions the KV cache holds in the estimate of attention's traffic.
+    pub nominal_context: usize,
+}
+
+impl DeviceCost {
+    /// An H100 (DESIGN.md's measurements): barrier ~2.3 µs, dispatch ~0.2 µs, ~3 TB/s.
+    pub fn h100() -> DeviceCost {
+        DeviceCost {
+            name: "h100",
+            dispatch_us: 0.2,
+            barrier_us: 2.3,
+            bytes_per_us: 3.0e6,
+            nominal_context: 512,
+        }
+    }
+}
+
+impl Default for DeviceCost {
+    fn default() -> Self {
+        DeviceCost::h100()
+    }
+}
+
+/// What a choice of nodes costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Cost {
+    pub dispatches: usize,
+    /// Dependency levels (the longest chain of dispatches).
+    pub levels: usize,
+    pub bytes: f64,
+    /// The estimate in µs.
+    pub us: f64,
+}
+
+impl fmt::Display for Cost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} dispatches, {} levels, {:.1} KB, {:.2} µs",
+            self.dispatches,
+            self.levels,
+            self.bytes / 1e3,
+            self.us
+        )
+    }
+}
+
+fn ty_bytes(g: &FuseGraph, c: Id) -> f64 {
+    g[c].data.ty.as_ref().map_or(0.0, |t| t.bytes() as f64)
+}
+
+/// Bytes a kernel node moves (reads and writes), estimated; 0 for nodes that are no kernel.
+pub fn node_bytes(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) -> f64 {
+    use FuseLang::*;
+    if !node.is_kernel() {
+        return 0.0;
+    }
+    let out = ty_bytes(g, class);
+    // Attention reads K and V rows up to the position.
+    let cache_read = |c: Id| {
+        g[c].data.ty.as_ref().map_or(0.0, |t| {
+            let d = t.shape.dims();
+            if d.len() == 3 {
+                (d[0] * d[1].min(dev.nominal_context) * d[2] * t.dtype.size()) as f64
+            } else {
+                t.bytes() as f64
+            }
+        })
+    };
+    match node {
+        Mvk([_, w, x, pro, ins]) => {
+            let norm: f64 = g[*pro]
+                .nodes
+                .iter()
+                .find_map(|n| match n {
+                    Norm([nw, _]) => Some(ty_bytes(g, *nw)),
+                    _ => None,
+                })
+                .unwrap_or(0.0);
+            let extras: f64 = super::rules::list_items(g, *ins)
+                .unwrap_or_default()
+                .iter()
+                .map(|&e| ty_bytes(g, e))
+                .sum();
+            ty_bytes(g, *w) + ty_bytes(g, *x) + norm + extras + out
+        }
+        Ewk([_, ins]) => {
+            let inputs: f64 = super::rules::list_items(g, *ins)
+                .unwrap_or_default()
+                .iter()
+                .map(|&e| ty_bytes(g, e))
+                .sum();
+            inputs + out
+        }
+        UpdateInPlace([st, _, k, v, gg, b]) => {
+            2.0 * ty_bytes(g, *st)
+                + ty_bytes(g, *k)
+                + ty_bytes(g, *v)
+                + ty_bytes(g, *gg)
+                + ty_bytes(g, *b)
+        }
+        AttnBlock([q, k, v, kc, vc, ..]) => {
+            ty_bytes(g, *q)
+                + 2.0 * (ty_bytes(g, *k) + ty_bytes(g, *v))
+                + cache_read(*kc)
+                + cache_read(*vc)
+                + out
+        }
+        Attention([q, kc, vc, ..]) => ty_bytes(g, *q) + cache_read(*kc) + cache_read(*vc) + out,
+        KvWrite([_, x, _]) | WriteState([_, x]) => 2.0 * ty_bytes(g, *x),
+        ArgmaxWrite([_, x]) | TailStep([_, x, ..]) => ty_bytes(g, *x) + 8.0,
+        IncWrite(_) => 8.0,
+        _ => {
+            let reads: f64 = node
+                .children()
+                .iter()
+                .filter(|c| !g[**c].nodes.iter().all(FuseLang::is_code))
+                .map(|&c| ty_bytes(g, c))
+                .sum();
+            reads + out
+        }
+    }
+}
+
+/// The cost of one node on its own (its dispatch and bytes; barriers come from levels).
+pub fn node_cost(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) -> f64 {
+    if node.is_kernel() {
+        dev.dispatch_us + node_bytes(g, class, node, dev) / dev.bytes_per_us
+    } else {
+        0.0
+    }
+}

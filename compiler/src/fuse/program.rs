@@ -1,0 +1,908 @@
+//! The fused program of a unit: the extraction turned into kernels over unit-level values, in
+//! an order that respects data and state dependencies. It is built once per template and
+//! instantiated for every instance by op offset ([`super::schedule`]).
+
+use super::codegen::{
+    self, AttnSpec, ElementwiseSpec, Epi, ExtraSpec, Generated, MatvecSpec, NormSpec, TailSpec,
+};
+use super::cost::Cost;
+use super::extract::Extraction;
+use super::lang::{Attr, FuseGraph, FuseLang};
+use super::rules::list_items;
+use super::unit::{LeafRef, Root, Unit};
+use crate::ir::{OpKind, Program, StateId, Type};
+use egg::{Id, Language};
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::ops::Range;
+
+/// A value of the fused program; slices are found per instance.
+#[derive(Clone, Debug, PartialEq)]
+pub enum UValue {
+    /// A leaf of the unit (weight, external value, state).
+    Leaf { leaf: LeafRef, ty: Type },
+    /// The output (binding 0) of a kernel, `bytes` long.
+    Out { kernel: usize, ty: Type, bytes: u64 },
+    /// A view of another value `byte_offset` bytes in.
+    View {
+        of: usize,
+        byte_offset: u64,
+        ty: Type,
+    },
+    /// Weight leaves packed row after row at compile time.
+    Packed { parts: Vec<usize>, ty: Type },
+    /// State `of` after kernel `writer` updated it in place.
+    Written { of: usize, writer: usize },
+    /// The effect of a kernel (no value).
+    Effect { kernel: usize },
+}
+
+/// What a kernel computes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelKind {
+    /// Unit op `offset`'s own unfused kernel (`kernels::select`).
+    Unfused {
+        offset: usize,
+    },
+    /// Unit op `offset`'s own kernel, writing its result into a state in place.
+    InPlace {
+        offset: usize,
+    },
+    Matvec(MatvecSpec),
+    Elementwise(ElementwiseSpec),
+    Attention(AttnSpec),
+    Tail(TailSpec),
+}
+
+/// One kernel of the fused program.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UKernel {
+    pub kind: KernelKind,
+    /// The value bound at each binding.
+    pub bindings: Vec<usize>,
+    /// The bindings it writes (the rest it only reads).
+    pub writes: Vec<usize>,
+    /// The unit ops it computes (offsets, ascending).
+    pub covers: Vec<usize>,
+    /// The generated source of a fused kernel.
+    pub generated: Option<Generated>,
+}
+
+/// Saturation figures of a unit.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Saturation {
+    pub iterations: usize,
+    pub nodes: usize,
+    pub classes: usize,
+    pub stop: String,
+}
+
+/// A rule match refused by a condition, located by unit op offsets.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RefusalAt {
+    pub rule: &'static str,
+    pub reason: String,
+    pub ops: Vec<usize>,
+}
+
+/// A fused form extraction did not take, because it costs more where it is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeptAt {
+    /// The unit ops of the class.
+    pub ops: Vec<usize>,
+    /// The fused node's name.
+    pub fused: String,
+    /// The unit's estimate with the fused form, and as extracted (µs).
+    pub fused_us: f64,
+    pub chosen_us: f64,
+}
+
+/// The fused program of one unit.
+#[derive(Clone, Debug)]
+pub struct FusedUnit {
+    /// `head`, `T0`, `T1`, .., `tail`.
+    pub label: String,
+    /// The ops of the representative instance.
+    pub ops: Range<usize>,
+    pub values: Vec<UValue>,
+    /// In execution order.
+    pub kernels: Vec<UKernel>,
+    /// (unit op offset, value) for every value read after the unit.
+    pub outputs: Vec<(usize, usize)>,
+    /// Kernel names of the unit's ops (for reports).
+    pub op_names: Vec<&'static str>,
+    pub cost: Cost,
+    /// The same unit without fusion (one kernel per compute op).
+    pub unfused: Cost,
+    pub saturation: Saturation,
+    pub refusals: Vec<RefusalAt>,
+    pub kept: Vec<KeptAt>,
+}
+
+/// Why a unit's extraction could not become kernels (a bug in a rule or in extraction).
+#[derive(Debug, thiserror::Error)]
+pub enum ProgramError {
+    #[error("unit {unit}: {message} (please report)")]
+    Internal { unit: String, message: String },
+}
+
+struct Builder<'a> {
+    p: &'a Program,
+    unit: &'a Unit,
+    ex: &'a Extraction,
+    g: &'a FuseGraph,
+    label: &'a str,
+    values: Vec<UValue>,
+    kernels: Vec<UKernel>,
+    memo: HashMap<Id, usize>,
+}
+
+impl Builder<'_> {
+    fn err(&self, message: impl Into<String>) -> ProgramError {
+        ProgramError::Internal {
+            unit: self.label.to_string(),
+            message: message.into(),
+        }
+    }
+
+    fn node(&self, c: Id) -> Result<&FuseLang, ProgramError> {
+        self.ex
+            .choice
+            .get(&self.g.find(c))
+            .ok_or_else(|| self.err(format!("class {c} has no chosen node")))
+    }
+
+    fn ty(&self, c: Id) -> Result<Type, ProgramError> {
+        self.g[c]
+            .data
+            .ty
+            .clone()
+            .ok_or_else(|| self.err(format!("class {c} has no type")))
+    }
+
+    fn attr(&self, c: Id) -> Result<Attr, ProgramError> {
+        self.g[c]
+            .nodes
+            .iter()
+            .find_map(|n| match n {
+                FuseLang::Attr(a) => Some(a.clone()),
+                _ => None,
+            })
+            .ok_or_else(|| self.err(format!("class {c} is no attribute")))
+    }
+
+    fn push_value(&mut self, v: UValue) -> usize {
+        self.values.push(v);
+        self.values.len() - 1
+    }
+
+    fn push_kernel(&mut self, k: UKernel) -> usize {
+        self.kernels.push(k);
+        self.kernels.len() - 1
+    }
+
+    /// A kernel writing binding 0 as its result of type `ty`.
+    fn with_out(
+        &mut self,
+        kind: KernelKind,
+        ty: Type,
+        bytes: u64,
+        inputs: Vec<usize>,
+        generated: Option<Generated>,
+    ) -> usize {
+        let k = self.kernels.len();
+        let out = self.push_value(UValue::Out {
+            kernel: k,
+            ty,
+            bytes,
+        });
+        let mut bindings = vec![out];
+        bindings.extend(inputs);
+        self.push_kernel(UKernel {
+            kind,
+            bindings,
+            writes: vec![0],
+            covers: vec![],
+            generated,
+        });
+        out
+    }
+
+    fn epi(&self, c: Id) -> Result<Epi, ProgramError> {
+        use FuseLang::*;
+        let n = self.node(c)?.clone();
+        let b = |i: &Id| -> Result<Box<Epi>, ProgramError> { Ok(Box::new(self.epi(*i)?)) };
+        Ok(match &n {
+            Acc => Epi::Acc,
+            Acc0 | Acc1 | Acc2 | Acc3 => Epi::Part(n.acc_index().flatten().unwrap_or(0)),
+            In0 | In1 | In2 | In3 => Epi::In(n.in_index().unwrap_or(0)),
+            EAdd([x, y]) => Epi::Add(b(x)?, b(y)?),
+            EMul([x, y]) => Epi::Mul(b(x)?, b(y)?),
+            EDiv([x, y]) => Epi::Div(b(x)?, b(y)?),
+            ESilu([x]) => Epi::Silu(b(x)?),
+            ESigmoid([x]) => Epi::Sigmoid(b(x)?),
+            EExp([x]) => Epi::Exp(b(x)?),
+            ENeg([x]) => Epi::Neg(b(x)?),
+            ESoftplus([x]) => Epi::Softplus(b(x)?),
+            other => return Err(self.err(format!("`{other}` in an epilogue"))),
+        })
+    }
+
+    /// The norm prologue a `norm`/`nonorm` class describes, with its weight's value.
+    fn prologue(&mut self, c: Id) -> Result<Option<(NormSpec, usize)>, ProgramError> {
+        match self.node(c)?.clone() {
+            FuseLang::NoNorm => Ok(None),
+            FuseLang::Norm([w, a]) => {
+                let Attr::Norm { eps, zero_centered } = self.attr(a)? else {
+                    return Err(self.err("a norm without its eps"));
+                };
+                let dtype = self.ty(w)?.dtype;
+                let v = self.value(w)?;
+                Ok(Some((
+                    NormSpec {
+                        eps,
+                        zero_centered,
+                        dtype,
+                    },
+                    v,
+                )))
+            }
+            other => Err(self.err(format!("`{other}` as a prologue"))),
+        }
+    }
+
+    /// The IR-order operands of an unfused node, and its binding 0 when that is a state.
+    fn unfused_operands(n: &FuseLang) -> (Option<Id>, Vec<Id>) {
+        use FuseLang::*;
+        match n {
+            Matvec([a, b]) | Add([a, b]) | Mul([a, b]) | Div([a, b]) => (None, vec![*a, *b]),
+            RmsNorm([x, w, _]) => (None, vec![*x, *w]),
+            Silu([a]) | Sigmoid([a]) | Exp([a]) | Neg([a]) | Softplus([a]) | Argmax([a])
+            | Increment([a]) => (None, vec![*a]),
+            DeltaRuleUpdate(args) => (None, args.to_vec()),
+            Rope([x, pos, _]) => (None, vec![*x, *pos]),
+            Attention([q, k, v, pos, _]) => (None, vec![*q, *k, *v, *pos]),
+            KvWrite([s, x, pos]) => (Some(*s), vec![*x, *pos]),
+            WriteState([s, x]) => (Some(*s), vec![*x]),
+            Other(_, args) => (None, args.clone()),
+            _ => unreachable!("only called for IR ops with a kernel"),
+        }
+    }
+
+    fn value(&mut self, c: Id) -> Result<usize, ProgramError> {
+        let c = self.g.find(c);
+        if let Some(&v) = self.memo.get(&c) {
+            return Ok(v);
+        }
+        let n = self.node(c)?.clone();
+        use FuseLang::*;
+        let v = match &n {
+            Leaf(s) => {
+                let leaf = *self
+                    .unit
+                    .leaves
+                    .get(s)
+                    .ok_or_else(|| self.err(format!("unknown leaf {s}")))?;
+                let ty = self.ty(c)?;
+                self.push_value(UValue::Leaf { leaf, ty })
+            }
+            Reshape([x, _]) => {
+                let of = self.value(*x)?;
+                let ty = self.ty(c)?;
+                self.push_value(UValue::View {
+                    of,
+                    byte_offset: 0,
+                    ty,
+                })
+            }
+            Rows([w, y]) => {
+                let of = self.value(*y)?;
+                let UValue::Out { kernel, .. } = self.values[of] else {
+                    return Err(self.err("rows of something that is no kernel output"));
+                };
+                let KernelKind::Matvec(spec) = &self.kernels[kernel].kind else {
+                    return Err(self.err("rows of a kernel that is no matvec"));
+                };
+                let (offsets, _) = spec.layout();
+                let leaf = match self.g[*w].data.weights.as_deref() {
+                    Some([s]) => *s,
+                    _ => return Err(self.err("rows of a packed weight")),
+                };
+                let parts = match self.node(*y)? {
+                    Mvk([_, pw, ..]) => self.g[*pw].data.weights.clone().unwrap_or_default(),
+                    _ => vec![],
+                };
+                let k = parts
+                    .iter()
+                    .position(|s| *s == leaf)
+                    .ok_or_else(|| self.err("rows of a weight the kernel does not pack"))?;
+                let ty = self.ty(c)?;
+                self.push_value(UValue::View {
+                    of,
+                    byte_offset: offsets[k] as u64 * 4,
+                    ty,
+                })
+            }
+            WCat(_) => {
+                let leaves = self.g[c]
+                    .data
+                    .weights
+                    .clone()
+                    .ok_or_else(|| self.err("packed weights without leaves"))?;
+                let mut parts = vec![];
+                for s in leaves {
+                    let lc = self
+                        .g
+                        .lookup(FuseLang::Leaf(s))
+                        .ok_or_else(|| self.err("a packed leaf is missing"))?;
+                    let ty = self.ty(lc)?;
+                    let leaf = self.unit.leaves[&s];
+                    parts.push(self.push_value(UValue::Leaf { leaf, ty }));
+                }
+                let ty = self.ty(c)?;
+                self.push_value(UValue::Packed { parts, ty })
+            }
+            Fx0([k]) | Fx1([k]) => self.value(*k)?,
+            Mvk([e, w, x, pro, ins]) => {
+                let epi = self.epi(*e)?;
+                let wt = self.ty(*w)?;
+                let leaves = self.g[*w]
+                    .data
+                    .weights
+                    .clone()
+                    .ok_or_else(|| self.err("a matvec whose weights are no leaves"))?;
+                let mut part_rows = vec![];
+                for s in &leaves {
+                    let info = &self.g.analysis.leaves[s];
+                    part_rows.push(info.ty.shape.dims()[0]);
+                }
+                let wv = self.value(*w)?;
+                let xv = self.value(*x)?;
+                let norm = self.prologue(*pro)?;
+                let items = list_items(self.g, *ins).ok_or_else(|| self.err("bad extras"))?;
+                let zipped = self.g[*e].data.epi.is_some_and(|u| u.zipped > 0);
+                let mut spec = MatvecSpec {
+                    dtype: wt.dtype,
+                    cols: wt.shape.dims()[1],
+                    part_rows,
+                    zipped,
+                    norm: norm.as_ref().map(|(n, _)| n.clone()),
+                    extras: vec![],
+                    epi,
+                };
+                let rows = spec.rows();
+                let mut inputs = vec![wv, xv];
+                if let Some((_, nv)) = norm {
+                    inputs.push(nv);
+                }
+                for it in items {
+                    let t = self.ty(it)?;
+                    spec.extras.push(ExtraSpec {
+                        dtype: t.dtype,
+                        scalar: t.shape.numel() == 1 && rows != 1,
+                    });
+                    inputs.push(self.value(it)?);
+                }
+                let (_, len) = spec.layout();
+                let generated = codegen::matvec(&spec);
+                let ty = self.ty(c)?;
+                self.with_out(
+                    KernelKind::Matvec(spec),
+                    ty,
+                    len as u64 * 4,
+                    inputs,
+                    Some(generated),
+                )
+            }
+            AttnBlock([q, k, vv, kc, vc, pos, qn, kn, rope, scale]) => {
+                let (tq, tk, tc) = (self.ty(*q)?, self.ty(*k)?, self.ty(*kc)?);
+                let super::lang::Attr::Rope { theta, rotary_dim } = self.attr(*rope)? else {
+                    return Err(self.err("attention block without rope attributes"));
+                };
+                let super::lang::Attr::Scale(scale) = self.attr(*scale)? else {
+                    return Err(self.err("attention block without its scale"));
+                };
+                let mut inputs = vec![];
+                for i in [q, k, vv, kc, vc, pos] {
+                    inputs.push(self.value(*i)?);
+                }
+                let qn = self.prologue(*qn)?;
+                let kn = self.prologue(*kn)?;
+                let qk_norm = match (qn, kn) {
+                    (Some((nq, vq)), Some((nk, vk))) => {
+                        inputs.push(vq);
+                        inputs.push(vk);
+                        Some((nq, nk.dtype))
+                    }
+                    (None, None) => None,
+                    _ => return Err(self.err("attention block with one of two norms")),
+                };
+                let spec = AttnSpec {
+                    hq: tq.shape.dims()[0],
+                    hkv: tk.shape.dims()[0],
+                    head_dim: tq.shape.dims()[1],
+                    capacity: tc.shape.dims()[1],
+                    scale,
+                    qk_norm,
+                    theta,
+                    rotary_dim,
+                };
+                let generated = codegen::attention(&spec);
+                let ty = self.ty(c)?;
+                let bytes = ty.bytes() as u64;
+                let out = self.with_out(
+                    KernelKind::Attention(spec),
+                    ty,
+                    bytes,
+                    inputs,
+                    Some(generated),
+                );
+                let kernel = self.kernels.len() - 1;
+                self.kernels[kernel].writes = vec![0, 4, 5];
+                out
+            }
+            ArgmaxWrite([s, x]) | IncWrite([s, x]) => {
+                let spec = match &n {
+                    ArgmaxWrite(_) => TailSpec::Argmax {
+                        n: self.ty(*x)?.shape.numel(),
+                    },
+                    _ => TailSpec::Advance,
+                };
+                let bindings = vec![self.value(*s)?, self.value(*x)?];
+                self.effect(KernelKind::Tail(spec), bindings, vec![0], &spec)
+            }
+            TailStep([ts, x, ps, pv]) => {
+                let spec = TailSpec::Step {
+                    n: self.ty(*x)?.shape.numel(),
+                };
+                let mut bindings = vec![];
+                for i in [ts, x, ps, pv] {
+                    bindings.push(self.value(*i)?);
+                }
+                self.effect(KernelKind::Tail(spec), bindings, vec![0, 2], &spec)
+            }
+            Ewk([e, ins]) => {
+                let epi = self.epi(*e)?;
+                let items = list_items(self.g, *ins).ok_or_else(|| self.err("bad inputs"))?;
+                let ty = self.ty(c)?;
+                let n_out = ty.shape.numel();
+                let mut spec = ElementwiseSpec {
+                    n: n_out,
+                    inputs: vec![],
+                    epi,
+                };
+                let mut inputs = vec![];
+                for it in items {
+                    let t = self.ty(it)?;
+                    spec.inputs.push(ExtraSpec {
+                        dtype: t.dtype,
+                        scalar: t.shape.numel() == 1 && n_out != 1,
+                    });
+                    inputs.push(self.value(it)?);
+                }
+                let generated = codegen::elementwise(&spec);
+                let bytes = (ty.bytes() as u64).max(4).div_ceil(4) * 4;
+                self.with_out(
+                    KernelKind::Elementwise(spec),
+                    ty,
+                    bytes,
+                    inputs,
+                    Some(generated),
+                )
+            }
+            StateAfter([u]) => self.value(*u)?,
+            UpdateInPlace([st, args @ ..]) => {
+                // The unit op computing the update: the delta_rule_update of these operands.
+                let want: Vec<Id> = args.iter().map(|a| self.g.find(*a)).collect();
+                let offset = (0..self.unit.op_node.len())
+                    .find(|&o| match &self.unit.op_node[o] {
+                        Some(DeltaRuleUpdate(ops)) => {
+                            ops.iter().map(|a| self.g.find(*a)).collect::<Vec<_>>() == want
+                        }
+                        _ => false,
+                    })
+                    .ok_or_else(|| self.err("an in-place update without its op"))?;
+                let sv = self.value(*st)?;
+                let mut bindings = vec![sv];
+                for a in args {
+                    bindings.push(self.value(*a)?);
+                }
+                let k = self.push_kernel(UKernel {
+                    kind: KernelKind::InPlace { offset },
+                    bindings,
+                    writes: vec![0],
+                    covers: vec![],
+                    generated: None,
+                });
+                self.push_value(UValue::Written { of: sv, writer: k })
+            }
+            _ if n.is_kernel() => self.unfused(c, &n)?,
+            other => return Err(self.err(format!("`{other}` cannot be a value"))),
+        };
+        self.memo.insert(c, v);
+        Ok(v)
+    }
+
+    fn effect(
+        &mut self,
+        kind: KernelKind,
+        bindings: Vec<usize>,
+        writes: Vec<usize>,
+        spec: &TailSpec,
+    ) -> usize {
+        let k = self.push_kernel(UKernel {
+            kind,
+            bindings,
+            writes,
+            covers: vec![],
+            generated: Some(codegen::tail(spec)),
+        });
+        self.push_value(UValue::Effect { kernel: k })
+    }
+
+    /// An explicit IR node lowered as the unit op it came from.
+    fn unfused(&mut self, c: Id, n: &FuseLang) -> Result<usize, ProgramError> {
+        let canon = |m: &FuseLang| {
+            let mut m = m.clone();
+            m.update_children(|i| self.g.find(i));
+            m
+        };
+        let target = canon(n);
+        let offset = (0..self.unit.op_node.len())
+            .find(|&o| {
+                self.unit.op_class[o].is_some_and(|oc| self.g.find(oc) == c)
+                    && self.unit.op_node[o].as_ref().map(canon).as_ref() == Some(&target)
+            })
+            .ok_or_else(|| self.err(format!("no op of the unit computes `{n}`")))?;
+        let (state, operands) = Self::unfused_operands(n);
+        let mut inputs = vec![];
+        for a in operands {
+            inputs.push(self.value(a)?);
+        }
+        let kind = KernelKind::Unfused { offset };
+        Ok(match state {
+            Some(s) => {
+                let sv = self.value(s)?;
+                let mut bindings = vec![sv];
+                bindings.extend(inputs);
+                let k = self.push_kernel(UKernel {
+                    kind,
+                    bindings,
+                    writes: vec![0],
+                    covers: vec![],
+                    generated: None,
+                });
+                if matches!(n, FuseLang::KvWrite(_)) {
+                    self.push_value(UValue::Written { of: sv, writer: k })
+                } else {
+                    self.push_value(UValue::Effect { kernel: k })
+                }
+            }
+            None => {
+                let ty = self.ty(c)?;
+                let bytes = (ty.bytes() as u64).max(4).div_ceil(4) * 4;
+                self.with_out(kind, ty, bytes, inputs, None)
+            }
+        })
+    }
+}
+
+impl FusedUnit {
+    /// The fused program of `unit` (representative instance starting at `unit.ops.start`).
+    pub fn new(
+        p: &Program,
+        unit: &Unit,
+        ex: &Extraction,
+        label: &str,
+        saturation: Saturation,
+        unfused: Cost,
+        dev: &super::cost::DeviceCost,
+    ) -> Result<FusedUnit, ProgramError> {
+        let g = &unit.egraph;
+        let mut b = Builder {
+            p,
+            unit,
+            ex,
+            g,
+            label,
+            values: vec![],
+            kernels: vec![],
+            memo: HashMap::new(),
+        };
+        let mut outputs = vec![];
+        for r in &unit.roots {
+            let v = b.value(r.class())?;
+            if let Root::Value { offset, .. } = r {
+                outputs.push((*offset, v));
+            }
+        }
+        let order = b.order()?;
+        let (values, kernels) = (b.values, b.kernels);
+        // Renumber kernels in execution order.
+        let mut new_index = vec![0; kernels.len()];
+        for (i, &k) in order.iter().enumerate() {
+            new_index[k] = i;
+        }
+        let mut slots: Vec<Option<UKernel>> = kernels.into_iter().map(Some).collect();
+        let mut kernels: Vec<UKernel> = order
+            .iter()
+            .map(|&k| slots[k].take().expect("a permutation"))
+            .collect();
+        let values: Vec<UValue> = values
+            .into_iter()
+            .map(|v| match v {
+                UValue::Out { kernel, ty, bytes } => UValue::Out {
+                    kernel: new_index[kernel],
+                    ty,
+                    bytes,
+                },
+                UValue::Written { of, writer } => UValue::Written {
+                    of,
+                    writer: new_index[writer],
+                },
+                UValue::Effect { kernel } => UValue::Effect {
+                    kernel: new_index[kernel],
+                },
+                v => v,
+            })
+            .collect();
+
+        // Which kernel computes each op: its class's producer, or (for ops absorbed into a
+        // fused kernel) the kernel of the first op that consumes it.
+        let n = unit.ops.len();
+        let start = unit.ops.start;
+        let mut assigned: Vec<Option<usize>> = vec![None; n];
+        for o in (0..n).rev() {
+            let Some(c) = unit.op_class[o] else { continue };
+            let c = g.find(c);
+            assigned[o] = match b.memo.get(&c) {
+                Some(&v) => producer(&values, v),
+                None => p.ops[start + o].result.and_then(|r| {
+                    (o + 1..n).find_map(|u| {
+                        if p.ops[start + u].args.contains(&r) {
+                            assigned[u]
+                        } else {
+                            None
+                        }
+                    })
+                }),
+            };
+        }
+        for (o, a) in assigned.iter().enumerate() {
+            if let Some(k) = a {
+                kernels[*k].covers.push(o);
+            }
+        }
+        let mut refusals: Vec<RefusalAt> = g
+            .analysis
+            .refusals
+            .borrow()
+            .iter()
+            .map(|r| {
+                let classes: BTreeSet<Id> = r.classes.iter().map(|c| g.find(*c)).collect();
+                let ops: Vec<usize> = (0..n)
+                    .filter(|&o| unit.op_class[o].is_some_and(|c| classes.contains(&g.find(c))))
+                    .collect();
+                RefusalAt {
+                    rule: r.rule,
+                    reason: r.reason.clone(),
+                    ops,
+                }
+            })
+            .filter(|r| !r.ops.is_empty())
+            .collect();
+        refusals.sort();
+        refusals.dedup();
+        let class_ops = |c: Id| -> Vec<usize> {
+            (0..n)
+                .filter(|&o| unit.op_class[o].is_some_and(|oc| g.find(oc) == c))
+                .collect()
+        };
+        let mut kept = vec![];
+        for &c in &ex.reachable {
+            let chosen = &ex.choice[&c];
+            if !chosen.is_kernel() || chosen.is_fused() {
+                continue;
+            }
+            for alt in g[c].nodes.iter().filter(|m| m.is_fused()) {
+                let mut alt = alt.clone();
+                alt.update_children(|i| g.find(i));
+                let mut trial = ex.choice.clone();
+                trial.insert(c, alt.clone());
+                let fused_us = super::extract::price(g, &ex.roots, &trial, dev)
+                    .map_or(f64::INFINITY, |p| p.us);
+                // A tie is the same kernel under another name (an op as a one-op elementwise
+                // kernel), not a fusion given up.
+                if fused_us <= ex.cost.us + 1e-9 {
+                    continue;
+                }
+                kept.push(KeptAt {
+                    ops: class_ops(c),
+                    fused: alt.to_string(),
+                    fused_us,
+                    chosen_us: ex.cost.us,
+                });
+            }
+        }
+        Ok(FusedUnit {
+            label: label.to_string(),
+            ops: unit.ops.clone(),
+            values,
+            kernels,
+            outputs,
+            op_names: unit.ops.clone().map(|i| p.ops[i].kind.name()).collect(),
+            cost: ex.cost,
+            unfused,
+            saturation,
+            refusals,
+            kept,
+        })
+    }
+}
+
+/// The kernel whose run makes value `v` available.
+pub fn producer(values: &[UValue], v: usize) -> Option<usize> {
+    match &values[v] {
+        UValue::Out { kernel, .. } | UValue::Effect { kernel } => Some(*kernel),
+        UValue::Written { writer, .. } => Some(*writer),
+        UValue::View { of, .. } => producer(values, *of),
+        UValue::Leaf { .. } | UValue::Packed { .. } => None,
+    }
+}
+
+impl Builder<'_> {
+    /// The state a value is (or views) before any write of this step.
+    fn raw_state(&self, v: usize) -> Option<StateId> {
+        match &self.values[v] {
+            UValue::Leaf { leaf, .. } => leaf.state(self.p, self.unit.ops.start),
+            UValue::View { of, .. } => self.raw_state(*of),
+            _ => None,
+        }
+    }
+
+    /// Kernels in an order where producers run before consumers and every read of a state
+    /// runs before the kernel that overwrites it; ties go to construction order.
+    fn order(&self) -> Result<Vec<usize>, ProgramError> {
+        let n = self.kernels.len();
+        let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
+        for (k, kern) in self.kernels.iter().enumerate() {
+            for (i, &v) in kern.bindings.iter().enumerate() {
+                if kern.writes.contains(&i) {
+                    continue;
+                }
+                if let Some(pk) = producer(&self.values, v) {
+                    if pk != k {
+                        edges[pk].insert(k);
+                    }
+                }
+            }
+        }
+        for (w, kw) in self.kernels.iter().enumerate() {
+            for &i in &kw.writes {
+                let Some(s) = self.raw_state(kw.bindings[i]) else {
+                    continue;
+                };
+                for (r, kr) in self.kernels.iter().enumerate() {
+                    if r == w {
+                        continue;
+                    }
+                    let reads = kr
+                        .bindings
+                        .iter()
+                        .enumerate()
+                        .any(|(j, &v)| !kr.writes.contains(&j) && self.raw_state(v) == Some(s));
+                    if reads {
+                        edges[r].insert(w);
+                    }
+                }
+            }
+        }
+        let mut indegree = vec![0; n];
+        for e in &edges {
+            for &t in e {
+                indegree[t] += 1;
+            }
+        }
+        let mut ready: BTreeSet<usize> = (0..n).filter(|&k| indegree[k] == 0).collect();
+        let mut order = vec![];
+        while let Some(k) = ready.pop_first() {
+            order.push(k);
+            for &t in &edges[k] {
+                indegree[t] -= 1;
+                if indegree[t] == 0 {
+                    ready.insert(t);
+                }
+            }
+        }
+        if order.len() != n {
+            return Err(self.err("the kernels' dependencies form a cycle"));
+        }
+        Ok(order)
+    }
+}
+
+impl UKernel {
+    /// A one-line description.
+    pub fn describe(&self, op_names: &[&str]) -> String {
+        match &self.kind {
+            KernelKind::Unfused { offset } => op_names[*offset].to_string(),
+            KernelKind::InPlace { offset } => format!("{} in place", op_names[*offset]),
+            KernelKind::Matvec(spec) => format!("matvec {}", spec.describe()),
+            KernelKind::Elementwise(spec) => format!("elementwise {}", spec.epi),
+            KernelKind::Attention(a) => format!(
+                "attention block: {} q heads per kv head, head_dim {}, rope {}{}",
+                a.hq / a.hkv,
+                a.head_dim,
+                a.rotary_dim,
+                match &a.qk_norm {
+                    Some((n, _)) if n.zero_centered => ", q/k norm1p",
+                    Some(_) => ", q/k norm",
+                    None => "",
+                }
+            ),
+            KernelKind::Tail(TailSpec::Argmax { .. }) => "argmax -> token".to_string(),
+            KernelKind::Tail(TailSpec::Advance) => "position + 1".to_string(),
+            KernelKind::Tail(TailSpec::Step { .. }) => "argmax -> token, position + 1".to_string(),
+        }
+    }
+
+    pub fn is_fused(&self) -> bool {
+        !matches!(self.kind, KernelKind::Unfused { .. })
+    }
+
+    /// The unit op whose own kernel runs (unfused, or in place).
+    pub fn own_op(&self) -> Option<usize> {
+        match self.kind {
+            KernelKind::Unfused { offset } | KernelKind::InPlace { offset } => Some(offset),
+            _ => None,
+        }
+    }
+}
+
+impl FusedUnit {
+    /// `#N kind` for unit op `offset` (N: the op in the representative instance).
+    pub fn op(&self, offset: usize) -> String {
+        format!("#{} {}", self.ops.start + offset, self.op_names[offset])
+    }
+}
+
+/// `1 dispatch`, `2 dispatches`.
+pub fn plural(n: usize, one: &str) -> String {
+    match (n, one.ends_with("ch")) {
+        (1, _) => format!("1 {one}"),
+        (_, true) => format!("{n} {one}es"),
+        _ => format!("{n} {one}s"),
+    }
+}
+
+impl fmt::Display for FusedUnit {
+    /// The unit's kernels, each with the ops (of the representative instance) it computes.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} (ops {:?}): {} in {} (unfused {} in {})",
+            self.label,
+            self.ops,
+            plural(self.kernels.len(), "dispatch"),
+            plural(self.cost.levels, "level"),
+            plural(self.unfused.dispatches, "dispatch"),
+            plural(self.unfused.levels, "level"),
+        )?;
+        for (i, k) in self.kernels.iter().enumerate() {
+            let covers: Vec<String> = k
+                .covers
+                .iter()
+                .filter(|&&o| !matches!(self.op_names[o], "reshape"))
+                .map(|&o| self.op(o))
+                .collect();
+            writeln!(f, "  k{i} {}", k.describe(&self.op_names))?;
+            writeln!(f, "       <- {}", covers.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// The kind of an IR op as a short name (for reports of ops that are no kernel).
+pub fn is_compute(kind: &OpKind) -> bool {
+    !crate::kernels::is_alias(kind)
+}

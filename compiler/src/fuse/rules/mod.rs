@@ -1,0 +1,69 @@
+//! The fusion rules, one file per family. Every rule is named in kebab-case and states its
+//! identity in a comment above it; conditions refuse what a kernel cannot compute (and say why,
+//! for `--explain`). No rule rewrites to a costlier form: each one replaces dispatches by fewer
+//! (see `docs/rules.md`), and extraction keeps the original wherever the fused form is not
+//! cheaper.
+
+pub mod attention;
+pub mod elementwise;
+pub mod epilogue;
+pub mod horizontal;
+pub mod norm_matvec;
+pub mod state;
+pub mod tail;
+
+use super::lang::{FuseAnalysis, FuseGraph, FuseLang};
+use egg::{Id, Rewrite, Symbol};
+
+pub type Rule = Rewrite<FuseLang, FuseAnalysis>;
+
+/// Every rule, family by family.
+pub fn rules() -> Vec<Rule> {
+    let mut r = norm_matvec::rules();
+    r.extend(horizontal::rules());
+    r.extend(epilogue::rules());
+    r.extend(attention::rules());
+    r.extend(tail::rules());
+    r.extend(elementwise::rules());
+    r.extend(state::rules());
+    r
+}
+
+/// The weight leaves of a (packed) weight class, when it is one.
+pub(crate) fn leaves_of(g: &FuseGraph, w: Id) -> Option<Vec<Symbol>> {
+    g[w].data.weights.clone()
+}
+
+/// The class of leaf `s`.
+pub(crate) fn leaf_class(g: &FuseGraph, s: Symbol) -> Option<Id> {
+    g.lookup(FuseLang::Leaf(s))
+}
+
+/// The items of an extras list class (`cons` ... `nil`), or None when it is not one.
+pub(crate) fn list_items(g: &FuseGraph, mut l: Id) -> Option<Vec<Id>> {
+    let mut items = vec![];
+    loop {
+        let class = &g[l];
+        if class.nodes.iter().any(|n| matches!(n, FuseLang::Nil)) {
+            return Some(items);
+        }
+        let (head, rest) = class.nodes.iter().find_map(|n| match n {
+            FuseLang::Cons([a, b]) => Some((*a, *b)),
+            _ => None,
+        })?;
+        items.push(head);
+        l = rest;
+        if items.len() > 64 {
+            return None;
+        }
+    }
+}
+
+/// Builds an extras list class from its items.
+pub(crate) fn make_list(g: &mut FuseGraph, items: &[Id]) -> Id {
+    let mut l = g.add(FuseLang::Nil);
+    for &a in items.iter().rev() {
+        l = g.add(FuseLang::Cons([a, l]));
+    }
+    l
+}

@@ -1,0 +1,679 @@
+//! The fused lowering: discover the layer templates, saturate and extract each template once
+//! (and the head and tail, as units of one instance), then instantiate every unit's fused
+//! program by op offset into one `Schedule` the eager executor runs as it is.
+//!
+//! Buffers are the unfused lowering's: `weights` (packed weights are uploaded part after part
+//! into one slice), `state`, `io` (token, position, logits) and `arena`, whose values are placed
+//! from level-based liveness by the buffer planner.
+
+use super::cost::{Cost, DeviceCost};
+use super::discover::{discover, Segmentation};
+use super::extract::extract;
+use super::lang::{FuseAnalysis, FuseGraph};
+use super::program::{FusedUnit, KernelKind, ProgramError, Saturation, UValue};
+use super::report::FusionReport;
+use super::rules::rules;
+use super::unit::{LeafRef, Unit};
+use crate::ir::{OpId, OpKind, Program, StateKind, ValueId};
+use crate::kernels::{self, KernelError};
+use crate::lower::{Meta, SpirvCache, ALIGN};
+use crate::plan::{self, Request};
+use crate::regions::{regions, Access};
+use egg::{Runner, SimpleScheduler};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::time::Duration;
+use vkfuse_runtime::schedule::{
+    BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Schedule,
+    Slice, WeightUpload,
+};
+
+/// Options of the fusion stage.
+#[derive(Clone, Debug)]
+pub struct FuseOptions {
+    /// The device class whose costs extraction minimises.
+    pub device: DeviceCost,
+    /// Saturation limits per unit.
+    pub node_limit: usize,
+    pub iter_limit: usize,
+    pub time_limit: Duration,
+    /// Place arena values from liveness (false: every value its own slot).
+    pub plan_memory: bool,
+}
+
+impl Default for FuseOptions {
+    fn default() -> Self {
+        FuseOptions {
+            device: DeviceCost::default(),
+            node_limit: 20_000,
+            iter_limit: 30,
+            time_limit: Duration::from_secs(10),
+            plan_memory: true,
+        }
+    }
+}
+
+/// Why fused lowering failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FuseError {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Program(#[from] ProgramError),
+    #[error("op {op} `{text}` has no kernel")]
+    NoKernel { op: String, text: String },
+    #[error("the program lacks {0}")]
+    Missing(&'static str),
+    #[error("{0} (please report)")]
+    Internal(String),
+    #[error("buffer planning failed (please report): {0}")]
+    Plan(plan::PlanError),
+}
+
+/// The fused programs of a whole trace: one per unit.
+#[derive(Clone, Debug)]
+pub struct Fused {
+    pub segmentation: Segmentation,
+    /// The head (if any ops), one per template, the tail (if any ops).
+    pub units: Vec<FusedUnit>,
+    /// Which unit runs at each place, in program order, with the instance's first op.
+    pub sequence: Vec<(usize, usize)>,
+}
+
+/// Saturates `unit` under the limits of `opts`.
+fn saturate(unit: &mut Unit, opts: &FuseOptions) -> Saturation {
+    let g = std::mem::replace(&mut unit.egraph, FuseGraph::new(FuseAnalysis::default()));
+    let runner = Runner::default()
+        .with_egraph(g)
+        .with_node_limit(opts.node_limit)
+        .with_iter_limit(opts.iter_limit)
+        .with_time_limit(opts.time_limit)
+        .with_scheduler(SimpleScheduler)
+        .run(&rules());
+    let stop = match &runner.stop_reason {
+        Some(egg::StopReason::Saturated) => "saturated".to_string(),
+        Some(egg::StopReason::IterationLimit(n)) => format!("iteration limit {n}"),
+        Some(egg::StopReason::NodeLimit(n)) => format!("node limit {n}"),
+        Some(egg::StopReason::TimeLimit(s)) => format!("time limit {s}s"),
+        Some(egg::StopReason::Other(s)) => s.clone(),
+        None => "not run".to_string(),
+    };
+    unit.egraph = runner.egraph;
+    Saturation {
+        iterations: runner.iterations.len(),
+        nodes: unit.egraph.total_size(),
+        classes: unit.egraph.number_of_classes(),
+        stop,
+    }
+}
+
+/// Fuses one unit: build, price unfused, saturate, extract, make its program.
+pub fn fuse_unit(
+    p: &Program,
+    ops: Range<usize>,
+    label: &str,
+    opts: &FuseOptions,
+) -> Result<FusedUnit, FuseError> {
+    let mut unit = Unit::build(p, ops);
+    let roots: Vec<_> = unit.roots.iter().map(|r| r.class()).collect();
+    let unfused = extract(&unit.egraph, &roots, &opts.device).cost;
+    let saturation = saturate(&mut unit, opts);
+    let roots: Vec<_> = unit
+        .roots
+        .iter()
+        .map(|r| unit.egraph.find(r.class()))
+        .collect();
+    let ex = extract(&unit.egraph, &roots, &opts.device);
+    for r in unit.roots.iter_mut() {
+        *r = match *r {
+            super::unit::Root::Value { offset, class } => super::unit::Root::Value {
+                offset,
+                class: unit.egraph.find(class),
+            },
+            super::unit::Root::Effect { offset, class } => super::unit::Root::Effect {
+                offset,
+                class: unit.egraph.find(class),
+            },
+        };
+    }
+    Ok(FusedUnit::new(
+        p,
+        &unit,
+        &ex,
+        label,
+        saturation,
+        unfused,
+        &opts.device,
+    )?)
+}
+
+/// Fuses every unit of `p`.
+pub fn fuse(p: &Program, opts: &FuseOptions) -> Result<Fused, FuseError> {
+    let seg = discover(p);
+    let mut units = vec![];
+    let mut sequence = vec![];
+    if !seg.head.is_empty() {
+        units.push(fuse_unit(p, seg.head.clone(), "head", opts)?);
+        sequence.push((units.len() - 1, seg.head.start));
+    }
+    let first_template = units.len();
+    for (t, tpl) in seg.templates.iter().enumerate() {
+        let rep = &seg.instances[tpl.instances[0]];
+        units.push(fuse_unit(p, rep.ops.clone(), &format!("T{t}"), opts)?);
+    }
+    for inst in &seg.instances {
+        sequence.push((first_template + inst.template.0 as usize, inst.ops.start));
+    }
+    if !seg.tail.is_empty() {
+        units.push(fuse_unit(p, seg.tail.clone(), "tail", opts)?);
+        sequence.push((units.len() - 1, seg.tail.start));
+    }
+    Ok(Fused {
+        segmentation: seg,
+        units,
+        sequence,
+    })
+}
+
+/// A bump allocator of aligned slices in one buffer.
+struct Region {
+    id: BufferId,
+    size: u64,
+}
+
+impl Region {
+    fn alloc(&mut self, bytes: u64) -> Slice {
+        let offset = self.size.div_ceil(ALIGN) * ALIGN;
+        let size = bytes.max(4).div_ceil(4) * 4;
+        self.size = offset + size;
+        Slice {
+            buffer: self.id,
+            offset,
+            size,
+        }
+    }
+}
+
+type KernelKey = (String, Vec<u32>, usize, usize);
+
+struct Lowering<'a> {
+    p: &'a Program,
+    bufs: [Region; 4],
+    state_slices: Vec<Slice>,
+    io_logits: Slice,
+    logits: ValueId,
+    values: HashMap<ValueId, Slice>,
+    packed: HashMap<Vec<ValueId>, Slice>,
+    uploads: Vec<WeightUpload>,
+    kernels: Vec<KernelDecl>,
+    kernel_ids: HashMap<KernelKey, KernelId>,
+    dispatches: Vec<Dispatch>,
+    accesses: Vec<Access>,
+    /// Arena allocations (base slices), for the buffer plan.
+    arena_allocs: Vec<Slice>,
+}
+
+const WEIGHTS: usize = 0;
+const STATE: usize = 1;
+const IO: usize = 2;
+const ARENA: usize = 3;
+
+impl Lowering<'_> {
+    fn weight(&mut self, v: ValueId) -> Result<Slice, FuseError> {
+        if let Some(s) = self.values.get(&v) {
+            return Ok(*s);
+        }
+        let ty = self.p.ty(v).clone();
+        let s = match &self.p.def(v).kind {
+            OpKind::Weight { name } => {
+                let s = self.bufs[WEIGHTS].alloc(ty.bytes() as u64);
+                self.uploads.push(WeightUpload {
+                    tensor: name.clone(),
+                    dst: Slice {
+                        size: ty.bytes() as u64,
+                        ..s
+                    },
+                });
+                s
+            }
+            OpKind::WeightStack { pattern, count } => {
+                let s = self.bufs[WEIGHTS].alloc(ty.bytes() as u64);
+                let per = (ty.bytes() / count) as u64;
+                for e in 0..*count {
+                    self.uploads.push(WeightUpload {
+                        tensor: pattern.replace("{}", &e.to_string()),
+                        dst: Slice {
+                            buffer: s.buffer,
+                            offset: s.offset + e as u64 * per,
+                            size: per,
+                        },
+                    });
+                }
+                s
+            }
+            OpKind::ReadState { state } => self.state_slices[state.index()],
+            _ => {
+                return Err(FuseError::Internal(format!(
+                    "value {v} is read before any kernel wrote it"
+                )))
+            }
+        };
+        self.values.insert(v, s);
+        Ok(s)
+    }
+
+    fn packed(&mut self, parts: &[ValueId]) -> Result<Slice, FuseError> {
+        if let Some(s) = self.packed.get(parts) {
+            return Ok(*s);
+        }
+        let total: usize = parts.iter().map(|v| self.p.ty(*v).bytes()).sum();
+        let s = self.bufs[WEIGHTS].alloc(total as u64);
+        let mut at = s.offset;
+        for v in parts {
+            let OpKind::Weight { name } = &self.p.def(*v).kind else {
+                return Err(FuseError::Internal(format!(
+                    "packed value {v} is no weight"
+                )));
+            };
+            let bytes = self.p.ty(*v).bytes() as u64;
+            self.uploads.push(WeightUpload {
+                tensor: name.clone(),
+                dst: Slice {
+                    buffer: s.buffer,
+                    offset: at,
+                    size: bytes,
+                },
+            });
+            at += bytes;
+        }
+        self.packed.insert(parts.to_vec(), s);
+        Ok(s)
+    }
+
+    fn leaf_value(&self, leaf: LeafRef, start: usize) -> Result<ValueId, FuseError> {
+        leaf.value(self.p, start)
+            .ok_or_else(|| FuseError::Internal("a state leaf used as a value".into()))
+    }
+
+    /// Lowers one instance (first op `start`) of `fu`.
+    fn instance(
+        &mut self,
+        fu: &FusedUnit,
+        start: usize,
+        spirv: &mut SpirvCache,
+    ) -> Result<(), FuseError> {
+        let mut slots: Vec<Option<Slice>> = vec![None; fu.values.len()];
+        let logits_value: Vec<usize> = fu
+            .outputs
+            .iter()
+            .filter(|(o, _)| self.p.ops[start + o].result == Some(self.logits))
+            .map(|(_, v)| *v)
+            .collect();
+        for (ki, k) in fu.kernels.iter().enumerate() {
+            let mut bindings = Vec::with_capacity(k.bindings.len());
+            for &v in &k.bindings {
+                let s = match &fu.values[v] {
+                    UValue::Out { kernel, bytes, .. } if *kernel == ki => {
+                        let s = if logits_value.contains(&v) {
+                            self.io_logits
+                        } else {
+                            let s = self.bufs[ARENA].alloc(*bytes);
+                            self.arena_allocs.push(s);
+                            s
+                        };
+                        slots[v] = Some(s);
+                        s
+                    }
+                    _ => self.resolve(fu, &mut slots, v, start)?,
+                };
+                bindings.push(s);
+            }
+            let (kernel, push_constants, workgroups, label) = match &k.kind {
+                KernelKind::Unfused { offset } | KernelKind::InPlace { offset } => {
+                    let id = OpId::new(start + offset);
+                    let call = kernels::select(self.p, id).ok_or_else(|| FuseError::NoKernel {
+                        op: id.to_string(),
+                        text: self.p.op_text(id),
+                    })?;
+                    let variant: Vec<String> = call
+                        .defines
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    let label = format!("{}[{}]", call.kernel, variant.join(","));
+                    let key = (
+                        label.clone(),
+                        call.spec_constants.clone(),
+                        call.push_constants.len(),
+                        call.bindings,
+                    );
+                    let kernel = match self.kernel_ids.get(&key) {
+                        Some(k) => *k,
+                        None => {
+                            let id = KernelId(self.kernels.len() as u32);
+                            self.kernels.push(KernelDecl {
+                                label,
+                                spirv: spirv.get(&call)?,
+                                bindings: call.bindings as u32,
+                                push_constant_bytes: call.push_constants.len() as u32,
+                                spec_constants: call.spec_constants.clone(),
+                            });
+                            self.kernel_ids.insert(key, id);
+                            id
+                        }
+                    };
+                    (
+                        kernel,
+                        call.push_constants.clone(),
+                        call.workgroups,
+                        self.p.op_text(id),
+                    )
+                }
+                _ => {
+                    let gen = k
+                        .generated
+                        .as_ref()
+                        .ok_or_else(|| FuseError::Internal("a fused kernel without code".into()))?;
+                    let key = (
+                        gen.source.clone(),
+                        gen.spec_constants.clone(),
+                        0,
+                        gen.bindings,
+                    );
+                    let kernel = match self.kernel_ids.get(&key) {
+                        Some(k) => *k,
+                        None => {
+                            let id = KernelId(self.kernels.len() as u32);
+                            self.kernels.push(KernelDecl {
+                                label: gen.label.clone(),
+                                spirv: spirv.get_source(&gen.label, &gen.source)?,
+                                bindings: gen.bindings as u32,
+                                push_constant_bytes: 0,
+                                spec_constants: gen.spec_constants.clone(),
+                            });
+                            self.kernel_ids.insert(key, id);
+                            id
+                        }
+                    };
+                    let ops: Vec<String> = k
+                        .covers
+                        .iter()
+                        .filter(|&&o| fu.op_names[o] != "reshape")
+                        .map(|o| format!("#{}", start + o))
+                        .collect();
+                    let label = format!("{} ({})", k.describe(&fu.op_names), ops.join(" "));
+                    (kernel, vec![], gen.workgroups, label)
+                }
+            };
+            if bindings.len() != self.kernels[kernel.index()].bindings as usize {
+                return Err(FuseError::Internal(format!(
+                    "`{label}` binds {} buffers, its kernel declares {}",
+                    bindings.len(),
+                    self.kernels[kernel.index()].bindings
+                )));
+            }
+            let mut access = Access::default();
+            for (i, s) in bindings.iter().enumerate() {
+                if k.writes.contains(&i) {
+                    access.writes.push(*s);
+                } else {
+                    access.reads.push(*s);
+                }
+            }
+            self.accesses.push(access);
+            self.dispatches.push(Dispatch {
+                kernel,
+                bindings,
+                push_constants,
+                workgroups,
+                label,
+            });
+        }
+        for &(offset, v) in &fu.outputs {
+            let s = self.resolve(fu, &mut slots, v, start)?;
+            if let Some(r) = self.p.ops[start + offset].result {
+                self.values.insert(r, s);
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve(
+        &mut self,
+        fu: &FusedUnit,
+        slots: &mut [Option<Slice>],
+        v: usize,
+        start: usize,
+    ) -> Result<Slice, FuseError> {
+        if let Some(s) = slots[v] {
+            return Ok(s);
+        }
+        let s = match &fu.values[v] {
+            UValue::Leaf { leaf, .. } => match leaf {
+                LeafRef::StateOf { .. } => {
+                    let st = leaf
+                        .state(self.p, start)
+                        .ok_or_else(|| FuseError::Internal("a state leaf without state".into()))?;
+                    self.state_slices[st.index()]
+                }
+                _ => {
+                    let value = self.leaf_value(*leaf, start)?;
+                    self.weight(value)?
+                }
+            },
+            UValue::View {
+                of,
+                byte_offset,
+                ty,
+            } => {
+                let base = self.resolve(fu, slots, *of, start)?;
+                Slice {
+                    buffer: base.buffer,
+                    offset: base.offset + byte_offset,
+                    size: (ty.bytes() as u64).max(4).div_ceil(4) * 4,
+                }
+            }
+            UValue::Packed { parts, .. } => {
+                let mut ids = vec![];
+                for &part in parts {
+                    let UValue::Leaf { leaf, .. } = &fu.values[part] else {
+                        return Err(FuseError::Internal("a packed part is no leaf".into()));
+                    };
+                    ids.push(self.leaf_value(*leaf, start)?);
+                }
+                self.packed(&ids)?
+            }
+            UValue::Written { of, .. } => self.resolve(fu, slots, *of, start)?,
+            UValue::Out { .. } => {
+                return Err(FuseError::Internal(
+                    "a kernel output read before its kernel ran".into(),
+                ))
+            }
+            UValue::Effect { .. } => {
+                return Err(FuseError::Internal("an effect bound as a buffer".into()))
+            }
+        };
+        slots[v] = Some(s);
+        Ok(s)
+    }
+}
+
+/// Lowers `p` with fusion to a schedule the executors run as they run the unfused one.
+pub fn lower_fused(
+    p: &Program,
+    meta: &Meta,
+    spirv: &mut SpirvCache,
+    opts: &FuseOptions,
+) -> Result<(Schedule, FusionReport), FuseError> {
+    let fused = fuse(p, opts)?;
+    let schedule = lower_units(p, meta, spirv, opts, &fused)?;
+    let report = FusionReport::new(p, &fused, &schedule);
+    Ok((schedule, report))
+}
+
+/// Instantiates the fused units of `fused` into a schedule.
+pub fn lower_units(
+    p: &Program,
+    meta: &Meta,
+    spirv: &mut SpirvCache,
+    opts: &FuseOptions,
+    fused: &Fused,
+) -> Result<Schedule, FuseError> {
+    let logits = p
+        .output("logits")
+        .ok_or(FuseError::Missing("a `logits` output"))?;
+    let token = p
+        .state_of_kind(StateKind::Token)
+        .ok_or(FuseError::Missing("a token state"))?;
+    let position = p
+        .state_of_kind(StateKind::Position)
+        .ok_or(FuseError::Missing("a position state"))?;
+    let mut bufs = [0, 1, 2, 3].map(|i| Region {
+        id: BufferId(i),
+        size: 0,
+    });
+    let state_slices: Vec<Slice> = p
+        .states
+        .iter()
+        .map(|s| match s.kind {
+            StateKind::Token | StateKind::Position => bufs[IO].alloc(s.ty.bytes() as u64),
+            _ => bufs[STATE].alloc(s.ty.bytes() as u64),
+        })
+        .collect();
+    let io_logits = bufs[IO].alloc(p.ty(logits).bytes() as u64);
+    let mut l = Lowering {
+        p,
+        bufs,
+        state_slices,
+        io_logits,
+        logits,
+        values: HashMap::new(),
+        packed: HashMap::new(),
+        uploads: vec![],
+        kernels: vec![],
+        kernel_ids: HashMap::new(),
+        dispatches: vec![],
+        accesses: vec![],
+        arena_allocs: vec![],
+    };
+    for &(u, start) in &fused.sequence {
+        l.instance(&fused.units[u], start, spirv)?;
+    }
+
+    let regions = regions(&l.accesses);
+    let mut slots: Vec<Option<Dispatch>> = l.dispatches.drain(..).map(Some).collect();
+    let mut dispatches: Vec<Dispatch> = regions
+        .order
+        .iter()
+        .map(|&i| slots[i].take().expect("a permutation"))
+        .collect();
+
+    // Arena allocations placed from level-based liveness (views map to their allocation).
+    let arena_id = BufferId(ARENA as u32);
+    let allocs = &l.arena_allocs;
+    let alloc_of = |s: &Slice| -> Option<usize> {
+        let i = allocs.partition_point(|a| a.offset <= s.offset);
+        (i > 0 && s.offset < allocs[i - 1].offset + allocs[i - 1].size).then_some(i - 1)
+    };
+    let mut requests: Vec<Request> = allocs
+        .iter()
+        .map(|a| Request {
+            bytes: a.size,
+            first: u32::MAX,
+            last: 0,
+        })
+        .collect();
+    for (level, range) in regions.levels.iter().enumerate() {
+        for d in &dispatches[range.start as usize..range.end as usize] {
+            for b in d.bindings.iter().filter(|b| b.buffer == arena_id) {
+                let i = alloc_of(b).ok_or_else(|| {
+                    FuseError::Internal(format!("arena slice at {} has no allocation", b.offset))
+                })?;
+                requests[i].first = requests[i].first.min(level as u32);
+                requests[i].last = requests[i].last.max(level as u32);
+            }
+        }
+    }
+    for r in &mut requests {
+        if r.first == u32::MAX {
+            r.first = 0;
+        }
+    }
+    let plan = if opts.plan_memory {
+        plan::plan(&requests, ALIGN)
+    } else {
+        plan::plan_naive(&requests, ALIGN)
+    }
+    .map_err(FuseError::Plan)?;
+    plan::check(&requests, &plan, ALIGN).map_err(FuseError::Plan)?;
+    for d in &mut dispatches {
+        for b in d.bindings.iter_mut().filter(|b| b.buffer == arena_id) {
+            let i = alloc_of(b).expect("checked above");
+            b.offset = plan.offsets[i] + (b.offset - allocs[i].offset);
+        }
+    }
+    l.bufs[ARENA].size = plan.arena_bytes;
+
+    let capacity = p
+        .states
+        .iter()
+        .filter(|s| s.kind == StateKind::KvCache)
+        .map(|s| s.ty.shape.dims()[1] as u32)
+        .min()
+        .unwrap_or(u32::MAX);
+    let names = ["weights", "state", "io", "arena"];
+    let roles = [
+        BufferRole::Weights,
+        BufferRole::State,
+        BufferRole::Io,
+        BufferRole::Arena,
+    ];
+    let buffers = l
+        .bufs
+        .iter()
+        .zip(names.iter().zip(roles))
+        .map(|(r, (name, role))| BufferDecl {
+            label: name.to_string(),
+            size: r.size.max(4),
+            role,
+        })
+        .collect();
+    Ok(Schedule {
+        meta: ModelMeta {
+            architecture: meta.architecture.clone(),
+            vocab_size: p.ty(logits).shape.numel() as u32,
+            max_context: capacity,
+            eos_token_ids: meta.eos_token_ids.clone(),
+        },
+        buffers,
+        weights: l.uploads,
+        kernels: l.kernels,
+        dispatches,
+        levels: regions.levels,
+        io: Io {
+            token: l.state_slices[token.index()],
+            position: l.state_slices[position.index()],
+            logits: l.io_logits,
+        },
+    })
+}
+
+/// The unfused cost of a whole program (for reports): one dispatch per compute op.
+pub fn unfused_dispatches(p: &Program) -> usize {
+    p.ops.iter().filter(|o| !kernels::is_alias(&o.kind)).count()
+}
+
+impl Fused {
+    /// Estimated cost of one token: every instance's unit cost.
+    pub fn estimate(&self) -> Cost {
+        let mut c = Cost::default();
+        for &(u, _) in &self.sequence {
+            let uc = self.units[u].cost;
+            c.dispatches += uc.dispatches;
+            c.levels += uc.levels;
+            c.bytes += uc.bytes;
+            c.us += uc.us;
+        }
+        c
+    }
+}

@@ -1,0 +1,827 @@
+//! Fusion: every rule as `before => after` on small expressions (the rewritten form is in the
+//! same e-class, and extraction picks it: no rule rewrites to a costlier form), then the fused
+//! program of every fixture and of the hand-written toy trace as reviewed snapshots.
+
+use egg::{Id, Language, RecExpr, Runner};
+use std::path::Path;
+use vkfuse_compiler::fuse::cost::DeviceCost;
+use vkfuse_compiler::fuse::extract::{extract, Extraction};
+use vkfuse_compiler::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang, LeafInfo, LeafKind};
+use vkfuse_compiler::fuse::rules::rules;
+use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
+use vkfuse_compiler::ir::{DType, Program, Type};
+use vkfuse_compiler::lower::{Meta, SpirvCache};
+use vkfuse_compiler::{import, trace};
+
+// ---------------------------------------------------------------------------------------------
+// Rules, one expression at a time.
+
+/// The leaves the rule tests use, in trace order.
+fn env() -> FuseAnalysis {
+    use LeafKind::*;
+    let bf = |d: &[usize]| Type::new(DType::BF16, d.to_vec());
+    let leaves: Vec<(&str, Type, LeafKind)> = vec![
+        ("x", Type::f32([16]), Value),
+        ("h", Type::f32([16]), Value),
+        ("a", Type::f32([32]), Value),
+        ("m", Type::f32([40]), Value),
+        ("y", Type::f32([16]), Value),
+        ("nw", bf(&[16]), Weight),
+        ("wq", bf(&[32, 16]), Weight),
+        ("wk", bf(&[16, 16]), Weight),
+        ("wv", bf(&[16, 16]), Weight),
+        ("wh", Type::new(DType::F16, [16, 16]), Weight),
+        ("wg", bf(&[40, 16]), Weight),
+        ("wu", bf(&[40, 16]), Weight),
+        ("wd", bf(&[16, 40]), Weight),
+        ("wo", bf(&[16, 32]), Weight),
+        ("w1", bf(&[1, 16]), Weight),
+        ("qh", Type::f32([4, 8]), Value),
+        ("kh", Type::f32([2, 8]), Value),
+        ("vh", Type::f32([2, 8]), Value),
+        ("kc", Type::f32([2, 64, 8]), State),
+        ("vc", Type::f32([2, 64, 8]), State),
+        ("pos", Type::i32([1]), StateValue),
+        ("qn", bf(&[8]), Weight),
+        ("kn", bf(&[8]), Weight),
+        ("logits", Type::f32([50]), Value),
+        ("tok", Type::i32([1]), State),
+        ("posst", Type::i32([1]), State),
+        ("alog", bf(&[4]), Weight),
+        ("dt", bf(&[4]), Weight),
+        ("b4", Type::f32([4]), Value),
+        ("c4", Type::f32([4]), Value),
+        ("r1", Type::f32([1]), Value),
+        ("m2", Type::f32([2, 8]), Value),
+        ("col", Type::f32([2, 1]), Value),
+        ("rs", Type::f32([4, 8, 8]), State),
+        ("rsv", Type::f32([4, 8, 8]), StateValue),
+        ("kr", Type::f32([2, 8]), Value),
+        ("vr", Type::f32([4, 8]), Value),
+    ];
+    // Which persistent state each state leaf is (rs and rsv are one state).
+    let state_of = |name: &str| match name {
+        "kc" => Some(0),
+        "vc" => Some(1),
+        "tok" => Some(2),
+        "posst" | "pos" => Some(3),
+        "rs" | "rsv" => Some(4),
+        _ => None,
+    };
+    let mut a = FuseAnalysis::default();
+    for (order, (name, ty, kind)) in leaves.into_iter().enumerate() {
+        let state = state_of(name);
+        let info = LeafInfo {
+            ty,
+            kind,
+            order,
+            state,
+        };
+        a.leaves.insert(name.into(), info);
+    }
+    a
+}
+
+fn saturated(roots_of: &[&str]) -> (FuseGraph, Vec<Id>) {
+    let mut g = FuseGraph::new(env());
+    let roots: Vec<Id> = roots_of
+        .iter()
+        .map(|e| g.add_expr(&e.parse().expect("a valid expression")))
+        .collect();
+    let runner = Runner::default()
+        .with_egraph(g)
+        .with_iter_limit(20)
+        .with_node_limit(20_000)
+        .run(&rules());
+    let g = runner.egraph;
+    let roots = roots.iter().map(|r| g.find(*r)).collect();
+    (g, roots)
+}
+
+/// The expression extraction chose for `root`.
+fn chosen(g: &FuseGraph, ex: &Extraction, root: Id) -> String {
+    fn add(g: &FuseGraph, ex: &Extraction, c: Id, out: &mut RecExpr<FuseLang>) -> Id {
+        let node = ex.node(g, c).clone();
+        let node = node.map_children(|ch| add(g, ex, ch, out));
+        out.add(node)
+    }
+    let mut e = RecExpr::default();
+    add(g, ex, root, &mut e);
+    e.to_string()
+}
+
+/// The price of the expressions alone, unrewritten.
+fn price(exprs: &[&str]) -> f64 {
+    let mut g = FuseGraph::new(env());
+    let roots: Vec<Id> = exprs
+        .iter()
+        .map(|e| g.add_expr(&e.parse().expect("a valid expression")))
+        .collect();
+    g.rebuild();
+    extract(&g, &roots, &DeviceCost::default()).cost.us
+}
+
+/// `before` rewrites to `after` (each expression to the one at its index): they share an
+/// e-class, extraction picks `after`, and `after` costs less than `before`.
+fn rewrites(before: &[&str], after: &[&str]) {
+    let (g, roots) = saturated(before);
+    let ex = extract(&g, &roots, &DeviceCost::default());
+    for ((b, a), r) in before.iter().zip(after).zip(&roots) {
+        let want: RecExpr<FuseLang> = a.parse().expect("a valid expression");
+        let found = g.lookup_expr(&want);
+        assert_eq!(found, Some(*r), "`{b}` is not equivalent to `{a}`");
+        assert_eq!(chosen(&g, &ex, *r), want.to_string(), "extraction of `{b}`");
+    }
+    let (pb, pa) = (price(before), price(after));
+    assert!(
+        pa < pb,
+        "`{after:?}` ({pa} µs) is not cheaper than `{before:?}` ({pb} µs)"
+    );
+}
+
+/// `e` is left as it is (what the rules may add is not chosen), and `rule` says why.
+fn stays(before: &[&str], rule: &str, reason: &str) {
+    let (g, roots) = saturated(before);
+    let ex = extract(&g, &roots, &DeviceCost::default());
+    for (b, r) in before.iter().zip(&roots) {
+        let want: RecExpr<FuseLang> = b.parse().expect("a valid expression");
+        let got = chosen(&g, &ex, *r);
+        assert!(
+            got == want.to_string() || !got.contains("wcat"),
+            "`{b}` became `{got}`"
+        );
+    }
+    let refusals = g.analysis.refusals.borrow();
+    assert!(
+        refusals
+            .iter()
+            .any(|x| x.rule == rule && x.reason.contains(reason)),
+        "no refusal of {rule} with `{reason}`: {refusals:?}"
+    );
+}
+
+macro_rules! rule_test {
+    ($name:ident: $before:literal => $after:literal) => {
+        #[test]
+        fn $name() {
+            rewrites(&[$before], &[$after]);
+        }
+    };
+    ($name:ident: [$($before:literal),+] => [$($after:literal),+]) => {
+        #[test]
+        fn $name() {
+            rewrites(&[$($before),+], &[$($after),+]);
+        }
+    };
+}
+
+// (a) norm → matvec
+rule_test!(should_fold_the_norm_into_the_matvec:
+    "(matvec wq (rms_norm x nw norm:1e-6))" => "(mvk acc wq x (norm nw norm:1e-6) nil)");
+rule_test!(should_fold_a_zero_centred_norm_into_the_matvec:
+    "(matvec wq (rms_norm x nw norm1p:1e-6))" => "(mvk acc wq x (norm nw norm1p:1e-6) nil)");
+
+#[test]
+fn should_see_a_matvec_as_the_plain_matvec_kernel() {
+    let (g, roots) = saturated(&["(matvec wq x)"]);
+    let k: RecExpr<FuseLang> = "(mvk acc wq x nonorm nil)".parse().unwrap();
+    assert_eq!(g.lookup_expr(&k), Some(roots[0]));
+}
+
+// (b) horizontal merges
+rule_test!(should_merge_q_k_v_into_one_kernel_over_packed_weights:
+    ["(matvec wq (rms_norm x nw norm:1e-6))",
+     "(matvec wk (rms_norm x nw norm:1e-6))",
+     "(matvec wv (rms_norm x nw norm:1e-6))"]
+    => ["(rows wq (mvk acc (wcat (wcat wq wk) wv) x (norm nw norm:1e-6) nil))",
+        "(rows wk (mvk acc (wcat (wcat wq wk) wv) x (norm nw norm:1e-6) nil))",
+        "(rows wv (mvk acc (wcat (wcat wq wk) wv) x (norm nw norm:1e-6) nil))"]);
+rule_test!(should_merge_two_matvecs_reading_one_input:
+    ["(matvec wk x)", "(matvec wv x)"]
+    => ["(rows wk (mvk acc (wcat wk wv) x nonorm nil))",
+        "(rows wv (mvk acc (wcat wk wv) x nonorm nil))"]);
+
+#[test]
+fn should_refuse_to_pack_weights_of_different_dtypes() {
+    stays(
+        &["(matvec wk x)", "(matvec wh x)"],
+        "merge-matvecs",
+        "different dtypes",
+    );
+}
+
+#[test]
+fn should_not_merge_matvecs_reading_different_inputs() {
+    let (g, roots) = saturated(&["(matvec wk x)", "(matvec wv h)"]);
+    let ex = extract(&g, &roots, &DeviceCost::default());
+    for r in &roots {
+        assert!(!chosen(&g, &ex, *r).contains("wcat"));
+    }
+}
+
+// (c) epilogues
+rule_test!(should_fold_the_residual_add_into_the_matvec:
+    "(add h (matvec wo a))" => "(mvk (e.add in0 acc) wo a nonorm (cons h nil))");
+rule_test!(should_fold_a_residual_add_on_the_right:
+    "(add (matvec wo a) h)" => "(mvk (e.add acc in0) wo a nonorm (cons h nil))");
+rule_test!(should_fold_swiglu_into_one_kernel_over_zipped_gate_and_up:
+    "(mul (silu (matvec wg (rms_norm x nw norm:1e-6))) (matvec wu (rms_norm x nw norm:1e-6)))"
+    => "(mvk (e.mul (e.silu acc0) acc1) (wcat wg wu) x (norm nw norm:1e-6) nil)");
+rule_test!(should_fold_a_sigmoid_gate_into_the_matvec:
+    "(mul y (sigmoid (matvec wk x)))"
+    => "(mvk (e.mul in0 (e.sigmoid acc)) wk x nonorm (cons y nil))");
+rule_test!(should_fold_a_scalar_gate_as_a_broadcast_input:
+    "(mul (matvec wd m) (sigmoid (matvec w1 x)))"
+    => "(mvk (e.mul acc in0) wd m nonorm (cons (mvk (e.sigmoid acc) w1 x nonorm nil) nil))");
+rule_test!(should_chain_epilogues_over_several_extra_inputs:
+    "(add h (add y (matvec wo a)))"
+    => "(mvk (e.add in1 (e.add in0 acc)) wo a nonorm (cons y (cons h nil)))");
+
+#[test]
+fn should_refuse_to_broadcast_a_one_row_kernel_into_a_vector() {
+    stays(
+        &["(mul (matvec wd m) (sigmoid (matvec w1 x)))"],
+        "fold-mul-extra",
+        "would broadcast",
+    );
+}
+
+#[test]
+fn should_refuse_to_zip_parts_of_different_heights() {
+    stays(
+        &["(mul (silu (matvec wq x)) (matvec wk x))"],
+        "zip-parts",
+        "differ in height",
+    );
+}
+
+// (d) the attention block
+rule_test!(should_fuse_qk_norm_rope_kv_write_and_attention_into_one_block:
+    "(attention (rope (rms_norm qh qn norm:1e-6) pos rope:10000.0:8)
+                (kv_write kc (rope (rms_norm kh kn norm:1e-6) pos rope:10000.0:8) pos)
+                (kv_write vc vh pos) pos scale:0.35355338)"
+    => "(attn_block qh kh vh kc vc pos (norm qn norm:1e-6) (norm kn norm:1e-6) rope:10000.0:8 scale:0.35355338)");
+rule_test!(should_fuse_rope_kv_write_and_attention_without_norms:
+    "(attention (rope qh pos rope:10000.0:8) (kv_write kc (rope kh pos rope:10000.0:8) pos)
+                (kv_write vc vh pos) pos scale:0.35355338)"
+    => "(attn_block qh kh vh kc vc pos nonorm nonorm rope:10000.0:8 scale:0.35355338)");
+
+// (e) the tail
+rule_test!(should_write_the_argmax_and_the_position_in_one_dispatch:
+    ["(write_state tok (argmax logits))", "(write_state posst (increment pos))"]
+    => ["(fx0 (tail_step tok logits posst pos))", "(fx1 (tail_step tok logits posst pos))"]);
+rule_test!(should_write_the_argmax_straight_into_the_token:
+    "(write_state tok (argmax logits))" => "(argmax_write tok logits)");
+
+// (f) elementwise chains
+rule_test!(should_fuse_an_elementwise_chain_into_one_kernel:
+    "(mul (neg (exp alog)) (softplus (add b4 dt)))"
+    => "(ewk (e.mul (e.neg (e.exp in0)) (e.softplus (e.add in1 in2))) (cons alog (cons b4 (cons dt nil))))");
+rule_test!(should_read_a_shared_input_once_in_a_fused_chain:
+    "(mul (sigmoid b4) (silu b4))"
+    => "(ewk (e.mul (e.sigmoid in0) (e.silu in0)) (cons b4 nil))");
+rule_test!(should_broadcast_a_scalar_in_an_elementwise_chain:
+    "(div (exp c4) (add r1 (sigmoid r1)))"
+    => "(ewk (e.div (e.exp in0) (e.add in1 (e.sigmoid in1))) (cons c4 (cons r1 nil)))");
+
+#[test]
+fn should_refuse_an_elementwise_kernel_for_a_broadcast_over_rows() {
+    stays(
+        &["(mul (silu m2) col)"],
+        "elementwise-mul",
+        "broadcast over rows",
+    );
+}
+
+// (g) state updates in place
+rule_test!(should_update_the_recurrent_state_in_place:
+    ["(write_state rs (delta_rule_update rsv kr vr b4 c4))", "(delta_rule_update rsv kr vr b4 c4)"]
+    => ["(fx0 (update_in_place rs rsv kr vr b4 c4))",
+        "(state_after (update_in_place rs rsv kr vr b4 c4))"]);
+
+#[test]
+fn should_not_update_in_place_a_state_read_elsewhere() {
+    stays(
+        &[
+            "(write_state rs (delta_rule_update rsv kr vr b4 c4))",
+            "(delta_rule_update rsv kr vr b4 c4)",
+            "(exp rsv)",
+        ],
+        "update-state-in-place",
+        "read by another op",
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole programs.
+
+fn fixture(name: &str) -> Program {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/models")
+        .join(name);
+    let model = import::load(&dir).unwrap();
+    trace::trace(&model, &trace::TraceOptions::default()).unwrap()
+}
+
+fn toy3() -> Program {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/traces");
+    let text = std::fs::read_to_string(dir.join("toy3.ir")).unwrap();
+    vkfuse_compiler::ir::parse(&text).unwrap()
+}
+
+fn meta() -> Meta {
+    Meta {
+        architecture: "test".into(),
+        eos_token_ids: vec![],
+    }
+}
+
+#[test]
+fn should_fuse_each_dense_layer_into_five_dispatches() {
+    for (name, layers) in [("qwen3-tied", 2), ("qwen3-untied", 3), ("llama-gqa", 2)] {
+        let p = fixture(name);
+        let (s, r) = lower_fused(
+            &p,
+            &meta(),
+            &mut SpirvCache::default(),
+            &FuseOptions::default(),
+        )
+        .unwrap();
+        s.validate().unwrap();
+        assert_eq!(s.dispatches.len(), 5 * layers + 3, "{name}\n{r}");
+        assert_eq!(r.per_template(), vec![("T0".to_string(), 5, layers)]);
+        // Every layer runs the same pipelines in the same order.
+        let ids: Vec<u32> = s.dispatches.iter().map(|d| d.kernel.0).collect();
+        for l in 1..layers {
+            assert_eq!(ids[1..6], ids[1 + 5 * l..6 + 5 * l], "{name} layer {l}");
+        }
+    }
+}
+
+#[test]
+fn fused_program_snapshots() {
+    for name in ["qwen3-tied", "qwen3-untied", "llama-gqa", "qwen3-next"] {
+        let p = fixture(name);
+        let (s, r) = lower_fused(
+            &p,
+            &meta(),
+            &mut SpirvCache::default(),
+            &FuseOptions::default(),
+        )
+        .unwrap();
+        s.validate().unwrap();
+        insta::assert_snapshot!(format!("fused-{name}"), r.to_string());
+    }
+    let (s, r) = lower_fused(
+        &toy3(),
+        &meta(),
+        &mut SpirvCache::default(),
+        &FuseOptions::default(),
+    )
+    .unwrap();
+    s.validate().unwrap();
+    insta::assert_snapshot!("fused-toy3", r.to_string());
+}
+
+#[test]
+fn should_compile_the_same_schedule_twice() {
+    let p = fixture("qwen3-next");
+    let once = || {
+        lower_fused(
+            &p,
+            &meta(),
+            &mut SpirvCache::default(),
+            &FuseOptions::default(),
+        )
+        .unwrap()
+        .0
+    };
+    assert_eq!(once(), once());
+}
+
+#[test]
+fn should_fuse_the_same_when_tensor_names_change() {
+    let p = fixture("qwen3-tied");
+    let mut q = p.clone();
+    for op in &mut q.ops {
+        if let OpKind::Weight { name } = &mut op.kind {
+            *name = format!("renamed/{}", name.chars().rev().collect::<String>());
+        }
+    }
+    let report = |p: &Program| {
+        lower_fused(
+            p,
+            &meta(),
+            &mut SpirvCache::default(),
+            &FuseOptions::default(),
+        )
+        .unwrap()
+        .1
+        .to_string()
+    };
+    assert_eq!(report(&p), report(&q));
+}
+
+#[test]
+#[ignore = "measures compile time of a model given by VKFUSE_MODEL"]
+fn fusion_time_of_a_model() {
+    let dir = std::env::var("VKFUSE_MODEL").expect("VKFUSE_MODEL=model dir");
+    let model = import::load(Path::new(&dir)).unwrap();
+    let p = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
+    let t = std::time::Instant::now();
+    let f = vkfuse_compiler::fuse::fuse(&p, &FuseOptions::default()).unwrap();
+    let fuse_time = t.elapsed();
+    let t = std::time::Instant::now();
+    let s = vkfuse_compiler::fuse::schedule::lower_units(
+        &p,
+        &meta(),
+        &mut SpirvCache::default(),
+        &FuseOptions::default(),
+        &f,
+    )
+    .unwrap();
+    eprintln!(
+        "fuse {fuse_time:?}, lower {:?}: {} dispatches, {} levels",
+        t.elapsed(),
+        s.dispatches.len(),
+        s.levels.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused against unfused on the device, on shapes the fixtures do not have: scalar (unaligned)
+// loads, f32/f16/bf16 weights, partial rope, zero-centred norms, 4-row workgroups, MHA and GQA.
+// Unfused vs fused is the third oracle of DESIGN.md: same kernels' arithmetic up to the order
+// fusion changes, so the logits agree to ~1e-6 and the greedy tokens exactly.
+
+use std::collections::HashMap;
+use vkfuse_compiler::ir::{F32Attr, OpKind, StateKind, ValueId};
+use vkfuse_runtime::session::{Eager, Loaded, TensorBytes};
+
+/// The shape of a small dense model built op by op.
+struct Shapes {
+    dtype: DType,
+    hidden: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    rot: usize,
+    inter: usize,
+    vocab: usize,
+    layers: usize,
+    qk_norm: bool,
+    zero_centered: bool,
+}
+
+const CAPACITY: usize = 16;
+
+/// A Llama/Qwen3-like decode step of `s`, as the dense tracer would emit it.
+fn dense(s: &Shapes, weights: &mut Weights) -> Program {
+    let mut p = Program::new();
+    let token = p.add_state("token", StateKind::Token, Type::i32([1]));
+    let position = p.add_state("position", StateKind::Position, Type::i32([1]));
+    let mut caches = vec![];
+    for l in 0..s.layers {
+        let c = Type::f32([s.hkv, CAPACITY, s.d]);
+        caches.push((
+            p.add_state(format!("k{l}"), StateKind::KvCache, c.clone()),
+            p.add_state(format!("v{l}"), StateKind::KvCache, c),
+        ));
+    }
+    let op =
+        |p: &mut Program, kind: OpKind, args: &[ValueId]| p.value(kind, args.to_vec()).unwrap();
+    let mut weight = |p: &mut Program, name: String, dims: &[usize], norm: bool| {
+        weights.add(&name, s.dtype, dims, norm);
+        let ty = Type::new(s.dtype, dims.to_vec());
+        p.push(OpKind::Weight { name }, vec![], Some(ty))
+            .unwrap()
+            .unwrap()
+    };
+    let norm_kind = OpKind::RmsNorm {
+        eps: F32Attr(1e-6),
+        zero_centered: s.zero_centered,
+    };
+    let tok = op(&mut p, OpKind::ReadState { state: token }, &[]);
+    let pos = op(&mut p, OpKind::ReadState { state: position }, &[]);
+    let table = weight(&mut p, "embed".into(), &[s.vocab, s.hidden], false);
+    let mut h = op(&mut p, OpKind::Embedding, &[table, tok]);
+    let reshape = |p: &mut Program, x: ValueId, dims: &[usize]| {
+        p.value(
+            OpKind::Reshape {
+                shape: vkfuse_compiler::ir::Shape::new(dims.to_vec()),
+            },
+            vec![x],
+        )
+        .unwrap()
+    };
+    let rope = OpKind::Rope {
+        theta: F32Attr(10000.0),
+        rotary_dim: s.rot,
+    };
+    for (l, (kc, vc)) in caches.iter().enumerate() {
+        let w_in = weight(&mut p, format!("{l}.in"), &[s.hidden], true);
+        let x = op(&mut p, norm_kind.clone(), &[h, w_in]);
+        let wq = weight(&mut p, format!("{l}.q"), &[s.hq * s.d, s.hidden], false);
+        let q = op(&mut p, OpKind::Matvec, &[wq, x]);
+        let wk = weight(&mut p, format!("{l}.k"), &[s.hkv * s.d, s.hidden], false);
+        let k = op(&mut p, OpKind::Matvec, &[wk, x]);
+        let wv = weight(&mut p, format!("{l}.v"), &[s.hkv * s.d, s.hidden], false);
+        let v = op(&mut p, OpKind::Matvec, &[wv, x]);
+        let mut q = reshape(&mut p, q, &[s.hq, s.d]);
+        let mut k = reshape(&mut p, k, &[s.hkv, s.d]);
+        let v = reshape(&mut p, v, &[s.hkv, s.d]);
+        if s.qk_norm {
+            let qn = weight(&mut p, format!("{l}.qn"), &[s.d], true);
+            q = op(&mut p, norm_kind.clone(), &[q, qn]);
+            let kn = weight(&mut p, format!("{l}.kn"), &[s.d], true);
+            k = op(&mut p, norm_kind.clone(), &[k, kn]);
+        }
+        let q = op(&mut p, rope.clone(), &[q, pos]);
+        let k = op(&mut p, rope.clone(), &[k, pos]);
+        let kw = op(&mut p, OpKind::KvWrite { state: *kc }, &[k, pos]);
+        let vw = op(&mut p, OpKind::KvWrite { state: *vc }, &[v, pos]);
+        let scale = F32Attr(1.0 / (s.d as f32).sqrt());
+        let a = op(&mut p, OpKind::Attention { scale }, &[q, kw, vw, pos]);
+        let a = reshape(&mut p, a, &[s.hq * s.d]);
+        let wo = weight(&mut p, format!("{l}.o"), &[s.hidden, s.hq * s.d], false);
+        let o = op(&mut p, OpKind::Matvec, &[wo, a]);
+        h = op(&mut p, OpKind::Add, &[h, o]);
+        let w_post = weight(&mut p, format!("{l}.post"), &[s.hidden], true);
+        let x = op(&mut p, norm_kind.clone(), &[h, w_post]);
+        let wg = weight(&mut p, format!("{l}.gate"), &[s.inter, s.hidden], false);
+        let g = op(&mut p, OpKind::Matvec, &[wg, x]);
+        let wu = weight(&mut p, format!("{l}.up"), &[s.inter, s.hidden], false);
+        let u = op(&mut p, OpKind::Matvec, &[wu, x]);
+        let g = op(&mut p, OpKind::Silu, &[g]);
+        let m = op(&mut p, OpKind::Mul, &[g, u]);
+        let wd = weight(&mut p, format!("{l}.down"), &[s.hidden, s.inter], false);
+        let d = op(&mut p, OpKind::Matvec, &[wd, m]);
+        h = op(&mut p, OpKind::Add, &[h, d]);
+    }
+    let w_final = weight(&mut p, "final".into(), &[s.hidden], true);
+    let x = op(&mut p, norm_kind, &[h, w_final]);
+    let lm = weight(&mut p, "lm_head".into(), &[s.vocab, s.hidden], false);
+    let logits = op(&mut p, OpKind::Matvec, &[lm, x]);
+    let next = op(&mut p, OpKind::Argmax, &[logits]);
+    p.push(OpKind::WriteState { state: token }, vec![next], None)
+        .unwrap();
+    let pos1 = op(&mut p, OpKind::Increment, &[pos]);
+    p.push(OpKind::WriteState { state: position }, vec![pos1], None)
+        .unwrap();
+    p.outputs.push(("logits".into(), logits));
+    p.verify().unwrap();
+    p
+}
+
+/// Deterministic random weights by name.
+#[derive(Default)]
+struct Weights(HashMap<String, Vec<u8>>, u64);
+
+impl Weights {
+    fn add(&mut self, name: &str, dtype: DType, dims: &[usize], norm: bool) {
+        let n: usize = dims.iter().product();
+        let scale = if norm {
+            0.2
+        } else {
+            2.0 / (*dims.last().unwrap() as f32).sqrt()
+        };
+        let mut bytes = vec![];
+        for _ in 0..n {
+            self.1 = self
+                .1
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = ((self.1 >> 40) as f32 / (1u64 << 24) as f32) - 0.5;
+            let v = if norm { 1.0 + u * scale } else { u * scale };
+            match dtype {
+                DType::F32 => bytes.extend(v.to_le_bytes()),
+                DType::F16 => bytes.extend(half::f16::from_f32(v).to_le_bytes()),
+                DType::BF16 => bytes.extend(half::bf16::from_f32(v).to_le_bytes()),
+                DType::I32 => unreachable!("weights are floats"),
+            }
+        }
+        self.0.insert(name.to_string(), bytes);
+    }
+}
+
+impl TensorBytes for Weights {
+    fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
+        self.0
+            .get(tensor)
+            .map(Vec::as_slice)
+            .ok_or_else(|| format!("no tensor {tensor}"))
+    }
+}
+
+fn run(eager: &mut Eager, tokens: &[u32]) -> Vec<(Vec<f32>, u32)> {
+    tokens
+        .iter()
+        .map(|&t| {
+            let o = eager.step(Some(t)).unwrap();
+            (o.logits, o.next_token)
+        })
+        .collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn fused_equals_unfused(s: &Shapes) {
+    fused_equals_unfused_with(s, &FuseOptions::default(), Some(5 * s.layers + 3));
+}
+
+fn fused_equals_unfused_with(s: &Shapes, opts: &FuseOptions, dispatches: Option<usize>) {
+    use vkfuse_runtime::{Device, Instance, InstanceOptions, Requirements};
+    let mut weights = Weights::default();
+    let p = dense(s, &mut weights);
+    let unfused = vkfuse_compiler::lower::lower(&p, &meta(), &mut SpirvCache::default()).unwrap();
+    let (fused, report) = lower_fused(&p, &meta(), &mut SpirvCache::default(), opts).unwrap();
+    if let Some(n) = dispatches {
+        assert_eq!(fused.dispatches.len(), n, "dispatches:\n{report}");
+    }
+    eprintln!(
+        "{} dispatches (unfused {})",
+        fused.dispatches.len(),
+        unfused.dispatches.len()
+    );
+    let instance = Instance::new(&InstanceOptions::validated()).unwrap();
+    let log = instance.validation_log();
+    {
+        let adapter = instance.select_adapter(None).unwrap();
+        let eager = |schedule| {
+            let device = Device::new(&instance, &adapter, &Requirements::none()).unwrap();
+            Eager::new(Loaded::new(device, schedule, &weights).unwrap()).unwrap()
+        };
+        let tokens: Vec<u32> = (0..10)
+            .map(|i| (i * 7 + 3) as u32 % s.vocab as u32)
+            .collect();
+        let want = run(&mut eager(unfused), &tokens);
+        let got = run(&mut eager(fused), &tokens);
+        for (i, ((gl, gt), (wl, wt))) in got.iter().zip(&want).enumerate() {
+            let e = rel_l2(gl, wl);
+            assert!(e < 1e-5, "position {i}: relative L2 {e:.2e}");
+            assert_eq!(gt, wt, "position {i}: next token");
+        }
+    }
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
+
+#[test]
+fn should_match_unfused_with_f32_weights_and_partial_rope() {
+    fused_equals_unfused(&Shapes {
+        dtype: DType::F32,
+        hidden: 20,
+        hq: 3,
+        hkv: 1,
+        d: 12,
+        rot: 8,
+        inter: 36,
+        vocab: 70,
+        layers: 2,
+        qk_norm: true,
+        zero_centered: false,
+    });
+}
+
+#[test]
+fn should_match_unfused_with_unaligned_bf16_rows_and_a_wide_lm_head() {
+    fused_equals_unfused(&Shapes {
+        dtype: DType::BF16,
+        hidden: 20,
+        hq: 4,
+        hkv: 2,
+        d: 10,
+        rot: 10,
+        inter: 30,
+        vocab: 4100,
+        layers: 2,
+        qk_norm: true,
+        zero_centered: true,
+    });
+}
+
+#[test]
+fn should_stay_correct_when_saturation_stops_early() {
+    // Whatever the limits cut, every extracted form is an equality: only fewer fusions.
+    for iters in [1, 2, 3] {
+        let opts = FuseOptions {
+            iter_limit: iters,
+            ..FuseOptions::default()
+        };
+        let shapes = Shapes {
+            dtype: DType::BF16,
+            hidden: 32,
+            hq: 4,
+            hkv: 2,
+            d: 8,
+            rot: 8,
+            inter: 48,
+            vocab: 60,
+            layers: 2,
+            qk_norm: true,
+            zero_centered: false,
+        };
+        fused_equals_unfused_with(&shapes, &opts, None);
+    }
+}
+
+#[test]
+fn should_match_unfused_with_f16_multi_head_attention_without_qk_norm() {
+    fused_equals_unfused(&Shapes {
+        dtype: DType::F16,
+        hidden: 64,
+        hq: 8,
+        hkv: 8,
+        d: 8,
+        rot: 4,
+        inter: 72,
+        vocab: 50,
+        layers: 3,
+        qk_norm: false,
+        zero_centered: false,
+    });
+}
+
+#[test]
+#[ignore = "runs the model given by VKFUSE_MODEL fused and unfused on the default device"]
+fn fused_matches_unfused_on_a_model() {
+    use vkfuse_runtime::{Device, Instance, InstanceOptions, Requirements};
+    let dir = std::env::var("VKFUSE_MODEL").expect("VKFUSE_MODEL=model dir");
+    let model = import::load(Path::new(&dir)).unwrap();
+    let p = trace::trace(
+        &model,
+        &trace::TraceOptions {
+            max_context: Some(512),
+        },
+    )
+    .unwrap();
+    let unfused = vkfuse_compiler::lower::lower(&p, &meta(), &mut SpirvCache::default()).unwrap();
+    let t = std::time::Instant::now();
+    let (fused, report) = lower_fused(
+        &p,
+        &meta(),
+        &mut SpirvCache::default(),
+        &FuseOptions::default(),
+    )
+    .unwrap();
+    eprintln!("lower_fused {:?}\n{report}", t.elapsed());
+    let instance = Instance::new(&InstanceOptions::validated()).unwrap();
+    let log = instance.validation_log();
+    {
+        let adapter = instance.select_adapter(None).unwrap();
+        let eager = |schedule| {
+            let device = Device::new(&instance, &adapter, &Requirements::none()).unwrap();
+            Eager::new(Loaded::new(device, schedule, &model.tensors).unwrap()).unwrap()
+        };
+        let tokens: Vec<u32> = (0..40).map(|i| (i * 7919 + 3) as u32 % 150_000).collect();
+        for (name, schedule) in [("unfused", unfused), ("fused", fused)] {
+            let mut e = eager(schedule);
+            let out = run(&mut e, &tokens);
+            let ns = e.gpu_ns().unwrap_or(0.0) / tokens.len() as f64;
+            eprintln!(
+                "{name}: {} dispatches, {:.1} GPU µs/token (eager)",
+                e.loaded().schedule.dispatches.len(),
+                ns / 1e3
+            );
+            std::fs::write(
+                format!("/tmp/logits-{name}.bin"),
+                out.iter()
+                    .flat_map(|(l, t)| {
+                        l.iter()
+                            .flat_map(|x| x.to_le_bytes())
+                            .chain((*t as f32).to_le_bytes())
+                    })
+                    .collect::<Vec<u8>>(),
+            )
+            .unwrap();
+        }
+        let read = |name: &str| -> Vec<f32> {
+            std::fs::read(format!("/tmp/logits-{name}.bin"))
+                .unwrap()
+                .chunks(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let (a, b) = (read("fused"), read("unfused"));
+        let row = a.len() / tokens.len();
+        let mut worst: f64 = 0.0;
+        for i in 0..tokens.len() {
+            let (ra, rb) = (&a[i * row..(i + 1) * row], &b[i * row..(i + 1) * row]);
+            worst = worst.max(rel_l2(&ra[..row - 1], &rb[..row - 1]));
+            assert_eq!(ra[row - 1], rb[row - 1], "position {i}: next token");
+        }
+        eprintln!(
+            "fused vs unfused: worst relative L2 {worst:.2e} over {} positions",
+            tokens.len()
+        );
+        assert!(worst < 1e-4);
+    }
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}

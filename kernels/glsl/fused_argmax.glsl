@@ -1,0 +1,73 @@
+// The tail anchor (vkfuse fuse::codegen generates the including source): the argmax of the
+// logits (ties to the lower index, total_cmp order, as argmax.comp) written straight into the
+// token state, and/or the position advanced in its state, in one single-workgroup dispatch.
+//
+// The including source defines WRITE_TOKEN (0/1) and ADVANCE (0/1).
+// Bindings with WRITE_TOKEN and ADVANCE: 0 = token state i32[1], 1 = x f32[N],
+// 2 = position state i32[1], 3 = position i32[1]; with only WRITE_TOKEN: 0 and 1; with only
+// ADVANCE: 0 = position state, 1 = position.
+// Spec constants: 0 = workgroup size (power of two), 1 = N.
+// Dispatch: one workgroup.
+
+#include "argbest.glsl"
+
+layout(constant_id = 1) const uint N = 1;
+
+#if WRITE_TOKEN
+layout(set = 0, binding = 0, std430) writeonly buffer Tok { int token[]; };
+layout(set = 0, binding = 1, std430) readonly buffer X { float x[]; };
+#endif
+#if ADVANCE
+layout(set = 0, binding = 2 * WRITE_TOKEN, std430) writeonly buffer PosOut { int pos_out[]; };
+layout(set = 0, binding = 2 * WRITE_TOKEN + 1, std430) readonly buffer PosIn { int pos_in[]; };
+#endif
+
+#if WRITE_TOKEN
+void consider(float v, uint i, inout uint bk, inout uint bi) {
+    uint key = order_key(v);
+    if (before(key, i, bk, bi)) {
+        bk = key;
+        bi = i;
+    }
+}
+#endif
+
+void main() {
+    uint t = gl_LocalInvocationID.x;
+#if ADVANCE
+    // Only invocation 0 reads and writes the position (the state and the value may be one
+    // buffer), in that order.
+    int p = 0;
+    if (t == 0u) {
+        p = pos_in[0];
+    }
+#endif
+#if WRITE_TOKEN
+    uint wg = gl_WorkGroupSize.x;
+    uint bk = 0u;
+    uint bi = NONE;
+    uint i = t;
+    for (; i + 3u * wg < N; i += 4u * wg) {
+        float a = x[i];
+        float b = x[i + wg];
+        float c = x[i + 2u * wg];
+        float d = x[i + 3u * wg];
+        consider(a, i, bk, bi);
+        consider(b, i + wg, bk, bi);
+        consider(c, i + 2u * wg, bk, bi);
+        consider(d, i + 3u * wg, bk, bi);
+    }
+    for (; i < N; i += wg) {
+        consider(x[i], i, bk, bi);
+    }
+    uint best = wg_argbest(bk, bi);
+    if (t == 0u) {
+        token[0] = int(best);
+    }
+#endif
+#if ADVANCE
+    if (t == 0u) {
+        pos_out[0] = p + 1;
+    }
+#endif
+}

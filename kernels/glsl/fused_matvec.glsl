@@ -1,0 +1,181 @@
+// The matvec-family anchor of fused kernels (vkfuse fuse::codegen generates the including
+// source). For every output row: the dots of one or more weight rows with the input, with an
+// optional rms-norm prologue, then a generated epilogue expression.
+//
+// Weights: PARTS matrices [rows_k, I] of W_DTYPE packed side by side (row after row) at compile
+// time. Stacked (ZIPPED 0): output row r is weight row r, written at r + SHIFT_k (each part
+// starts at an aligned offset); O = all rows. Zipped (ZIPPED 1): all parts have O rows and
+// output row r combines weight rows k*O + r of every part k.
+// Prologue (NORM 1): x̂ = x / sqrt(mean(x²) + EPS) · nw (· (1 + nw) when NORM_ZC): every
+// workgroup reduces x² itself (x is small) and scales its dots; x̂ never reaches memory.
+// Epilogue: EPILOGUE(row, a) with a[k] the dot of part k (a[0] when stacked); the including
+// source defines it, with IN<k>(row) reading the extra inputs it declares.
+//
+// The including source defines W_DTYPE, NORM, NW_DTYPE, NORM_ZC, PARTS, ZIPPED and EPILOGUE.
+// Bindings: 0 = y f32, 1 = w (uint / uvec4 views), 2 = x f32 (float / vec4 views),
+// 3 = nw [I] of NW_DTYPE when NORM, then the extra inputs.
+// Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (output rows per
+// workgroup; ROWS * (ZIPPED ? PARTS : 1) <= 8), 4 = VEC4 (1 when rows and x are 16-byte
+// aligned), 5 = EPS (f32), 6..13 = END_k (cumulative row ends of the parts, stacked),
+// 14..21 = SHIFT_k (output offset minus row start of part k, stacked).
+// Dispatch: ceil(O / ROWS) workgroups.
+
+#include "reduce.glsl"
+#include "fused_epilogue.glsl"
+
+layout(constant_id = 1) const uint O = 1;
+layout(constant_id = 2) const uint I = 1;
+layout(constant_id = 3) const uint ROWS = 1;
+layout(constant_id = 4) const uint VEC4 = 0;
+layout(constant_id = 5) const float EPS = 0.0;
+layout(constant_id = 6) const uint END0 = 0;
+layout(constant_id = 7) const uint END1 = 0;
+layout(constant_id = 8) const uint END2 = 0;
+layout(constant_id = 9) const uint END3 = 0;
+layout(constant_id = 10) const uint END4 = 0;
+layout(constant_id = 11) const uint END5 = 0;
+layout(constant_id = 12) const uint END6 = 0;
+layout(constant_id = 13) const uint END7 = 0;
+layout(constant_id = 14) const uint SHIFT0 = 0;
+layout(constant_id = 15) const uint SHIFT1 = 0;
+layout(constant_id = 16) const uint SHIFT2 = 0;
+layout(constant_id = 17) const uint SHIFT3 = 0;
+layout(constant_id = 18) const uint SHIFT4 = 0;
+layout(constant_id = 19) const uint SHIFT5 = 0;
+layout(constant_id = 20) const uint SHIFT6 = 0;
+layout(constant_id = 21) const uint SHIFT7 = 0;
+
+layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
+layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
+layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };
+layout(set = 0, binding = 2, std430) readonly buffer X { float x[]; };
+layout(set = 0, binding = 2, std430) readonly buffer X4 { vec4 x4[]; };
+#if NORM
+layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
+#endif
+
+#if ZIPPED
+const uint PER_ROW = PARTS;
+#else
+const uint PER_ROW = 1u;
+#endif
+const uint MAX_DOTS = 8u;
+shared float red_dots[MAX_DOTS * gl_WorkGroupSize.x];
+
+// The norm weight of element i (1 without a norm).
+float nw_at(uint i) {
+#if NORM
+    float v = LOAD(NW_DTYPE, nw, i);
+    return NORM_ZC != 0 ? v + 1.0 : v;
+#else
+    return 1.0;
+#endif
+}
+
+// Where stacked weight row r goes in y.
+uint out_index(uint r) {
+#if ZIPPED
+    return r;
+#else
+    if (PARTS <= 1 || r < END0) return r + SHIFT0;
+    if (PARTS <= 2 || r < END1) return r + SHIFT1;
+    if (PARTS <= 3 || r < END2) return r + SHIFT2;
+    if (PARTS <= 4 || r < END3) return r + SHIFT3;
+    if (PARTS <= 5 || r < END4) return r + SHIFT4;
+    if (PARTS <= 6 || r < END5) return r + SHIFT5;
+    if (PARTS <= 7 || r < END6) return r + SHIFT6;
+    return r + SHIFT7;
+#endif
+}
+
+void main() {
+    uint t = gl_LocalInvocationID.x;
+    uint row0 = group_id() * ROWS;
+    if (row0 >= O) {
+        return;
+    }
+    // Dot j is output row row0 + j / PER_ROW, part j % PER_ROW; rows past O repeat O - 1.
+    uint wrow[MAX_DOTS];
+    float acc[MAX_DOTS];
+    for (uint j = 0u; j < MAX_DOTS; j++) {
+        uint r = min(row0 + j / PER_ROW, O - 1u);
+        uint k = j % PER_ROW;
+        wrow[j] = k * O + r;
+        acc[j] = 0.0;
+    }
+    uint ndots = ROWS * PER_ROW;
+
+    float scale = 1.0;
+#if NORM
+    float ss = 0.0;
+    for (uint i = t; i < I; i += gl_WorkGroupSize.x) {
+        float v = x[i];
+        ss += v * v;
+    }
+    ss = wg_sum(ss);
+    scale = inversesqrt(ss / float(I) + EPS);
+#endif
+
+    if (VEC4 != 0u) {
+#if W_DTYPE == F32
+        uint n4 = I / 4u;
+        for (uint c = t; c < n4; c += gl_WorkGroupSize.x) {
+            vec4 xv = x4[c];
+#if NORM
+            uint e = 4u * c;
+            xv *= vec4(nw_at(e), nw_at(e + 1u), nw_at(e + 2u), nw_at(e + 3u));
+#endif
+            for (uint j = 0u; j < ndots; j++) {
+                acc[j] += dot(uintBitsToFloat(w4[wrow[j] * n4 + c]), xv);
+            }
+        }
+#else
+        uint n8 = I / 8u;
+        for (uint c = t; c < n8; c += gl_WorkGroupSize.x) {
+            vec4 xa = x4[2u * c];
+            vec4 xb = x4[2u * c + 1u];
+#if NORM
+            uint e = 8u * c;
+            xa *= vec4(nw_at(e), nw_at(e + 1u), nw_at(e + 2u), nw_at(e + 3u));
+            xb *= vec4(nw_at(e + 4u), nw_at(e + 5u), nw_at(e + 6u), nw_at(e + 7u));
+#endif
+            for (uint j = 0u; j < ndots; j++) {
+                uvec4 wv = w4[wrow[j] * n8 + c];
+                vec2 p0 = PAIR(W_DTYPE, wv.x);
+                vec2 p1 = PAIR(W_DTYPE, wv.y);
+                vec2 p2 = PAIR(W_DTYPE, wv.z);
+                vec2 p3 = PAIR(W_DTYPE, wv.w);
+                acc[j] += dot(vec4(p0, p1), xa) + dot(vec4(p2, p3), xb);
+            }
+        }
+#endif
+    } else {
+        for (uint c = t; c < I; c += gl_WorkGroupSize.x) {
+            float xv = x[c] * nw_at(c);
+            for (uint j = 0u; j < ndots; j++) {
+                acc[j] += LOAD(W_DTYPE, w, wrow[j] * I + c) * xv;
+            }
+        }
+    }
+
+    for (uint j = 0u; j < ndots; j++) {
+        red_dots[j * gl_WorkGroupSize.x + t] = acc[j];
+    }
+    barrier();
+    for (uint s = gl_WorkGroupSize.x / 2u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            for (uint j = 0u; j < ndots; j++) {
+                red_dots[j * gl_WorkGroupSize.x + t] += red_dots[j * gl_WorkGroupSize.x + t + s];
+            }
+        }
+        barrier();
+    }
+    if (t < ROWS && row0 + t < O) {
+        float a[PER_ROW];
+        for (uint k = 0u; k < PER_ROW; k++) {
+            a[k] = red_dots[(t * PER_ROW + k) * gl_WorkGroupSize.x] * scale;
+        }
+        uint r = row0 + t;
+        y[out_index(r)] = EPILOGUE(r, a);
+    }
+}
