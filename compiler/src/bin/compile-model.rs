@@ -132,14 +132,20 @@ fn run(args: Args) -> Result<()> {
         })?;
         (s, None, Some(r.plan))
     } else {
-        let opts = fuse::FuseOptions { plan_memory: !args.no_plan, ..Default::default() };
+        let opts = fuse::FuseOptions {
+            plan_memory: !args.no_plan,
+            ..Default::default()
+        };
         let (s, r) = st.run("fuse", || {
             fuse::lower_fused(&program, &meta, &mut spirv, &opts).context("fusing and lowering")
         })?;
-        (s, Some(r), None)
+        let plan = r.plan.clone();
+        (s, Some(r), plan)
     };
     let bytes = st.run("write", || {
-        schedule.write_file(path, &model.tensors).with_context(|| format!("writing {}", path.display()))
+        schedule
+            .write_file(path, &model.tensors)
+            .with_context(|| format!("writing {}", path.display()))
     })?;
 
     let templates: Vec<String> = segmentation
@@ -152,30 +158,56 @@ fn run(args: Args) -> Result<()> {
     match &fusion {
         None => println!("fusion:      off (--no-fuse): one dispatch per op"),
         Some(r) => {
-            let per: Vec<String> =
-                r.per_template().iter().map(|(t, k, n)| format!("{t} {k} dispatches x {n}")).collect();
-            println!("fusion:      on ({} unfused dispatches before): {}", r.unfused_dispatches, per.join(", "));
+            let per: Vec<String> = r
+                .per_template()
+                .iter()
+                .map(|(t, k, n)| format!("{t} {k} dispatches x {n}"))
+                .collect();
+            println!(
+                "fusion:      on ({} unfused dispatches before): {}",
+                r.unfused_dispatches,
+                per.join(", ")
+            );
         }
     }
-    println!("trace:       {} ops -> {} dispatches per token", program.ops.len(), schedule.dispatches.len());
+    println!(
+        "trace:       {} ops -> {} dispatches per token",
+        program.ops.len(),
+        schedule.dispatches.len()
+    );
     println!(
         "levels:      {} ({} barriers per token in replay; eager puts one after every dispatch)",
         schedule.levels.len(),
         schedule.levels.len().saturating_sub(1)
     );
-    println!("templates:   {}", if templates.is_empty() { "none found".into() } else { templates.join(", ") });
+    println!(
+        "templates:   {}",
+        if templates.is_empty() {
+            "none found".into()
+        } else {
+            templates.join(", ")
+        }
+    );
     match &plan {
         Some(plan) => println!(
             "arena:       {} bytes (lower bound {}, naive {})",
             plan.arena_bytes, plan.lower_bound, plan.naive_bytes
         ),
         None => {
-            let arena = schedule.buffers.iter().find(|b| b.role == BufferRole::Arena).map_or(0, |b| b.size);
+            let arena = schedule
+                .buffers
+                .iter()
+                .find(|b| b.role == BufferRole::Arena)
+                .map_or(0, |b| b.size);
             println!("arena:       {arena} bytes")
         }
     }
     println!("kernels:     {} pipelines", schedule.kernels.len());
-    let times: Vec<String> = st.times.iter().map(|(n, t)| format!("{n} {t:.3} s")).collect();
+    let times: Vec<String> = st
+        .times
+        .iter()
+        .map(|(n, t)| format!("{n} {t:.3} s"))
+        .collect();
     println!("time:        {}", times.join(", "));
     if let (true, Some(r)) = (args.explain, &fusion) {
         println!("\n{r}");

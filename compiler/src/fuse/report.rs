@@ -21,6 +21,8 @@ pub struct FusionReport {
     /// Instances per unit, in `units` order.
     pub instances: Vec<usize>,
     pub units: Vec<FusedUnit>,
+    /// The arena plan of the fused schedule, when lowering made one.
+    pub plan: Option<crate::plan::Plan>,
 }
 
 impl FusionReport {
@@ -36,6 +38,7 @@ impl FusionReport {
             levels: schedule.levels.len(),
             instances,
             units: fused.units.clone(),
+            plan: None,
         }
     }
 
@@ -124,6 +127,16 @@ impl fmt::Display for FusionReport {
             .map(|(l, d, n)| format!("{l} x {n} instances, {d} dispatches each"))
             .collect();
         writeln!(f, "templates: {}", per.join("; "))?;
+        if let Some(plan) = &self.plan {
+            writeln!(
+                f,
+                "arena: {} bytes for {} transient values (lower bound {}, naive {})",
+                plan.arena_bytes,
+                plan.offsets.len(),
+                plan.lower_bound,
+                plan.naive_bytes
+            )?;
+        }
         for (u, n) in self.units.iter().zip(&self.instances) {
             writeln!(f)?;
             if *n > 1 {

@@ -506,8 +506,9 @@ pub fn lower_fused(
     opts: &FuseOptions,
 ) -> Result<(Schedule, FusionReport), FuseError> {
     let fused = fuse(p, opts)?;
-    let schedule = lower_units(p, meta, spirv, opts, &fused)?;
-    let report = FusionReport::new(p, &fused, &schedule);
+    let (schedule, plan) = lower_units_planned(p, meta, spirv, opts, &fused)?;
+    let mut report = FusionReport::new(p, &fused, &schedule);
+    report.plan = Some(plan);
     Ok((schedule, report))
 }
 
@@ -519,6 +520,17 @@ pub fn lower_units(
     opts: &FuseOptions,
     fused: &Fused,
 ) -> Result<Schedule, FuseError> {
+    Ok(lower_units_planned(p, meta, spirv, opts, fused)?.0)
+}
+
+/// [`lower_units`], also returning the arena plan (for the report: arena vs lower bound).
+pub fn lower_units_planned(
+    p: &Program,
+    meta: &Meta,
+    spirv: &mut SpirvCache,
+    opts: &FuseOptions,
+    fused: &Fused,
+) -> Result<(Schedule, plan::Plan), FuseError> {
     let logits = p
         .output("logits")
         .ok_or(FuseError::Missing("a `logits` output"))?;
@@ -638,7 +650,7 @@ pub fn lower_units(
             role,
         })
         .collect();
-    Ok(Schedule {
+    let schedule = Schedule {
         meta: ModelMeta {
             architecture: meta.architecture.clone(),
             vocab_size: p.ty(logits).shape.numel() as u32,
@@ -655,7 +667,8 @@ pub fn lower_units(
             position: l.state_slices[position.index()],
             logits: l.io_logits,
         },
-    })
+    };
+    Ok((schedule, plan))
 }
 
 /// The unfused cost of a whole program (for reports): one dispatch per compute op.
