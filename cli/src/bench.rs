@@ -125,7 +125,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         schedules.push((fused, s));
         Box::new(w)
     } else {
-        let model = import::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+        let model = import::load(&args.model)
+            .with_context(|| format!("loading {}", args.model.display()))?;
         let program = trace::trace(&model, &trace::TraceOptions::default())?;
         let meta = lower::Meta {
             architecture: model.config.architecture.clone(),
@@ -133,7 +134,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         };
         let mut spirv = SpirvCache::default();
         schedules.push((false, lower::lower(&program, &meta, &mut spirv)?));
-        let (fused, _) = fuse::lower_fused(&program, &meta, &mut spirv, &fuse::FuseOptions::default())?;
+        let (fused, _) =
+            fuse::lower_fused(&program, &meta, &mut spirv, &fuse::FuseOptions::default())?;
         schedules.push((true, fused));
         Box::new(model.tensors)
     };
