@@ -15,10 +15,10 @@ cargo build --release --quiet --bin vkfuse --bin compile-model
 echo "== Vulkan devices"
 ./target/release/vkfuse devices
 echo "== compiling $model"
-./target/release/compile-model "$model" -o "$out/qwen3-tied.vkf" --no-fuse
+./target/release/compile-model "$model" -o "$out/qwen3-tied.vkf"
 echo "== decoding: prompt 1,2,3, 16 new tokens, replay (record once, submit per token)"
 ./target/release/vkfuse run "$out/qwen3-tied.vkf" --ids 1,2,3 --max-new-tokens 16
 echo "== the CPU reference interpreter on the model directory (the oracle): the ids must agree"
 ./target/release/vkfuse run "$model" --backend reference --ids 1,2,3 --max-new-tokens 16
-echo "== benchmark: the same 64 tokens through each executor"
-./target/release/vkfuse bench "$out/qwen3-tied.vkf" --tokens 64
+echo "== benchmark: the same 64 tokens, unfused and fused, eager and replay"
+./target/release/vkfuse bench "$model" --tokens 64
