@@ -58,6 +58,7 @@ fn eager_refuses_a_step_past_the_kv_capacity() {
         let meta = lower::Meta {
             architecture: String::new(),
             eos_token_ids: vec![],
+            tokenizer: None,
         };
         let schedule = lower::lower(&program, &meta, &mut lower::SpirvCache::default()).unwrap();
         let mut eager = vkfuse_runtime::session::Eager::new(
@@ -90,6 +91,7 @@ fn a_model_larger_than_device_memory_is_a_clear_error() {
         let meta = lower::Meta {
             architecture: String::new(),
             eos_token_ids: vec![],
+            tokenizer: None,
         };
         let mut schedule =
             lower::lower(&program, &meta, &mut lower::SpirvCache::default()).unwrap();

@@ -112,6 +112,7 @@ pub fn fixture_schedule(
     let meta = Meta {
         architecture: model.config.architecture.clone(),
         eos_token_ids: vec![],
+        tokenizer: None,
     };
     let schedule = lower::lower(&program, &meta, &mut SpirvCache::default()).unwrap();
     (model, schedule)
@@ -143,6 +144,7 @@ pub fn fused_schedule(
     let meta = Meta {
         architecture: model.config.architecture.clone(),
         eos_token_ids: vec![],
+        tokenizer: None,
     };
     let (schedule, report) = lower_fused(
         &program,
@@ -166,4 +168,33 @@ pub fn fused_fixture(
     let (model, schedule, report) = fused_schedule(name);
     let loaded = vkfuse_runtime::session::Loaded::new(device, schedule, &model.tensors).unwrap();
     (vkfuse_runtime::session::Eager::new(loaded).unwrap(), report)
+}
+
+/// The fixture `name` compiled as `compile-model` compiles it: fused, with the model's EOS ids
+/// and its tokenizer when the directory has one.
+pub fn compiled_fixture(
+    name: &str,
+) -> (
+    vkfuse_compiler::import::Model,
+    vkfuse_runtime::schedule::Schedule,
+) {
+    use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
+    use vkfuse_compiler::lower::{Meta, SpirvCache};
+    use vkfuse_compiler::{import, trace};
+    let model = import::load(&fixture_dir(name)).unwrap();
+    let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
+    let (schedule, _) = lower_fused(
+        &program,
+        &Meta::of(&model),
+        &mut SpirvCache::default(),
+        &FuseOptions::default(),
+    )
+    .unwrap();
+    (model, schedule)
+}
+
+/// [`compiled_fixture`] written to the schedule file `path`.
+pub fn write_fixture_file(name: &str, path: &Path) {
+    let (model, schedule) = compiled_fixture(name);
+    schedule.write_file(path, &model.tensors).unwrap();
 }

@@ -128,10 +128,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let model = import::load(&args.model)
             .with_context(|| format!("loading {}", args.model.display()))?;
         let program = trace::trace(&model, &trace::TraceOptions::default())?;
-        let meta = lower::Meta {
-            architecture: model.config.architecture.clone(),
-            eos_token_ids: model.config.eos_token_ids.clone(),
-        };
+        let meta = lower::Meta::of(&model);
         let mut spirv = SpirvCache::default();
         schedules.push((false, lower::lower(&program, &meta, &mut spirv)?));
         let (fused, _) =

@@ -173,10 +173,7 @@ impl Source {
                 Box::new(Reference::new(program, &model.tensors))
             }
             (Source::Model { model, program, .. }, backend) => {
-                let meta = lower::Meta {
-                    architecture: model.config.architecture.clone(),
-                    eos_token_ids: model.config.eos_token_ids.clone(),
-                };
+                let meta = lower::Meta::of(model);
                 let schedule = lower::lower(program, &meta, &mut SpirvCache::default())
                     .context("lowering the trace")?;
                 vulkan_engine(backend, schedule, &model.tensors, device, chains)?

@@ -1,9 +1,12 @@
-//! `vkfuse`: run a model or schedule, benchmark it, inspect it, list devices.
+//! `vkfuse`: run a model or schedule, generate text with it, benchmark it, inspect it, list
+//! devices.
 
 mod bench;
 mod decode;
 mod devices;
+mod generate;
 mod metrics;
+mod text;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -12,7 +15,8 @@ use std::path::PathBuf;
 
 /// vkfuse: LLM decode with the host out of the way.
 ///
-/// `vkfuse run` feeds prompt token ids one at a time, then decodes greedily.
+/// `vkfuse run` feeds prompt token ids one at a time, then decodes greedily; `vkfuse generate`
+/// does the same from text to text.
 #[derive(Parser)]
 #[command(name = "vkfuse", version)]
 struct Cli {
@@ -24,6 +28,8 @@ struct Cli {
 enum Command {
     /// Feed token ids one at a time, then decode greedily; print the generated ids.
     Run(RunArgs),
+    /// Tokenize a prompt, decode greedily and print the text as it is produced.
+    Generate(generate::GenerateArgs),
     /// List the Vulkan devices with their key limits (`VKFUSE_DEVICE` or `--device` picks one).
     Devices,
     /// Decode the same tokens with every executor configuration and print one table.
@@ -93,6 +99,7 @@ fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Run(args) => decode::run(&args),
+        Command::Generate(args) => generate::run(&args),
         Command::Devices => devices::list(),
         Command::Bench(args) => bench::run(&args),
         Command::Inspect { file } => inspect(&file),

@@ -40,10 +40,23 @@ pub enum LowerError {
 }
 
 /// Model facts the schedule carries.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Meta {
     pub architecture: String,
     pub eos_token_ids: Vec<u32>,
+    /// The model's `tokenizer.json`, recorded verbatim in the schedule.
+    pub tokenizer: Option<String>,
+}
+
+impl Meta {
+    /// The facts of an imported model: its architecture, EOS ids and tokenizer.
+    pub fn of(model: &crate::import::Model) -> Meta {
+        Meta {
+            architecture: model.config.architecture.clone(),
+            eos_token_ids: model.config.eos_token_ids.clone(),
+            tokenizer: model.tokenizer.clone(),
+        }
+    }
 }
 
 fn round4(bytes: u64) -> u64 {
@@ -367,6 +380,7 @@ pub fn lower_with_report(
             vocab_size: p.ty(logits).shape.numel() as u32,
             max_context: capacity,
             eos_token_ids: meta.eos_token_ids.clone(),
+            tokenizer: meta.tokenizer.clone(),
         },
         buffers,
         weights: uploads,

@@ -333,6 +333,7 @@ fn meta() -> Meta {
     Meta {
         architecture: "test".into(),
         eos_token_ids: vec![],
+        tokenizer: None,
     }
 }
 

@@ -241,6 +241,19 @@ fn good_llama(tag: &str) -> (TempDir, Model) {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
+fn tokenizer_json_is_read_verbatim_when_present_and_named_when_broken() {
+    let (dir, m) = good_llama("tokenizer");
+    assert_eq!(m.tokenizer, None, "no tokenizer.json, no tokenizer");
+    let json = "{\"model\": {\"type\": \"BPE\"}}\n";
+    dir.write("tokenizer.json", json);
+    assert_eq!(load(dir.path()).unwrap().tokenizer.as_deref(), Some(json));
+    dir.write("tokenizer.json", "{\"model\": ");
+    let err = load_err(dir.path()).to_string();
+    assert!(err.contains("tokenizer.json:1:"), "{err}");
+    assert!(err.contains("invalid JSON"), "{err}");
+}
+
+#[test]
 fn llama_loads_with_head_dim_derived_from_hidden_over_heads() {
     let (dir, m) = good_llama("llama");
     let c = &m.config;

@@ -216,6 +216,7 @@ fn sample() -> (Schedule, MapWeights) {
             vocab_size: VOCAB,
             max_context: 32,
             eos_token_ids: vec![2, 15],
+            tokenizer: Some(r#"{"model": {"type": "BPE"}, "note": "ünïcode ✓"}"#.into()),
         },
         buffers,
         weights,
@@ -365,6 +366,41 @@ fn should_start_the_weights_and_every_tensor_at_a_multiple_of_4096() {
 }
 
 #[test]
+fn should_keep_the_tokenizer_verbatim_and_its_absence() {
+    let (mut schedule, weights) = sample();
+    let (path, _) = sample_file("tokenizer");
+    let file = ScheduleFile::open(&path).expect("open");
+    assert_eq!(file.schedule().meta.tokenizer, schedule.meta.tokenizer);
+    assert!(file.schedule().meta.tokenizer.is_some());
+
+    schedule.meta.tokenizer = None;
+    let path = temp_path("no-tokenizer");
+    schedule.write_file(&path, &weights).expect("write");
+    let file = ScheduleFile::open(&path).expect("open");
+    assert_eq!(file.schedule(), &schedule);
+}
+
+#[test]
+fn should_reject_a_tokenizer_tag_other_than_0_or_1() {
+    // The tag follows architecture, vocab_size, max_context and the eos ids (two of them).
+    let (_, mut b) = sample_file("tokenizer-tag-src");
+    let at = 64 + 4 + u32_at(&b, 64) as usize + 8 + 4 + 2 * 4;
+    assert_eq!(b[at], 1, "the sample has a tokenizer");
+    b[at] = 7;
+    fix_checksums(&mut b);
+    let err = open_bytes("tokenizer-tag", &b).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            ScheduleFileError::Malformed { section: Section::Metadata, offset, .. }
+                if *offset == at as u64
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("tokenizer presence"), "{err}");
+}
+
+#[test]
 fn should_round_trip_a_schedule_without_weights() {
     let (mut schedule, _) = sample();
     schedule.weights.clear();
@@ -475,7 +511,10 @@ fn should_reject_a_newer_version_saying_which() {
         e => panic!("{e}"),
     }
     let msg = err.to_string();
-    assert!(msg.contains("version 2 is newer"), "{msg}");
+    assert!(
+        msg.contains(&format!("version {} is newer", FORMAT_VERSION + 1)),
+        "{msg}"
+    );
     assert!(msg.contains("upgrade vkfuse"), "{msg}");
 
     b[8..12].copy_from_slice(&0u32.to_le_bytes());
@@ -484,6 +523,33 @@ fn should_reject_a_newer_version_saying_which() {
         matches!(err, ScheduleFileError::UnsupportedVersion { found: 0, .. }),
         "{err}"
     );
+}
+
+#[test]
+fn should_refuse_a_version_1_file_asking_to_recompile() {
+    // Version 1 had no tokenizer in its metadata; this build reads version 2 only.
+    assert_eq!(FORMAT_VERSION, 2);
+    let (_, mut b) = sample_file("version-1-src");
+    b[8..12].copy_from_slice(&1u32.to_le_bytes());
+    fix_checksums(&mut b);
+    let err = open_bytes("version-1", &b).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ScheduleFileError::UnsupportedVersion {
+                found: 1,
+                supported: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 2)"),
+        "{msg}"
+    );
+    assert!(msg.contains("recompile the model"), "{msg}");
 }
 
 #[test]
@@ -655,7 +721,7 @@ fn should_dump_every_table_readably() {
     let file = ScheduleFile::open(&path).expect("open");
     let text = vkfuse_runtime::schedule::dump(file.schedule());
     for needle in [
-        "schedule Qwen3ForCausalLM: vocab 16, max context 32, eos [2, 15]",
+        "schedule Qwen3ForCausalLM: vocab 16, max context 32, eos [2, 15], tokenizer 51 bytes",
         "4 buffers (8.9 KiB), 4 weight uploads (5.1 KiB), 3 kernels, 4 dispatches in 3 levels",
         "io: token b1[+0,4] position b1[+4,4] logits b1[+64,64]",
         "b0   weights          8192 (8.0 KiB)  weights",
@@ -671,7 +737,7 @@ fn should_dump_every_table_readably() {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     let whole = file.to_string();
-    assert!(whole.contains("vkfuse schedule format 1"), "{whole}");
+    assert!(whole.contains("vkfuse schedule format 2"), "{whole}");
     assert!(whole.contains("tensors in the file (3):"), "{whole}");
     assert!(whole.contains(&text), "{whole}");
 }

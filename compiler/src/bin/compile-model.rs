@@ -121,10 +121,7 @@ fn run(args: Args) -> Result<()> {
         return Ok(());
     };
     let segmentation = st.run("discover", || Ok(fuse::discover(&program)))?;
-    let meta = lower::Meta {
-        architecture: model.config.architecture.clone(),
-        eos_token_ids: model.config.eos_token_ids.clone(),
-    };
+    let meta = lower::Meta::of(&model);
     let mut spirv = SpirvCache::default();
     let (schedule, fusion, plan) = if args.no_fuse {
         let (s, r) = st.run("lower", || {

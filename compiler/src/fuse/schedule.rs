@@ -656,6 +656,7 @@ pub fn lower_units_planned(
             vocab_size: p.ty(logits).shape.numel() as u32,
             max_context: capacity,
             eos_token_ids: meta.eos_token_ids.clone(),
+            tokenizer: meta.tokenizer.clone(),
         },
         buffers,
         weights: l.uploads,

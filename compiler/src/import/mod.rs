@@ -1,5 +1,6 @@
-//! Hugging Face model import: a model directory (config.json + safetensors) in, a typed
-//! [`ModelConfig`] and a memory-mapped [`TensorStore`] out.
+//! Hugging Face model import: a model directory (config.json + safetensors, and tokenizer.json
+//! when there is one) in, a typed [`ModelConfig`], a memory-mapped [`TensorStore`] and the
+//! tokenizer's text out.
 //!
 //! Import resolves config.json the way transformers 5.x does for the three supported classes
 //! (`LlamaForCausalLM`, `Qwen3ForCausalLM`, `Qwen3NextForCausalLM`): every default applied,
@@ -30,9 +31,16 @@ pub struct Model {
     pub dir: PathBuf,
     pub config: ModelConfig,
     pub tensors: TensorStore,
+    /// `tokenizer.json` (the Hugging Face `tokenizers` format) verbatim, when the directory
+    /// has one. Only checked to be JSON here: the compiler never tokenizes.
+    pub tokenizer: Option<String>,
 }
 
-/// Loads the model directory `dir`: `config.json` and its safetensors, memory-mapped.
+/// The tokenizer file a model directory may have.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// Loads the model directory `dir`: `config.json` and its safetensors, memory-mapped, and
+/// `tokenizer.json` if present.
 pub fn load(dir: &Path) -> Result<Model, ImportError> {
     let meta = std::fs::metadata(dir).map_err(ImportError::io(dir))?;
     if !meta.is_dir() {
@@ -45,11 +53,27 @@ pub fn load(dir: &Path) -> Result<Model, ImportError> {
     }
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
     let tensors = TensorStore::open(dir)?;
+    let tokenizer = read_tokenizer(dir)?;
     Ok(Model {
         dir: dir.to_path_buf(),
         config,
         tensors,
+        tokenizer,
     })
+}
+
+/// `dir/tokenizer.json` as text, `None` when the directory has none; an unreadable file or one
+/// that is not JSON is an error naming it.
+pub fn read_tokenizer(dir: &Path) -> Result<Option<String>, ImportError> {
+    let file = dir.join(TOKENIZER_FILE);
+    let text = match std::fs::read_to_string(&file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(ImportError::io(&file)(e)),
+    };
+    serde_json::from_str::<serde::de::IgnoredAny>(&text)
+        .map_err(|e| ImportError::json(&file, &e))?;
+    Ok(Some(text))
 }
 
 /// The config paragraph, then one line on the checkpoint.

@@ -2,7 +2,7 @@
 //! table in full. It never panics, even on a schedule that does not validate.
 //!
 //! ```text
-//! schedule Qwen3ForCausalLM: vocab 151936, max context 4096, eos [151645]
+//! schedule Qwen3ForCausalLM: vocab 151936, max context 4096, eos [151645], tokenizer 11422654 bytes
 //!   4 buffers (1.2 GiB), 311 weight uploads (1.1 GiB), 24 kernels, 425 dispatches in 425 levels
 //! io: token b1[+0,4] position b1[+4,4] logits b2[+0,607744]
 //! buffers:
@@ -76,11 +76,15 @@ impl fmt::Display for PushConstants<'_> {
 impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let m = &self.meta;
-        writeln!(
+        write!(
             f,
             "schedule {}: vocab {}, max context {}, eos {:?}",
             m.architecture, m.vocab_size, m.max_context, m.eos_token_ids
         )?;
+        match &m.tokenizer {
+            Some(json) => writeln!(f, ", tokenizer {} bytes", json.len())?,
+            None => writeln!(f, ", no tokenizer")?,
+        }
         let buffer_bytes: u64 = self.buffers.iter().map(|b| b.size).sum();
         let weight_bytes: u64 = self.weights.iter().map(|w| w.dst.size).sum();
         writeln!(

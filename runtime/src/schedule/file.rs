@@ -30,10 +30,10 @@ use crate::session::TensorBytes;
 
 /// The first 8 bytes of every schedule file, in every version.
 pub const MAGIC: [u8; 8] = *b"VKFUSE\0\n";
-/// The last 8 bytes of every version-1 file.
+/// The last 8 bytes of every schedule file (versions 1 and 2).
 pub const END_MAGIC: [u8; 8] = *b"VKFEND\0\n";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Every tensor (and the weights section itself) starts at a multiple of this many bytes.
 pub const WEIGHT_ALIGN: u64 = 4096;
 
@@ -623,6 +623,13 @@ fn encode(
     e.u32(s.meta.vocab_size);
     e.u32(s.meta.max_context);
     e.u32s(&s.meta.eos_token_ids, "eos_token_ids")?;
+    match &s.meta.tokenizer {
+        None => e.u8(0),
+        Some(json) => {
+            e.u8(1);
+            e.str(json, "tokenizer")?;
+        }
+    }
 
     e.count(s.buffers.len(), "buffers")?;
     for b in &s.buffers {
@@ -796,6 +803,14 @@ fn decode(bytes: &[u8]) -> Decoded<(Schedule, Vec<TensorRecord>)> {
         vocab_size: d.u32("vocab_size")?,
         max_context: d.u32("max_context")?,
         eos_token_ids: d.u32s("eos_token_ids")?,
+        tokenizer: match d.u8("tokenizer presence")? {
+            0 => None,
+            1 => Some(d.str("tokenizer")?),
+            b => {
+                d.pos -= 1;
+                return d.fail(format!("tokenizer presence must be 0 or 1, not {b}"));
+            }
+        },
     };
     let buffers = d.vec(4 + 8 + 1, "buffers", |d| {
         let label = d.str("buffer label")?;

@@ -141,6 +141,9 @@ pub struct ModelMeta {
     pub max_context: u32,
     /// End-of-sequence ids.
     pub eos_token_ids: Vec<u32>,
+    /// The model's `tokenizer.json` (Hugging Face `tokenizers` format), verbatim, when the
+    /// model directory had one: text in and out without the model directory.
+    pub tokenizer: Option<String>,
 }
 
 /// The host-visible values of a step.

@@ -6,9 +6,9 @@ mod eager;
 mod replay;
 
 pub use eager::Eager;
-pub use replay::Replay;
+pub use replay::{Replay, MAX_TOKENS_PER_SUBMIT};
 
-use crate::schedule::{BufferRole, Schedule, ScheduleError};
+use crate::schedule::{BufferRole, Schedule, ScheduleError, ScheduleFileError};
 use crate::{Buffer, BufferKind, Device, Error, Pipeline, SpecConstants};
 use std::time::Duration;
 
@@ -56,6 +56,23 @@ pub enum SessionError {
         token: u32,
         /// The vocabulary size.
         vocab: u32,
+    },
+    /// The schedule file could not be opened, verified or decoded.
+    #[error(transparent)]
+    File(#[from] ScheduleFileError),
+    /// A request the session cannot serve as asked (an option out of range, generating before
+    /// any prompt id, an empty prompt).
+    #[error("{0}")]
+    Request(String),
+    /// Ids were fed while greedy tokens computed ahead (several per submit) were still unread:
+    /// the KV cache already holds them, so what was fed would not follow the tokens read.
+    #[error(
+        "{tokens} greedy token(s) were computed ahead of what was read (tokens per submit > 1); \
+         read them with generate() or reset() before feeding more ids"
+    )]
+    RanAhead {
+        /// Tokens already in the KV cache but not yet read.
+        tokens: usize,
     },
 }
 

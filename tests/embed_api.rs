@@ -1,0 +1,174 @@
+//! The embedding API (`vkfuse_runtime::Session`) on a schedule file compiled from a fixture:
+//! the example program's greedy ids equal transformers', K steps per submit give the same ids,
+//! replay's counters show no per-token host work, a generation cut short resumes where it
+//! stopped, misuse is a clear error, and validation stays clean.
+
+#[path = "../runtime/examples/embed.rs"]
+#[allow(dead_code)] // its main() and run() are the example's, not the test's
+mod embed;
+
+use std::path::PathBuf;
+use vkfuse_runtime::{Backend, Session, SessionError, SessionOptions};
+use vkfuse_tests::{expected, fixture_dir, write_fixture_file};
+
+const FIXTURE: &str = "qwen3-tied";
+
+fn schedule_file(tag: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("embed-{tag}-{}.vkf", std::process::id()));
+    write_fixture_file(FIXTURE, &path);
+    path
+}
+
+fn options(backend: Backend, tokens_per_submit: u32) -> SessionOptions {
+    SessionOptions {
+        backend,
+        tokens_per_submit,
+        validation: true,
+        ..SessionOptions::default()
+    }
+}
+
+#[test]
+fn embedded_session_generates_transformers_greedy_ids() {
+    let path = schedule_file("greedy");
+    let want = expected(FIXTURE);
+    let n = want.greedy_ids.len();
+    let mut session = Session::open(&path, &options(Backend::Replay, 1)).unwrap();
+    let log = session.device().validation_log();
+
+    // compile-model recorded the model's tokenizer.json verbatim.
+    let tokenizer = std::fs::read_to_string(fixture_dir(FIXTURE).join("tokenizer.json")).unwrap();
+    assert_eq!(session.tokenizer_json(), Some(tokenizer.as_str()));
+
+    let mut out = Vec::new();
+    let ids = embed::decode(&mut session, &want.prompt_ids, n, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(
+        ids, want.greedy_ids,
+        "embedded replay vs transformers\n{text}"
+    );
+    assert_eq!(text.lines().count(), 1 + n + 2, "{text}");
+    assert!(text.contains("generated: "), "{text}");
+
+    // Replay: no descriptor write and no recording after load, one submit per step.
+    let c = session.counters();
+    assert_eq!(c.tokens as usize, want.prompt_ids.len() + n - 1);
+    assert_eq!((c.descriptor_writes, c.recordings), (0, 0), "{c:?}");
+    assert_eq!(c.submits, c.tokens);
+    let per = c.per_token().unwrap();
+    assert_eq!(per.submits_per_token, 1.0);
+    assert!(per.dispatches_per_token > 0.0);
+
+    // A new sequence gives the same ids.
+    session.reset().unwrap();
+    assert_eq!(session.position().unwrap(), 0);
+    session.feed(&want.prompt_ids).unwrap();
+    let again: Vec<u32> = session.generate(n).collect::<Result<_, _>>().unwrap();
+    assert_eq!(again, want.greedy_ids);
+
+    drop(session);
+    std::fs::remove_file(&path).ok();
+    assert!(log.is_clean(), "{}", log.report());
+}
+
+#[test]
+fn chained_steps_and_eager_give_the_same_ids() {
+    let path = schedule_file("chained");
+    let want = expected(FIXTURE);
+    let n = want.greedy_ids.len();
+    let prompt = want.prompt_ids.len() as u64;
+    for (backend, k) in [(Backend::Replay, 8u32), (Backend::Eager, 1)] {
+        let mut session = Session::open(&path, &options(backend, k)).unwrap();
+        let log = session.device().validation_log();
+        let last = session.feed(&want.prompt_ids).unwrap();
+        assert_eq!(last.logits.len(), 372);
+        assert_eq!(last.next_token, want.greedy_ids[0]);
+        let ids: Vec<u32> = session.generate(n).collect::<Result<_, _>>().unwrap();
+        assert_eq!(ids, want.greedy_ids, "{backend:?} K={k}");
+        let c = session.counters();
+        assert_eq!(
+            c.tokens,
+            prompt + n as u64 - 1,
+            "exactly the steps asked for"
+        );
+        if backend == Backend::Replay {
+            // The prompt one submit per id, then ceil((n - 1) / 8) chains; only the shorter
+            // last chain is recorded during the session.
+            let chains = (n as u64 - 1).div_ceil(8);
+            assert_eq!(c.submits, prompt + chains, "{c:?}");
+            assert_eq!((c.descriptor_writes, c.recordings), (0, 1), "{c:?}");
+        } else {
+            assert_eq!(c.recordings, c.tokens, "eager records every step");
+        }
+        drop(session);
+        assert!(log.is_clean(), "{backend:?}: {}", log.report());
+    }
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn a_generation_cut_short_resumes_and_misuse_is_a_clear_error() {
+    let path = schedule_file("misuse");
+    let want = expected(FIXTURE);
+    let n = 12;
+    let mut session = Session::open(&path, &options(Backend::Replay, 8)).unwrap();
+    let log = session.device().validation_log();
+
+    let err = session.generate(3).next().unwrap().unwrap_err();
+    assert!(
+        err.to_string().contains("feed at least one prompt id"),
+        "{err}"
+    );
+    let err = session.feed(&[]).unwrap_err();
+    assert!(matches!(err, SessionError::Request(_)), "{err}");
+    let err = session.feed(&[1, 372]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SessionError::TokenOutOfRange {
+                token: 372,
+                vocab: 372
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        session.position().unwrap(),
+        0,
+        "nothing ran for a bad prompt"
+    );
+
+    session.feed(&want.prompt_ids).unwrap();
+    // Two ids read, but the chain computed eight: six wait, already in the KV cache.
+    let first: Vec<u32> = session
+        .generate(n)
+        .take(2)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let err = session.feed(&[5]).unwrap_err();
+    assert!(matches!(err, SessionError::RanAhead { tokens: 6 }), "{err}");
+    assert!(err.to_string().contains("reset()"), "{err}");
+    let rest: Vec<u32> = session.generate(n - 2).collect::<Result<_, _>>().unwrap();
+    assert_eq!([first, rest].concat(), want.greedy_ids[..n]);
+
+    drop(session);
+    for (opts, needle) in [
+        (
+            options(Backend::Replay, 0),
+            "tokens per submit must be in 1..=64",
+        ),
+        (options(Backend::Eager, 4), "needs the replay backend"),
+    ] {
+        let err = Session::open(&path, &opts).err().unwrap();
+        assert!(err.to_string().contains(needle), "{err}");
+    }
+    let missing = path.with_extension("missing");
+    let err = Session::open(&missing, &SessionOptions::default())
+        .err()
+        .unwrap();
+    assert!(matches!(err, SessionError::File(_)), "{err}");
+    assert!(err.to_string().contains("embed-misuse"), "{err}");
+    std::fs::remove_file(&path).ok();
+    assert!(log.is_clean(), "{}", log.report());
+}
