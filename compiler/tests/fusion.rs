@@ -8,10 +8,11 @@ use vkfuse_compiler::fuse::cost::DeviceCost;
 use vkfuse_compiler::fuse::extract::{extract, Extraction};
 use vkfuse_compiler::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang, LeafInfo, LeafKind};
 use vkfuse_compiler::fuse::rules::rules;
-use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
+use vkfuse_compiler::fuse::{lower_fused, FuseOptions, FusionReport};
 use vkfuse_compiler::ir::{DType, Program, Type};
 use vkfuse_compiler::lower::{Meta, SpirvCache};
 use vkfuse_compiler::{import, trace};
+use vkfuse_runtime::schedule::{Regions, Schedule};
 
 // ---------------------------------------------------------------------------------------------
 // Rules, one expression at a time.
@@ -371,7 +372,7 @@ fn fused_program_snapshots() {
         )
         .unwrap();
         s.validate().unwrap();
-        insta::assert_snapshot!(format!("fused-{name}"), r.to_string());
+        insta::assert_snapshot!(format!("fused-{name}"), fusion_text(&s, &r));
     }
     let (s, r) = lower_fused(
         &toy3(),
@@ -381,7 +382,14 @@ fn fused_program_snapshots() {
     )
     .unwrap();
     s.validate().unwrap();
-    insta::assert_snapshot!("fused-toy3", r.to_string());
+    insta::assert_snapshot!("fused-toy3", fusion_text(&s, &r));
+}
+
+/// What a fusion snapshot holds: the templates and fused program (the report), the regions
+/// (dispatches by dependency level, with their bindings) and the arena's buffer plan.
+fn fusion_text(s: &Schedule, r: &FusionReport) -> String {
+    let plan = r.plan.as_ref().expect("fusion plans the arena by default");
+    format!("{r}\n{}\n{plan}", Regions(s))
 }
 
 #[test]

@@ -9,7 +9,7 @@
 //!   b0 weights  1191182336 (1.1 GiB)  weights
 //! kernels:
 //!   k0 matvec_f16: 1234 words of SPIR-V, 3 bindings, 16 push-constant bytes, spec [64]
-//! dispatches:
+//! dispatches: 425 in 425 levels (replay puts a barrier between consecutive levels)
 //!   level 0
 //!     d0 k3 [1,1,1] b0[+0,1024] b3[+0,4] push [1024] embed
 //! weights (311 uploads, 1191182336 bytes):
@@ -130,27 +130,7 @@ impl fmt::Display for Schedule {
             )?;
         }
 
-        writeln!(f, "dispatches:")?;
-        let mut covered = 0usize;
-        for (l, range) in self.levels.iter().enumerate() {
-            writeln!(f, "  level {l}")?;
-            let (start, end) = (range.start as usize, range.end as usize);
-            match self.dispatches.get(start..end) {
-                Some(ds) => {
-                    for (j, d) in ds.iter().enumerate() {
-                        write_dispatch(f, start + j, d)?;
-                    }
-                    covered = covered.max(end);
-                }
-                None => writeln!(f, "    (dispatches {start}..{end} do not exist)")?,
-            }
-        }
-        if covered < self.dispatches.len() {
-            writeln!(f, "  in no level")?;
-            for (j, d) in self.dispatches[covered..].iter().enumerate() {
-                write_dispatch(f, covered + j, d)?;
-            }
-        }
+        write!(f, "{}", Regions(self))?;
 
         writeln!(
             f,
@@ -160,6 +140,44 @@ impl fmt::Display for Schedule {
         )?;
         for w in &self.weights {
             writeln!(f, "  {} -> {}", w.tensor, w.dst)?;
+        }
+        Ok(())
+    }
+}
+
+/// The dispatches grouped into their dependency levels (the regions replay puts one barrier
+/// between), each with its kernel, workgroups, bindings and the ops it covers: the part of the
+/// dump that fusion snapshots and `compile-model --explain` show.
+pub struct Regions<'a>(pub &'a Schedule);
+
+impl fmt::Display for Regions<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.0;
+        writeln!(
+            f,
+            "dispatches: {} in {} levels (replay puts a barrier between consecutive levels)",
+            s.dispatches.len(),
+            s.levels.len()
+        )?;
+        let mut covered = 0usize;
+        for (l, range) in s.levels.iter().enumerate() {
+            writeln!(f, "  level {l}")?;
+            let (start, end) = (range.start as usize, range.end as usize);
+            match s.dispatches.get(start..end) {
+                Some(ds) => {
+                    for (j, d) in ds.iter().enumerate() {
+                        write_dispatch(f, start + j, d)?;
+                    }
+                    covered = covered.max(end);
+                }
+                None => writeln!(f, "    (dispatches {start}..{end} do not exist)")?,
+            }
+        }
+        if covered < s.dispatches.len() {
+            writeln!(f, "  in no level")?;
+            for (j, d) in s.dispatches[covered..].iter().enumerate() {
+                write_dispatch(f, covered + j, d)?;
+            }
         }
         Ok(())
     }

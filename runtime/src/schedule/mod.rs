@@ -6,7 +6,7 @@ mod dump;
 mod file;
 mod validate;
 
-pub use dump::dump;
+pub use dump::{dump, Regions};
 pub use file::{
     crc32, FileLayout, FileWeights, ScheduleFile, ScheduleFileError, Section, TensorEntry, Verify,
     END_MAGIC, FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
