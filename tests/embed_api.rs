@@ -172,3 +172,50 @@ fn a_generation_cut_short_resumes_and_misuse_is_a_clear_error() {
     std::fs::remove_file(&path).ok();
     assert!(log.is_clean(), "{}", log.report());
 }
+
+#[test]
+fn the_pipeline_cache_file_is_written_then_used_and_a_damaged_one_is_ignored() {
+    use vkfuse_runtime::session::CacheStatus;
+    let path = schedule_file("cache");
+    let mut cache = path.clone().into_os_string();
+    cache.push(".pipelines");
+    let cache = PathBuf::from(cache);
+    let _ = std::fs::remove_file(&cache);
+    let want = expected(FIXTURE);
+    let ids_of = |session: &mut Session| {
+        let mut out = Vec::new();
+        embed::decode(session, &want.prompt_ids, want.greedy_ids.len(), &mut out).unwrap()
+    };
+
+    // First load: compiled, and the cache written beside the schedule.
+    let mut first = Session::open(&path, &options(Backend::Replay, 1)).unwrap();
+    assert_eq!(first.pipeline_cache(), &CacheStatus::Written(cache.clone()));
+    let size = std::fs::metadata(&cache).unwrap().len();
+    assert!(size > 64, "cache file of {size} bytes");
+    assert_eq!(ids_of(&mut first), want.greedy_ids);
+    drop(first);
+
+    // Second load: the pipelines come from the file; the results are the same.
+    let mut second = Session::open(&path, &options(Backend::Replay, 1)).unwrap();
+    assert_eq!(second.pipeline_cache(), &CacheStatus::Used(cache.clone()));
+    assert_eq!(ids_of(&mut second), want.greedy_ids);
+    let log = second.device().validation_log();
+    assert!(log.is_clean(), "{}", log.report());
+    drop(second);
+
+    // A damaged file: a warning, never a failure; then it is rewritten.
+    let mut bytes = std::fs::read(&cache).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&cache, &bytes).unwrap();
+    let mut third = Session::open(&path, &options(Backend::Replay, 1)).unwrap();
+    let warning = third.pipeline_cache().warning().expect("a warning");
+    assert!(
+        warning.contains("checksum mismatch") && warning.contains(".pipelines"),
+        "{warning}"
+    );
+    assert_eq!(ids_of(&mut third), want.greedy_ids);
+    drop(third);
+    let again = Session::open(&path, &options(Backend::Replay, 1)).unwrap();
+    assert_eq!(again.pipeline_cache(), &CacheStatus::Used(cache));
+}

@@ -5,6 +5,7 @@
 //! others. Figures are per processed token; resetting between sequences is not counted.
 
 use crate::metrics::RunReport;
+use crate::upload::UploadDisplay;
 use anyhow::{bail, Context, Result};
 use std::io::Write;
 use std::path::PathBuf;
@@ -12,7 +13,7 @@ use std::time::Instant;
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::{fuse, import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
-use vkfuse_runtime::session::{Eager, Loaded, Replay, TensorBytes};
+use vkfuse_runtime::session::{Eager, LoadOptions, Loaded, Replay, TensorBytes};
 use vkfuse_runtime::Device;
 
 #[derive(clap::Args)]
@@ -54,10 +55,7 @@ fn greedy_eager(e: &mut Eager, tokens: usize, ids: &mut Vec<u32>) -> Result<()> 
 fn greedy_replay(r: &mut Replay, k: u32, tokens: usize, ids: &mut Vec<u32>) -> Result<()> {
     ids.clear();
     ids.push(r.step(Some(1))?.next_token);
-    while ids.len() < tokens {
-        let n = k.min((tokens - ids.len()) as u32);
-        ids.extend(r.steps(None, n)?.into_iter().map(|o| o.next_token));
-    }
+    ids.extend(r.greedy_tokens(None, (tokens - 1) as u32, k)?);
     Ok(())
 }
 
@@ -69,7 +67,12 @@ fn measure(
     k: u32,
     tokens: usize,
 ) -> Result<RunReport> {
-    let loaded = Loaded::new(device.clone(), schedule.clone(), weights)?;
+    let mut upload = UploadDisplay::new();
+    let options = LoadOptions {
+        pipeline_cache: None,
+        progress: Some(&mut |p| upload.update(p)),
+    };
+    let loaded = Loaded::load(device.clone(), schedule.clone(), weights, options)?;
     let capacity = loaded.schedule.meta.max_context as usize;
     if tokens + 1 > capacity {
         bail!(

@@ -1,6 +1,7 @@
 //! `vkfuse run`: teacher-force the prompt, then decode greedily, with any backend.
 
 use crate::metrics::RunReport;
+use crate::upload::UploadDisplay;
 use crate::{Backend, RunArgs};
 use anyhow::{bail, Context, Result};
 use std::io::Write;
@@ -12,7 +13,9 @@ use vkfuse_compiler::npy::{self, Array2};
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
-use vkfuse_runtime::session::{Eager, Loaded, Replay, TensorBytes};
+use vkfuse_runtime::session::{
+    pipeline_cache, CacheFile, Eager, LoadOptions, Loaded, Replay, TensorBytes,
+};
 use vkfuse_runtime::{Counters, Device, Instance, InstanceOptions, Requirements};
 
 /// What a decode loop needs from a backend.
@@ -22,6 +25,16 @@ trait Engine {
     /// `k` greedy steps (one submit where the backend can chain them).
     fn steps(&mut self, k: u32) -> Result<Vec<(Vec<f32>, u32)>> {
         (0..k).map(|_| self.step(None)).collect()
+    }
+    /// `n` greedy tokens, `k` steps per submit, without their logits (which then need not
+    /// leave the device).
+    fn greedy_tokens(&mut self, n: usize, k: u32) -> Result<Vec<u32>> {
+        let mut ids = Vec::with_capacity(n);
+        while ids.len() < n {
+            let k = k.min((n - ids.len()) as u32);
+            ids.extend(self.steps(k)?.into_iter().map(|(_, t)| t));
+        }
+        Ok(ids)
     }
     /// Counters since the engine was opened (zero for the reference).
     fn counters(&self) -> Counters {
@@ -71,6 +84,9 @@ impl Engine for ReplayEngine {
             .map(|o| (o.logits, o.next_token))
             .collect())
     }
+    fn greedy_tokens(&mut self, n: usize, k: u32) -> Result<Vec<u32>> {
+        Ok(self.replay.greedy_tokens(None, n as u32, k)?)
+    }
     fn counters(&self) -> Counters {
         let mut c = self.replay.loaded().device.counters().since(&self.start);
         c.gpu_ns = self.replay.gpu_ns().map(|ns| ns as u64);
@@ -93,10 +109,19 @@ fn vulkan_engine(
     weights: &dyn TensorBytes,
     device: Option<usize>,
     chains: &[u32],
+    pipeline_cache: Option<CacheFile>,
 ) -> Result<Box<dyn Engine>> {
     let device = open_device(device)?;
-    let loaded = Loaded::new(device.clone(), schedule, weights)
+    let mut upload = UploadDisplay::new();
+    let options = LoadOptions {
+        pipeline_cache,
+        progress: Some(&mut |p| upload.update(p)),
+    };
+    let loaded = Loaded::load(device.clone(), schedule, weights, options)
         .context("loading the schedule on the device")?;
+    if let Some(w) = loaded.pipeline_cache.warning() {
+        eprintln!("{w}");
+    }
     Ok(match backend {
         Backend::Eager => {
             let eager = Eager::new(loaded)?;
@@ -176,13 +201,16 @@ impl Source {
                 let meta = lower::Meta::of(model);
                 let schedule = lower::lower(program, &meta, &mut SpirvCache::default())
                     .context("lowering the trace")?;
-                vulkan_engine(backend, schedule, &model.tensors, device, chains)?
+                vulkan_engine(backend, schedule, &model.tensors, device, chains, None)?
             }
             (Source::File(_), Backend::Reference) => {
                 bail!("the reference backend interprets the trace: give it the model directory, not a schedule file")
             }
             (Source::File(f), backend) => {
-                vulkan_engine(backend, f.schedule().clone(), f.weights(), device, chains)?
+                let schedule = f.schedule().clone();
+                let cache =
+                    CacheFile::beside(f.path(), pipeline_cache::schedule_checksum(&schedule));
+                vulkan_engine(backend, schedule, f.weights(), device, chains, Some(cache))?
             }
         })
     }
@@ -231,6 +259,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
         if i + 1 == args.ids.len() && args.max_new_tokens > 0 {
             generated.push(next);
         }
+    }
+    if args.logits_out.is_none() && generated.len() < args.max_new_tokens {
+        // Only the tokens are printed: greedy steps copy nothing else to the host.
+        let n = args.max_new_tokens - generated.len();
+        generated.extend(engine.greedy_tokens(n, args.tokens_per_submit)?);
     }
     while generated.len() < args.max_new_tokens {
         let k = args

@@ -13,6 +13,7 @@ use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::TensorBytes;
+use vkfuse_runtime::session::{pipeline_cache, CacheFile};
 use vkfuse_runtime::{Backend, Session, SessionOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -89,6 +90,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         },
         tokens_per_submit: args.tokens_per_submit,
         validation: false,
+        pipeline_cache: true,
     };
     if args.tokens_per_submit == 0 || args.tokens_per_submit > 64 {
         bail!("--tokens-per-submit must be between 1 and 64");
@@ -138,8 +140,16 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         );
     }
 
-    let mut session = Session::load(schedule, weights.as_ref(), &opts)
+    // A schedule file keeps its compiled pipelines beside it (or in the user's cache folder).
+    let cache = args
+        .model
+        .is_file()
+        .then(|| CacheFile::beside(&args.model, pipeline_cache::schedule_checksum(&schedule)));
+    let mut session = Session::load_with_cache(schedule, weights.as_ref(), &opts, cache)
         .context("loading the schedule on the device")?;
+    if let Some(w) = session.pipeline_cache().warning() {
+        eprintln!("{w}");
+    }
     drop(weights);
     let eos = session.meta().eos_token_ids.clone();
     session.feed(&prompt)?;

@@ -7,6 +7,7 @@ mod devices;
 mod generate;
 mod metrics;
 mod text;
+mod upload;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};

@@ -31,10 +31,22 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::schedule::{ModelMeta, Schedule, ScheduleFile};
+use crate::session::pipeline_cache;
 use crate::session::{
-    Eager, Loaded, Replay, SessionError, StepOutput, TensorBytes, MAX_TOKENS_PER_SUBMIT,
+    CacheFile, CacheStatus, Eager, LoadOptions, Loaded, Replay, SessionError, StepOutput,
+    TensorBytes, MAX_TOKENS_PER_SUBMIT,
 };
 use crate::{Counters, Device, Instance, InstanceOptions, Requirements};
+
+/// The device `options` names, with the validation layer if asked for.
+fn open_device(options: &SessionOptions) -> Result<Device, SessionError> {
+    let instance = Instance::new(&InstanceOptions {
+        validation: options.validation,
+        ..InstanceOptions::default()
+    })?;
+    let adapter = instance.select_adapter(options.device)?;
+    Ok(Device::new(&instance, &adapter, &Requirements::none())?)
+}
 
 /// Which executor runs the decode step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,6 +73,9 @@ pub struct SessionOptions {
     pub tokens_per_submit: u32,
     /// Turn the Vulkan validation layer on (also on with `VKFUSE_VALIDATION=1`).
     pub validation: bool,
+    /// Keep the driver's compiled pipelines in a file beside the schedule (or in the user's
+    /// cache folder) so the next [`Session::open`] of it skips shader compilation.
+    pub pipeline_cache: bool,
 }
 
 impl Default for SessionOptions {
@@ -70,6 +85,7 @@ impl Default for SessionOptions {
             backend: Backend::Replay,
             tokens_per_submit: 1,
             validation: false,
+            pipeline_cache: true,
         }
     }
 }
@@ -129,29 +145,46 @@ impl Session {
     /// descriptors and recordings are created here, once.
     pub fn open(path: impl AsRef<Path>, options: &SessionOptions) -> Result<Session, SessionError> {
         options.check()?;
+        let path = path.as_ref();
         let (schedule, weights) = ScheduleFile::open(path)?.into_parts();
-        Session::load(schedule, &weights, options)
+        let cache = options
+            .pipeline_cache
+            .then(|| CacheFile::beside(path, pipeline_cache::schedule_checksum(&schedule)));
+        let device = open_device(options)?;
+        Session::start(device, schedule, &weights, options, cache)
     }
 
     /// [`Self::open`] for a schedule in memory (e.g. compiled by `vkfuse-compiler` without a
-    /// file) and its weights.
+    /// file) and its weights; its pipeline cache goes to the user's cache folder.
     pub fn load(
         schedule: Schedule,
         weights: &dyn TensorBytes,
         options: &SessionOptions,
     ) -> Result<Session, SessionError> {
         options.check()?;
-        let instance = Instance::new(&InstanceOptions {
-            validation: options.validation,
-            ..InstanceOptions::default()
-        })?;
-        let adapter = instance.select_adapter(options.device)?;
-        let device = Device::new(&instance, &adapter, &Requirements::none())?;
-        Session::on_device(device, schedule, weights, options)
+        let cache = options
+            .pipeline_cache
+            .then(|| CacheFile::in_user_cache(pipeline_cache::schedule_checksum(&schedule)))
+            .flatten();
+        let device = open_device(options)?;
+        Session::start(device, schedule, weights, options, cache)
+    }
+
+    /// [`Self::load`] with the pipeline cache file given (`None`: none), whatever
+    /// `options.pipeline_cache` says.
+    pub fn load_with_cache(
+        schedule: Schedule,
+        weights: &dyn TensorBytes,
+        options: &SessionOptions,
+        cache: Option<CacheFile>,
+    ) -> Result<Session, SessionError> {
+        options.check()?;
+        let device = open_device(options)?;
+        Session::start(device, schedule, weights, options, cache)
     }
 
     /// [`Self::load`] on a device the caller opened (`options.device` and
-    /// `options.validation` are not used).
+    /// `options.validation` are not used; no pipeline cache file).
     pub fn on_device(
         device: Device,
         schedule: Schedule,
@@ -159,8 +192,22 @@ impl Session {
         options: &SessionOptions,
     ) -> Result<Session, SessionError> {
         options.check()?;
+        Session::start(device, schedule, weights, options, None)
+    }
+
+    fn start(
+        device: Device,
+        schedule: Schedule,
+        weights: &dyn TensorBytes,
+        options: &SessionOptions,
+        pipeline_cache: Option<CacheFile>,
+    ) -> Result<Session, SessionError> {
         let k = options.tokens_per_submit;
-        let loaded = Loaded::new(device, schedule, weights)?;
+        let load = LoadOptions {
+            pipeline_cache,
+            progress: None,
+        };
+        let loaded = Loaded::load(device, schedule, weights, load)?;
         let exec = match options.backend {
             Backend::Replay => {
                 let mut replay = Replay::new(loaded)?;
@@ -181,6 +228,12 @@ impl Session {
             pending: VecDeque::new(),
             started: false,
         })
+    }
+
+    /// What happened to the pipeline cache file at load (used, written, or ignored with a
+    /// warning to show).
+    pub fn pipeline_cache(&self) -> &CacheStatus {
+        &self.exec.loaded().pipeline_cache
     }
 
     /// The model's facts: architecture, vocabulary size, KV capacity, EOS ids, tokenizer.
@@ -346,11 +399,11 @@ impl Session {
         match &mut self.exec {
             Executor::Replay(r) if k > 1 => {
                 let t0 = Instant::now();
-                let outs = r.steps(None, k);
+                // Greedy tokens only: no logits cross to the host.
+                let tokens = r.greedy_tokens(None, k, k);
                 self.wall_ns += t0.elapsed().as_nanos() as u64;
-                let outs = outs?;
+                self.pending.extend(tokens?);
                 self.steps += u64::from(k);
-                self.pending.extend(outs.iter().map(|o| o.next_token));
             }
             _ => {
                 let out = self.run_step(None)?;

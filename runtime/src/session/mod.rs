@@ -3,10 +3,14 @@
 //! [`Replay`] records once and only submits per token.
 
 mod eager;
+pub mod pipeline_cache;
 mod replay;
+pub mod writeback;
 
 pub use eager::Eager;
+pub use pipeline_cache::{CacheFile, CacheStatus};
 pub use replay::{Replay, MAX_TOKENS_PER_SUBMIT};
+pub use writeback::WriteBack;
 
 use crate::schedule::{BufferRole, Schedule, ScheduleError, ScheduleFileError};
 use crate::{Buffer, BufferKind, Device, Error, Pipeline, SpecConstants};
@@ -85,6 +89,24 @@ pub struct StepOutput {
     pub next_token: u32,
 }
 
+/// Weight upload progress: bytes uploaded so far of the total.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes uploaded so far.
+    pub done: u64,
+    /// Bytes to upload.
+    pub total: u64,
+}
+
+/// Options of [`Loaded::load`].
+#[derive(Default)]
+pub struct LoadOptions<'a> {
+    /// Where to keep the driver's compiled pipelines between runs (none: compile every time).
+    pub pipeline_cache: Option<CacheFile>,
+    /// Called after each weight upload (for a progress display).
+    pub progress: Option<&'a mut dyn FnMut(Progress)>,
+}
+
 /// A schedule with every object created: buffers (weights uploaded, state zeroed), pipelines.
 pub struct Loaded {
     /// The device everything lives on.
@@ -95,15 +117,27 @@ pub struct Loaded {
     pub buffers: Vec<Buffer>,
     /// By `KernelId`.
     pub pipelines: Vec<Pipeline>,
+    /// What happened to the pipeline cache file.
+    pub pipeline_cache: CacheStatus,
 }
 
 impl Loaded {
-    /// Validates `schedule`, checks it fits the device, creates its buffers and pipelines,
-    /// uploads the weights and zeroes state and I/O.
+    /// [`Self::load`] without a pipeline cache file or progress display.
     pub fn new(
         device: Device,
         schedule: Schedule,
         weights: &dyn TensorBytes,
+    ) -> Result<Loaded, SessionError> {
+        Loaded::load(device, schedule, weights, LoadOptions::default())
+    }
+
+    /// Validates `schedule`, checks it fits the device, creates its buffers and pipelines,
+    /// uploads the weights and zeroes state and I/O.
+    pub fn load(
+        device: Device,
+        schedule: Schedule,
+        weights: &dyn TensorBytes,
+        mut options: LoadOptions<'_>,
     ) -> Result<Loaded, SessionError> {
         schedule.validate()?;
         let total: u64 = schedule.buffers.iter().map(|b| b.size).sum();
@@ -117,6 +151,10 @@ impl Loaded {
             };
             buffers.push(device.create_buffer_labeled(&b.label, b.size.max(4), kind)?);
         }
+        let mut progress = Progress {
+            done: 0,
+            total: schedule.weights.iter().map(|w| w.dst.size).sum(),
+        };
         for w in &schedule.weights {
             let bytes =
                 weights
@@ -132,28 +170,19 @@ impl Loaded {
                 });
             }
             device.upload(&mut buffers[w.dst.buffer.index()], w.dst.offset, bytes)?;
-        }
-        let mut pipelines = Vec::with_capacity(schedule.kernels.len());
-        for k in &schedule.kernels {
-            let mut spec = SpecConstants::new();
-            for (i, v) in k.spec_constants.iter().enumerate() {
-                spec = spec.u32(i as u32, *v);
+            progress.done += w.dst.size;
+            if let Some(report) = options.progress.as_mut() {
+                report(progress);
             }
-            pipelines.push(device.create_pipeline_with(&crate::PipelineDesc {
-                label: &k.label,
-                spirv: &k.spirv,
-                entry_point: "main",
-                spec_constants: &spec,
-                n_bindings: k.bindings,
-                push_constant_bytes: k.push_constant_bytes,
-                cache: None,
-            })?);
         }
+        let (pipelines, pipeline_cache) =
+            create_pipelines(&device, &schedule, options.pipeline_cache.as_ref())?;
         let mut loaded = Loaded {
             device,
             schedule,
             buffers,
             pipelines,
+            pipeline_cache,
         };
         loaded.reset()?;
         Ok(loaded)
@@ -227,4 +256,74 @@ impl Loaded {
             next_token: next as u32,
         })
     }
+}
+
+/// Creates the schedule's pipelines, through the cache file when one is given.
+fn create_pipelines(
+    device: &Device,
+    schedule: &Schedule,
+    file: Option<&CacheFile>,
+) -> Result<(Vec<Pipeline>, CacheStatus), SessionError> {
+    use pipeline_cache::DeviceKey;
+    let key = DeviceKey::of(device.info());
+    let checksum = pipeline_cache::schedule_checksum(schedule);
+    let (mut status, initial) = match file {
+        None => (CacheStatus::Off, None),
+        Some(f) => match f.read(&key, checksum) {
+            (Some(path), Ok(Some(data))) => (CacheStatus::Used(path), Some(data)),
+            (Some(path), Err(warning)) => (CacheStatus::Ignored { path, warning }, None),
+            _ => (CacheStatus::Written(f.primary.clone()), None),
+        },
+    };
+    // A cache the driver refuses is no reason to fail: compile without it.
+    let cache = match file {
+        None => None,
+        Some(_) => match device.create_pipeline_cache(initial.as_deref().unwrap_or(&[])) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                let path = file.map(|f| f.primary.clone()).unwrap_or_default();
+                status = CacheStatus::Ignored {
+                    path,
+                    warning: format!("the driver refused it: {e}"),
+                };
+                None
+            }
+        },
+    };
+    let mut pipelines = Vec::with_capacity(schedule.kernels.len());
+    for k in &schedule.kernels {
+        let mut spec = SpecConstants::new();
+        for (i, v) in k.spec_constants.iter().enumerate() {
+            spec = spec.u32(i as u32, *v);
+        }
+        pipelines.push(device.create_pipeline_with(&crate::PipelineDesc {
+            label: &k.label,
+            spirv: &k.spirv,
+            entry_point: "main",
+            spec_constants: &spec,
+            n_bindings: k.bindings,
+            push_constant_bytes: k.push_constant_bytes,
+            cache: cache.as_ref(),
+        })?);
+    }
+    // Written when the file was missing, stale or damaged (the warning stays reported).
+    if let (Some(f), Some(c)) = (file, &cache) {
+        if !matches!(status, CacheStatus::Used(_)) {
+            let written = c
+                .data()
+                .map_err(|e| e.to_string())
+                .and_then(|data| f.write(&key, checksum, &data));
+            match (written, &status) {
+                (Ok(path), CacheStatus::Written(_)) => status = CacheStatus::Written(path),
+                (Ok(_), _) => {}
+                (Err(warning), _) => {
+                    status = CacheStatus::Ignored {
+                        path: f.primary.clone(),
+                        warning,
+                    }
+                }
+            }
+        }
+    }
+    Ok((pipelines, status))
 }

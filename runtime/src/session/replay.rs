@@ -1,19 +1,52 @@
 //! Replay: everything per-dispatch is done once. Descriptor sets are written at load, the step
 //! is recorded once with a barrier only between dependency levels, and per token the host only
 //! submits. The position advances on the device (the step's own `write_state`), the next token
-//! is the device-side argmax unless the host writes one, and state written back inside the step
-//! is read by the next.
+//! is the device-side argmax unless the host writes one, and state is written back between
+//! launches as [`WriteBack`] says (the schedule's copies, or two recordings that swap the
+//! state buffers).
 //!
 //! With K tokens per submit, K steps are recorded back to back in one command buffer; after
-//! each, the produced token and logits are copied into a host-visible ring, so the host reads
-//! all K results after a single wait.
+//! each, the produced token (and, only when asked for, the logits) is copied into a
+//! host-visible ring, so the host reads all K results after a single wait. Greedy decoding
+//! keeps two chains in flight ([`Replay::greedy_tokens`]): the next chain is queued before the
+//! previous one is read, so the GPU never waits for the host between chains.
 
+use super::writeback::{self, PingPongPlan, WriteBack};
 use super::{Loaded, SessionError, StepOutput, STEP_TIMEOUT};
+use crate::schedule::{BufferId, Slice};
 use crate::{
-    Buffer, BufferKind, CommandBuffer, CommandRecorder, DescriptorPool, DescriptorSet, Stages,
-    TimestampPool,
+    Buffer, BufferBinding, BufferKind, CommandBuffer, CommandRecorder, DescriptorPool,
+    DescriptorSet, Stages, TimestampPool,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+
+/// The most steps one submit may chain.
+pub const MAX_TOKENS_PER_SUBMIT: u32 = 64;
+
+/// Greedy chains in flight at once (ring slots for tokens).
+const IN_FLIGHT: usize = 2;
+
+/// What a chain copies to the host after each step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Out {
+    /// Token and logits, into the logits ring.
+    Logits,
+    /// The token only, into slot `n` of the token ring.
+    Tokens(usize),
+}
+
+impl Out {
+    /// The timestamp pool the chain writes (chains in flight together need their own).
+    fn timestamps(self) -> usize {
+        match self {
+            Out::Logits => 0,
+            Out::Tokens(slot) => 1 + slot,
+        }
+    }
+}
+
+/// A recorded chain: steps, what it copies out, and the parity of its first step.
+type ChainKey = (u32, Out, usize);
 
 /// Runs a loaded schedule by replaying pre-recorded command buffers.
 pub struct Replay {
@@ -21,56 +54,156 @@ pub struct Replay {
     /// Keeps the sets' pool alive.
     _pool: DescriptorPool,
     sets: Vec<DescriptorSet>,
-    /// One step, for host-fed tokens and single greedy steps.
-    single: CommandBuffer,
-    /// K chained greedy steps, by K, recorded on first use.
-    chains: BTreeMap<u32, CommandBuffer>,
-    /// Host-visible ring: per chained step, the token (4 bytes, padded to 256) then the logits.
-    ring: Buffer,
-    ring_stride: u64,
-    timestamps: Option<TimestampPool>,
+    /// By parity, then dispatch: the index of the set to bind (`None`: a copy ping-pong
+    /// dropped).
+    set_of: Vec<Vec<Option<usize>>>,
+    write_back: WriteBack,
+    plan: PingPongPlan,
+    /// Ping-pong's second state buffer (B).
+    alternate: Option<Buffer>,
+    /// Recordings that alternate: 2 with ping-pong state, else 1.
+    parities: usize,
+    /// The parity of the next step.
+    parity: usize,
+    /// One step, by parity, for host-fed tokens and single greedy steps.
+    single: Vec<CommandBuffer>,
+    /// Chains recorded so far.
+    chains: BTreeMap<ChainKey, CommandBuffer>,
+    /// Per chained step, the token (4 bytes, padded to 256) then the logits.
+    logits_ring: Buffer,
+    logits_stride: u64,
+    /// `IN_FLIGHT` slots of `MAX_TOKENS_PER_SUBMIT` tokens.
+    token_ring: Buffer,
+    /// Per [`Out::timestamps`] index.
+    timestamps: Vec<Option<TimestampPool>>,
+    /// Per-level profiling recordings, by parity, recorded on first use.
+    profiles: Vec<Option<(CommandBuffer, TimestampPool)>>,
     gpu_ns: f64,
 }
 
-/// The most steps one submit may chain.
-pub const MAX_TOKENS_PER_SUBMIT: u32 = 64;
+/// Bytes of one token-ring slot.
+const TOKEN_SLOT: u64 = 4 * MAX_TOKENS_PER_SUBMIT as u64;
 
 impl Replay {
-    /// Writes every descriptor set and records the single step, once.
+    /// [`Self::with_write_back`] with the default strategy.
     pub fn new(loaded: Loaded) -> Result<Replay, SessionError> {
+        Replay::with_write_back(loaded, WriteBack::default())
+    }
+
+    /// Writes every descriptor set and records the single step, once.
+    pub fn with_write_back(loaded: Loaded, write_back: WriteBack) -> Result<Replay, SessionError> {
         let s = &loaded.schedule;
-        let bindings: u32 = s.dispatches.iter().map(|d| d.bindings.len() as u32).sum();
-        let pool = loaded
-            .device
-            .create_descriptor_pool(s.dispatches.len() as u32, bindings)?;
-        let mut sets = Vec::with_capacity(s.dispatches.len());
-        for d in &s.dispatches {
-            let set = pool.allocate(&loaded.pipelines[d.kernel.index()])?;
-            loaded.device.write_descriptors(&set, &loaded.bindings(d))?;
+        let plan = match write_back {
+            WriteBack::PingPong => writeback::plan(s, loaded.device.storage_offset_alignment()),
+            WriteBack::Copy => PingPongPlan::default(),
+        };
+        let parities = if plan.states.is_empty() { 1 } else { 2 };
+        let alternate_id = BufferId(s.buffers.len() as u32);
+        let alternate = if parities == 2 {
+            Some(loaded.device.create_buffer_labeled(
+                "ping-pong state",
+                plan.alternate_bytes,
+                BufferKind::DeviceLocal,
+            )?)
+        } else {
+            None
+        };
+        let bindings_of = |parity: usize, d: usize| -> Option<Vec<Slice>> {
+            if parities == 1 {
+                Some(s.dispatches[d].bindings.clone())
+            } else {
+                writeback::bindings_for(s, &plan, alternate_id, parity, d)
+            }
+        };
+        let mut layouts = vec![];
+        for parity in 0..parities {
+            for d in 0..s.dispatches.len() {
+                let b = bindings_of(parity, d);
+                if parity == 0 || b != bindings_of(0, d) {
+                    layouts.push((parity, d, b));
+                }
+            }
+        }
+        let n_sets = layouts.iter().filter(|l| l.2.is_some()).count() as u32;
+        let n_bindings: u32 = layouts
+            .iter()
+            .filter_map(|l| l.2.as_ref())
+            .map(|b| b.len() as u32)
+            .sum();
+        let pool = loaded.device.create_descriptor_pool(n_sets, n_bindings)?;
+        let resolve = |slice: &Slice| -> &Buffer {
+            match &alternate {
+                Some(a) if slice.buffer == alternate_id => a,
+                _ => &loaded.buffers[slice.buffer.index()],
+            }
+        };
+        let mut set_of: Vec<Vec<Option<usize>>> = vec![vec![None; s.dispatches.len()]; parities];
+        let mut sets = vec![];
+        for (parity, d, b) in &layouts {
+            let Some(b) = b else { continue };
+            let set = pool.allocate(&loaded.pipelines[s.dispatches[*d].kernel.index()])?;
+            let writes: Vec<BufferBinding<'_>> = b
+                .iter()
+                .enumerate()
+                .map(|(i, slice)| BufferBinding {
+                    binding: i as u32,
+                    buffer: resolve(slice),
+                    offset: slice.offset,
+                    range: slice.size,
+                })
+                .collect();
+            loaded.device.write_descriptors(&set, &writes)?;
+            set_of[*parity][*d] = Some(sets.len());
             sets.push(set);
         }
+        // Parity 1 shares every set that does not change.
+        if parities == 2 {
+            for d in 0..s.dispatches.len() {
+                if set_of[1][d].is_none() && bindings_of(1, d).is_some() {
+                    set_of[1][d] = set_of[0][d];
+                }
+            }
+        }
         let vocab_bytes = 4 * u64::from(s.meta.vocab_size);
-        let ring_stride = 256 + vocab_bytes.div_ceil(256) * 256;
-        let ring = loaded.device.create_buffer_labeled(
-            "replay ring",
-            ring_stride * u64::from(MAX_TOKENS_PER_SUBMIT),
+        let logits_stride = 256 + vocab_bytes.div_ceil(256) * 256;
+        let logits_ring = loaded.device.create_buffer_labeled(
+            "replay logits ring",
+            logits_stride * u64::from(MAX_TOKENS_PER_SUBMIT),
             BufferKind::Readback,
         )?;
-        let timestamps = loaded.device.create_timestamp_pool(2)?;
+        let token_ring = loaded.device.create_buffer_labeled(
+            "replay token ring",
+            TOKEN_SLOT * IN_FLIGHT as u64,
+            BufferKind::Readback,
+        )?;
+        let timestamps = (0..=IN_FLIGHT)
+            .map(|_| loaded.device.create_timestamp_pool(2))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut replay = Replay {
-            single: loaded.device.create_command_buffer()?,
+            single: vec![],
             loaded,
             _pool: pool,
             sets,
+            set_of,
+            write_back,
+            plan,
+            alternate,
+            parities,
+            parity: 0,
             chains: BTreeMap::new(),
-            ring,
-            ring_stride,
+            logits_ring,
+            logits_stride,
+            token_ring,
             timestamps,
+            profiles: (0..parities).map(|_| None).collect(),
             gpu_ns: 0.0,
         };
-        let mut cmd = replay.loaded.device.create_command_buffer()?;
-        replay.record(&mut cmd, 1, false)?;
-        replay.single = cmd;
+        for parity in 0..parities {
+            let mut cmd = replay.loaded.device.create_command_buffer()?;
+            replay.record_single(&mut cmd, parity)?;
+            replay.single.push(cmd);
+        }
+        replay.reset_alternate()?;
         Ok(replay)
     }
 
@@ -79,93 +212,193 @@ impl Replay {
         &self.loaded
     }
 
+    /// The write-back strategy asked for.
+    pub fn write_back(&self) -> WriteBack {
+        self.write_back
+    }
+
+    /// What ping-pong changed (empty with [`WriteBack::Copy`] or without copied state).
+    pub fn ping_pong_plan(&self) -> &PingPongPlan {
+        &self.plan
+    }
+
     /// Starts a new sequence.
     pub fn reset(&mut self) -> Result<(), SessionError> {
-        self.loaded.reset()
+        self.loaded.reset()?;
+        self.reset_alternate()
+    }
+
+    fn reset_alternate(&mut self) -> Result<(), SessionError> {
+        self.parity = 0;
+        if let Some(a) = &self.alternate {
+            let mut cmd = self.loaded.device.create_command_buffer()?;
+            let mut rec = cmd.begin()?;
+            rec.fill_buffer(a, 0, a.size(), 0)?;
+            rec.barrier(Stages::TRANSFER, Stages::COMPUTE);
+            rec.finish()?;
+            self.loaded.device.submit_and_wait(&mut cmd, STEP_TIMEOUT)?;
+        }
+        Ok(())
     }
 
     /// GPU nanoseconds of all submits so far, or `None` without timestamps.
     pub fn gpu_ns(&self) -> Option<f64> {
-        self.timestamps.as_ref().map(|_| self.gpu_ns)
+        self.timestamps[0].as_ref().map(|_| self.gpu_ns)
     }
 
-    /// Records `steps` steps; with `ring`, each step's token and logits are copied to the ring.
-    fn record(&self, cmd: &mut CommandBuffer, steps: u32, ring: bool) -> Result<(), SessionError> {
-        let l = &self.loaded;
-        let s = &l.schedule;
+    /// One step whose results the host reads from the I/O buffer.
+    fn record_single(&self, cmd: &mut CommandBuffer, parity: usize) -> Result<(), SessionError> {
         let mut rec = cmd.begin()?;
-        if let Some(ts) = &self.timestamps {
+        if let Some(ts) = &self.timestamps[0] {
             rec.reset_timestamps(ts)?;
             rec.write_timestamp(ts, 0)?;
         }
-        for k in 0..steps {
-            self.record_step(&mut rec)?;
-            if ring {
-                rec.barrier(Stages::COMPUTE, Stages::TRANSFER);
-                let io = &s.io;
-                let dst = u64::from(k) * self.ring_stride;
-                let io_buf = &l.buffers[io.token.buffer.index()];
-                rec.copy_buffer(io_buf, io.token.offset, &self.ring, dst, 4)?;
-                rec.copy_buffer(
-                    io_buf,
-                    io.logits.offset,
-                    &self.ring,
-                    dst + 256,
-                    io.logits.size,
-                )?;
-                // The next step overwrites what was just copied, and the host reads the ring.
-                rec.barrier(Stages::TRANSFER, Stages::COMPUTE | Stages::HOST);
-            } else if k + 1 < steps {
-                rec.compute_barrier();
-            }
-        }
-        if !ring {
-            rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::HOST);
-        }
-        if let Some(ts) = &self.timestamps {
+        self.record_step(&mut rec, parity, false, None)?;
+        rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::HOST);
+        if let Some(ts) = &self.timestamps[0] {
             rec.write_timestamp(ts, 1)?;
         }
         rec.finish()?;
         Ok(())
     }
 
-    /// One step: the levels in order, a barrier between consecutive levels only.
-    fn record_step(&self, rec: &mut CommandRecorder<'_>) -> Result<(), SessionError> {
+    /// Records a chain of `steps` steps starting at `parity`; after each, its token (and its
+    /// logits for [`Out::Logits`]) is copied to the ring.
+    fn record_chain(
+        &self,
+        cmd: &mut CommandBuffer,
+        (steps, out, parity): ChainKey,
+    ) -> Result<(), SessionError> {
+        let s = &self.loaded.schedule;
+        let io = &s.io;
+        let io_buf = &self.loaded.buffers[io.token.buffer.index()];
+        let ts = &self.timestamps[out.timestamps()];
+        let mut rec = cmd.begin()?;
+        if let Some(ts) = ts {
+            rec.reset_timestamps(ts)?;
+            rec.write_timestamp(ts, 0)?;
+        }
+        for k in 0..steps {
+            self.record_step(&mut rec, (parity + k as usize) % self.parities, k > 0, None)?;
+            // One barrier serves both the copy below and the next step (which reads what this
+            // one wrote); the next step's first barrier waits for the copy before it writes
+            // the token again.
+            rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::TRANSFER);
+            match out {
+                Out::Logits => {
+                    let dst = u64::from(k) * self.logits_stride;
+                    rec.copy_buffer(io_buf, io.token.offset, &self.logits_ring, dst, 4)?;
+                    rec.copy_buffer(
+                        io_buf,
+                        io.logits.offset,
+                        &self.logits_ring,
+                        dst + 256,
+                        io.logits.size,
+                    )?;
+                }
+                Out::Tokens(slot) => {
+                    let dst = slot as u64 * TOKEN_SLOT + 4 * u64::from(k);
+                    rec.copy_buffer(io_buf, io.token.offset, &self.token_ring, dst, 4)?;
+                }
+            }
+        }
+        // The host reads the ring; the next submission reads the token and overwrites the ring.
+        rec.barrier(
+            Stages::COMPUTE | Stages::TRANSFER,
+            Stages::COMPUTE | Stages::TRANSFER | Stages::HOST,
+        );
+        if let Some(ts) = ts {
+            rec.write_timestamp(ts, 1)?;
+        }
+        rec.finish()?;
+        Ok(())
+    }
+
+    /// One step: the levels in order, a barrier between consecutive levels only. After a ring
+    /// copy (`after_copy`), the first barrier also waits for the copy. With `profile`,
+    /// timestamp `i + 1` is written after level `i`.
+    fn record_step(
+        &self,
+        rec: &mut CommandRecorder<'_>,
+        parity: usize,
+        after_copy: bool,
+        profile: Option<&TimestampPool>,
+    ) -> Result<(), SessionError> {
         let l = &self.loaded;
         let s = &l.schedule;
+        let set_of = &self.set_of[parity];
+        let mut first_barrier = true;
+        // A step of one level has no inner barrier: wait for the copy before it.
+        if after_copy && s.levels.len() < 2 {
+            rec.barrier(Stages::COMPUTE | Stages::TRANSFER, Stages::COMPUTE);
+            first_barrier = false;
+        }
+        let mut emitted = 0;
         for (i, level) in s.levels.iter().enumerate() {
-            if i > 0 {
-                rec.compute_barrier();
-            }
-            for k in level.clone() {
-                let d = &s.dispatches[k as usize];
-                rec.bind_pipeline(&l.pipelines[d.kernel.index()])?;
-                rec.bind_descriptor_set(&self.sets[k as usize])?;
-                if !d.push_constants.is_empty() {
-                    rec.push_constants(0, &d.push_constants)?;
+            let live: Vec<u32> = level
+                .clone()
+                .filter(|&k| set_of[k as usize].is_some())
+                .collect();
+            // A level left empty (only a dropped copy) needs no barrier of its own.
+            if !live.is_empty() {
+                if emitted > 0 {
+                    let from = if after_copy && first_barrier {
+                        Stages::COMPUTE | Stages::TRANSFER
+                    } else {
+                        Stages::COMPUTE
+                    };
+                    rec.barrier(from, Stages::COMPUTE);
+                    first_barrier = false;
                 }
-                rec.dispatch(d.workgroups[0], d.workgroups[1], d.workgroups[2])?;
+                for k in live {
+                    let d = &s.dispatches[k as usize];
+                    let set = &self.sets[set_of[k as usize].expect("filtered above")];
+                    rec.bind_pipeline(&l.pipelines[d.kernel.index()])?;
+                    rec.bind_descriptor_set(set)?;
+                    if !d.push_constants.is_empty() {
+                        rec.push_constants(0, &d.push_constants)?;
+                    }
+                    rec.dispatch(d.workgroups[0], d.workgroups[1], d.workgroups[2])?;
+                }
+                emitted += 1;
+            }
+            if let Some(ts) = profile {
+                rec.write_timestamp(ts, i as u32 + 1)?;
             }
         }
         Ok(())
     }
 
-    fn add_gpu_time(&mut self) -> Result<(), SessionError> {
-        if let Some(ts) = &self.timestamps {
+    fn add_gpu_time(&mut self, pool: usize) -> Result<(), SessionError> {
+        if let Some(ts) = &self.timestamps[pool] {
             self.gpu_ns += ts.elapsed_ns(0, 1)?.unwrap_or(0.0);
         }
         Ok(())
     }
 
-    /// Records the chain of `k` steps now (it is otherwise recorded on first use), so that
-    /// nothing is recorded while tokens are being timed.
+    /// Records the chains of `k` steps now (they are otherwise recorded on first use), so that
+    /// nothing is recorded while tokens are being timed: with and without logits, for each
+    /// token-ring slot and ping-pong parity.
     pub fn prepare(&mut self, k: u32) -> Result<(), SessionError> {
-        if k == 0 || k > MAX_TOKENS_PER_SUBMIT || self.chains.contains_key(&k) {
+        if k == 0 || k > MAX_TOKENS_PER_SUBMIT {
             return Ok(());
         }
-        let mut cmd = self.loaded.device.create_command_buffer()?;
-        self.record(&mut cmd, k, true)?;
-        self.chains.insert(k, cmd);
+        for parity in 0..self.parities {
+            self.record_once((k, Out::Logits, parity))?;
+            for slot in 0..IN_FLIGHT {
+                self.record_once((k, Out::Tokens(slot), parity))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the chain `key` if it was not yet.
+    fn record_once(&mut self, key: ChainKey) -> Result<(), SessionError> {
+        if !self.chains.contains_key(&key) {
+            let mut cmd = self.loaded.device.create_command_buffer()?;
+            self.record_chain(&mut cmd, key)?;
+            self.chains.insert(key, cmd);
+        }
         Ok(())
     }
 
@@ -173,16 +406,18 @@ impl Replay {
     /// device-side argmax. The host does nothing but write the token (if any) and submit.
     pub fn step(&mut self, token: Option<u32>) -> Result<StepOutput, SessionError> {
         self.loaded.prepare_step(token)?;
+        let parity = self.parity;
         self.loaded
             .device
-            .submit_and_wait(&mut self.single, STEP_TIMEOUT)?;
-        self.add_gpu_time()?;
+            .submit_and_wait(&mut self.single[parity], STEP_TIMEOUT)?;
+        self.parity = (parity + 1) % self.parities;
+        self.add_gpu_time(0)?;
         self.loaded.read_output()
     }
 
-    /// Runs `k` greedy steps in one submit (the first consumes `first` if given, each later one
-    /// the previous argmax) and returns every step's output.
-    pub fn steps(&mut self, first: Option<u32>, k: u32) -> Result<Vec<StepOutput>, SessionError> {
+    /// Checks `k` (steps in one submit) and that `n` steps from here fit the KV capacity;
+    /// writes `first` as the first step's input if given.
+    fn check_greedy(&mut self, first: Option<u32>, k: u32, n: u32) -> Result<(), SessionError> {
         if k == 0 || k > MAX_TOKENS_PER_SUBMIT {
             return Err(SessionError::Vulkan(crate::Error::InvalidArgument(
                 format!("tokens per submit must be in 1..={MAX_TOKENS_PER_SUBMIT}, not {k}"),
@@ -193,27 +428,130 @@ impl Replay {
             self.loaded.position()?,
             self.loaded.schedule.meta.max_context,
         );
-        if position + k > capacity {
+        if u64::from(position) + u64::from(n) > u64::from(capacity) {
             return Err(SessionError::ContextFull {
-                position: position + k - 1,
+                position: position.saturating_add(n.saturating_sub(1)),
                 capacity,
             });
         }
-        self.prepare(k)?;
-        let cmd = self.chains.get_mut(&k).expect("recorded above");
+        Ok(())
+    }
+
+    /// Runs `k` greedy steps in one submit (the first consumes `first` if given, each later one
+    /// the previous argmax) and returns every step's output, logits included (each step's
+    /// logits are copied out: use [`Self::greedy_tokens`] when only the tokens are needed).
+    pub fn steps(&mut self, first: Option<u32>, k: u32) -> Result<Vec<StepOutput>, SessionError> {
+        self.check_greedy(first, k, k)?;
+        let parity = self.parity;
+        let key = (k, Out::Logits, parity);
+        self.record_once(key)?;
+        let cmd = self.chains.get_mut(&key).expect("recorded above");
         self.loaded.device.submit_and_wait(cmd, STEP_TIMEOUT)?;
-        self.add_gpu_time()?;
+        self.parity = (parity + k as usize) % self.parities;
+        self.add_gpu_time(0)?;
         let vocab = self.loaded.schedule.meta.vocab_size as usize;
         (0..u64::from(k))
             .map(|i| {
-                let base = i * self.ring_stride;
-                let next = self.ring.read_pod::<i32>(base, 1)?[0] as u32;
-                let logits = self.ring.read_pod::<f32>(base + 256, vocab)?;
+                let base = i * self.logits_stride;
+                let next = self.logits_ring.read_pod::<i32>(base, 1)?[0] as u32;
+                let logits = self.logits_ring.read_pod::<f32>(base + 256, vocab)?;
                 Ok(StepOutput {
                     logits,
                     next_token: next,
                 })
             })
             .collect()
+    }
+
+    /// Runs `n` greedy steps (the first consumes `first` if given, each later one the previous
+    /// argmax), `k` per submit, and returns only their tokens: no logits cross to the host.
+    /// Two chains are in flight at once, so the GPU never idles while the host reads.
+    pub fn greedy_tokens(
+        &mut self,
+        first: Option<u32>,
+        n: u32,
+        k: u32,
+    ) -> Result<Vec<u32>, SessionError> {
+        self.check_greedy(first, k, n)?;
+        let mut tokens = Vec::with_capacity(n as usize);
+        let mut in_flight: VecDeque<ChainKey> = VecDeque::new();
+        let (mut left, mut slot) = (n, 0);
+        let result = (|| {
+            while left > 0 || !in_flight.is_empty() {
+                while in_flight.len() < IN_FLIGHT && left > 0 {
+                    let key = (k.min(left), Out::Tokens(slot), self.parity);
+                    self.record_once(key)?;
+                    let cmd = self.chains.get_mut(&key).expect("recorded above");
+                    self.loaded.device.submit(cmd)?;
+                    in_flight.push_back(key);
+                    self.parity = (self.parity + key.0 as usize) % self.parities;
+                    left -= key.0;
+                    slot = (slot + 1) % IN_FLIGHT;
+                }
+                let key = in_flight.pop_front().expect("one is in flight");
+                self.chains
+                    .get_mut(&key)
+                    .expect("submitted above")
+                    .wait(STEP_TIMEOUT)?;
+                self.add_gpu_time(key.1.timestamps())?;
+                let Out::Tokens(s) = key.1 else {
+                    unreachable!("token chains only")
+                };
+                let got = self
+                    .token_ring
+                    .read_pod::<i32>(s as u64 * TOKEN_SLOT, key.0 as usize)?;
+                tokens.extend(got.into_iter().map(|t| t as u32));
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            // Nothing may still run when the error is returned.
+            for key in in_flight {
+                if let Some(cmd) = self.chains.get_mut(&key) {
+                    let _ = cmd.wait(STEP_TIMEOUT);
+                }
+            }
+        }
+        result.map(|()| tokens)
+    }
+
+    /// Runs `runs` greedy steps, each in a separate profiling recording with a timestamp after
+    /// every dependency level (so the normal recordings carry none), and returns the mean
+    /// nanoseconds per level (barrier before it included), or `None` without timestamps.
+    pub fn profile_levels(&mut self, runs: u32) -> Result<Option<Vec<f64>>, SessionError> {
+        let levels = self.loaded.schedule.levels.len();
+        let mut sum = vec![0.0; levels];
+        for _ in 0..runs {
+            let parity = self.parity;
+            if self.profiles[parity].is_none() {
+                let Some(ts) = self
+                    .loaded
+                    .device
+                    .create_timestamp_pool(levels as u32 + 1)?
+                else {
+                    return Ok(None);
+                };
+                let mut cmd = self.loaded.device.create_command_buffer()?;
+                let mut rec = cmd.begin()?;
+                rec.reset_timestamps(&ts)?;
+                rec.write_timestamp(&ts, 0)?;
+                self.record_step(&mut rec, parity, false, Some(&ts))?;
+                rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::HOST);
+                rec.finish()?;
+                self.profiles[parity] = Some((cmd, ts));
+            }
+            self.loaded.prepare_step(None)?;
+            let (cmd, ts) = self.profiles[parity].as_mut().expect("recorded above");
+            self.loaded.device.submit_and_wait(cmd, STEP_TIMEOUT)?;
+            self.parity = (parity + 1) % self.parities;
+            for (i, s) in sum.iter_mut().enumerate() {
+                *s += ts.elapsed_ns(i as u32, i as u32 + 1)?.unwrap_or(0.0);
+            }
+        }
+        Ok(Some(
+            sum.into_iter()
+                .map(|s| s / f64::from(runs.max(1)))
+                .collect(),
+        ))
     }
 }

@@ -227,6 +227,9 @@ pub struct AdapterInfo {
     pub api_version: Version,
     /// The driver's own packed version number (vendor specific).
     pub driver_version: u32,
+    /// `pipelineCacheUUID`: pipeline cache data is only valid for a device and driver with
+    /// the same UUID (Vulkan's own cache header check).
+    pub pipeline_cache_uuid: [u8; 16],
     /// The driver's name (`VkPhysicalDeviceDriverProperties`, Vulkan 1.2+; else empty).
     pub driver_name: String,
     /// The driver's version text (Vulkan 1.2+; else empty).
@@ -581,6 +584,7 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
         device_id: props.device_id,
         api_version: Version(props.api_version),
         driver_version: props.driver_version,
+        pipeline_cache_uuid: props.pipeline_cache_uuid,
         driver_name: text(driver.driver_name_as_c_str()),
         driver_info: text(driver.driver_info_as_c_str()),
         max_workgroup_size: limits.max_compute_work_group_size,
@@ -681,6 +685,7 @@ pub(crate) mod tests {
             device_id: 0,
             api_version: Version(vk::API_VERSION_1_3),
             driver_version: 0,
+            pipeline_cache_uuid: [0; 16],
             driver_name: String::new(),
             driver_info: String::new(),
             max_workgroup_size: [1024, 1024, 64],
