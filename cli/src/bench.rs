@@ -13,7 +13,9 @@ use std::time::Instant;
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::{fuse, import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
-use vkfuse_runtime::session::{Eager, LoadOptions, Loaded, Replay, TensorBytes};
+use vkfuse_runtime::session::{
+    writeback, Eager, LoadOptions, Loaded, Replay, TensorBytes, WriteBack,
+};
 use vkfuse_runtime::Device;
 
 #[derive(clap::Args)]
@@ -30,6 +32,13 @@ pub struct BenchArgs {
     /// Print a JSON array (one object per configuration) as the last stdout line.
     #[arg(long)]
     pub json: bool,
+    /// Also time every dependency level of the fused replay step (a separate recording with a
+    /// timestamp after each level) and print where the step's GPU time goes.
+    #[arg(long)]
+    pub profile: bool,
+    /// Profiled steps to average.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub profile_steps: u32,
 }
 
 #[derive(serde::Serialize)]
@@ -37,8 +46,19 @@ struct Row {
     fused: bool,
     backend: &'static str,
     tokens_per_submit: u32,
+    /// How state reaches the next step: the schedule's copies or ping-pong recordings
+    /// (`-` for eager, which always runs the copies).
+    write_back: &'static str,
     #[serde(flatten)]
     report: RunReport,
+}
+
+/// One configuration of the table.
+#[derive(Clone, Copy)]
+struct Config {
+    /// Steps per submit; 0 means eager.
+    k: u32,
+    write_back: WriteBack,
 }
 
 /// A fresh sequence: token 1, then greedy tokens, one step per submit, re-recorded each time.
@@ -59,20 +79,32 @@ fn greedy_replay(r: &mut Replay, k: u32, tokens: usize, ids: &mut Vec<u32>) -> R
     Ok(())
 }
 
-/// One configuration: `k = 0` means eager.
-fn measure(
-    device: &Device,
-    schedule: &Schedule,
-    weights: &dyn TensorBytes,
-    k: u32,
-    tokens: usize,
-) -> Result<RunReport> {
+/// Loads `schedule` (the weights upload shown when large).
+fn load(device: &Device, schedule: &Schedule, weights: &dyn TensorBytes) -> Result<Loaded> {
     let mut upload = UploadDisplay::new();
     let options = LoadOptions {
         pipeline_cache: None,
         progress: Some(&mut |p| upload.update(p)),
     };
-    let loaded = Loaded::load(device.clone(), schedule.clone(), weights, options)?;
+    Ok(Loaded::load(
+        device.clone(),
+        schedule.clone(),
+        weights,
+        options,
+    )?)
+}
+
+/// One configuration; returns its report and the write-back it ran with.
+fn measure(
+    device: &Device,
+    schedule: &Schedule,
+    weights: &dyn TensorBytes,
+    config: Config,
+    tokens: usize,
+) -> Result<(RunReport, &'static str)> {
+    let k = config.k;
+    let mut write_back = "-";
+    let loaded = load(device, schedule, weights)?;
     let capacity = loaded.schedule.meta.max_context as usize;
     if tokens + 1 > capacity {
         bail!(
@@ -92,7 +124,8 @@ fn measure(
         c.gpu_ns = e.gpu_ns().map(|g| (g - gpu0) as u64);
         c
     } else {
-        let mut r = Replay::new(loaded)?;
+        let mut r = Replay::with_write_back(loaded, config.write_back)?;
+        write_back = effective(&r);
         let rest = (tokens - 1) as u32;
         r.prepare(k.min(rest.max(1)))?;
         r.prepare(rest % k)?;
@@ -108,11 +141,24 @@ fn measure(
     let mut c = counters;
     c.tokens = tokens as u64;
     let per = c.per_token().context("no tokens")?;
-    Ok(RunReport::new(
-        if k == 0 { "eager" } else { "replay" },
-        ids,
-        &per,
-    ))
+    let report = RunReport::new(if k == 0 { "eager" } else { "replay" }, ids, &per);
+    Ok((report, write_back))
+}
+
+/// The write-back a replay really runs with (ping-pong only where the schedule copies state).
+fn effective(r: &Replay) -> &'static str {
+    if r.ping_pong_plan().states.is_empty() {
+        WriteBack::Copy.name()
+    } else {
+        WriteBack::PingPong.name()
+    }
+}
+
+/// Whether ping-pong changes anything in `schedule` (else one write-back row is enough).
+fn has_ping_pong(device: &Device, schedule: &Schedule) -> bool {
+    !writeback::plan(schedule, device.storage_offset_alignment())
+        .states
+        .is_empty()
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -150,12 +196,31 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut rows = vec![];
     for (fused, schedule) in &schedules {
         let fused = *fused;
-        for k in [0u32, 1, 8] {
-            let report = measure(&device, schedule, weights.as_ref(), k, args.tokens)?;
+        let mut configs: Vec<Config> = [0u32, 1, 8]
+            .map(|k| Config {
+                k,
+                write_back: WriteBack::default(),
+            })
+            .to_vec();
+        // With state copied back, the other write-back too (same tokens, both timed).
+        if has_ping_pong(&device, schedule) {
+            let other = match WriteBack::default() {
+                WriteBack::Copy => WriteBack::PingPong,
+                WriteBack::PingPong => WriteBack::Copy,
+            };
+            configs.extend([1u32, 8].map(|k| Config {
+                k,
+                write_back: other,
+            }));
+        }
+        for config in configs {
+            let (report, write_back) =
+                measure(&device, schedule, weights.as_ref(), config, args.tokens)?;
             rows.push(Row {
                 fused,
-                backend: if k == 0 { "eager" } else { "replay" },
-                tokens_per_submit: k.max(1),
+                backend: if config.k == 0 { "eager" } else { "replay" },
+                tokens_per_submit: config.k.max(1),
+                write_back,
                 report,
             });
         }
@@ -168,10 +233,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     writeln!(
         out,
-        "{:<7} {:<7} {:>2} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>8}",
+        "{:<7} {:<7} {:>2} {:<10} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>8}",
         "fused",
         "backend",
         "K",
+        "write-back",
         "tokens/s",
         "ms/token",
         "host µs",
@@ -186,10 +252,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let p = &r.report;
         writeln!(
             out,
-            "{:<7} {:<7} {:>2} {:>10.1} {:>9.3} {:>9.1} {:>9} {:>10.0} {:>9.1} {:>10.0} {:>10.3} {:>8.3}",
+            "{:<7} {:<7} {:>2} {:<10} {:>10.1} {:>9.3} {:>9.1} {:>9} {:>10.0} {:>9.1} {:>10.0} {:>10.3} {:>8.3}",
             if r.fused { "yes" } else { "no" },
             r.backend,
             r.tokens_per_submit,
+            r.write_back,
             p.tokens_per_s,
             1e3 / p.tokens_per_s.max(1e-9),
             p.host_us_per_token,
@@ -200,6 +267,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             p.recordings_per_token,
             p.submits_per_token
         )?;
+    }
+    if args.profile {
+        // The fused schedule where there is one (the configuration that matters).
+        let (_, schedule) = schedules
+            .iter()
+            .find(|(fused, _)| *fused)
+            .unwrap_or(&schedules[0]);
+        let loaded = load(&device, schedule, weights.as_ref())?;
+        let mut replay = Replay::new(loaded)?;
+        crate::profile::print(&mut out, &mut replay, args.profile_steps)?;
     }
     if args.json {
         writeln!(out, "{}", serde_json::to_string(&rows)?)?;

@@ -6,6 +6,7 @@ mod decode;
 mod devices;
 mod generate;
 mod metrics;
+mod profile;
 mod text;
 mod upload;
 

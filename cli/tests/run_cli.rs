@@ -229,3 +229,39 @@ fn bench_prints_one_row_per_configuration_and_replay_does_no_per_token_host_work
         "{k8}"
     );
 }
+
+#[test]
+fn bench_profile_prints_every_level_of_the_fused_step() {
+    let dir = fixture_dir("qwen3-tied");
+    let out = vkfuse(&[
+        "bench",
+        dir.to_str().unwrap(),
+        "--tokens",
+        "3",
+        "--profile",
+        "--profile-steps",
+        "4",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("profile: fused replay"), "{stdout}");
+    assert!(stdout.contains("by kernel"), "{stdout}");
+    // One row per level, numbered from 0, then the step's total.
+    let levels = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("profile:"))
+        .skip(2)
+        .take_while(|l| !l.starts_with("step:"))
+        .count();
+    assert!(levels > 5, "{stdout}");
+    let step = stdout.lines().find(|l| l.starts_with("step:")).unwrap();
+    assert!(step.contains(&format!("in {levels} levels")), "{step}");
+    // The JSON array stays the last line.
+    let rows: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 6);
+}

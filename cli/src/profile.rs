@@ -1,0 +1,105 @@
+//! `vkfuse bench --profile`: where the fused replay step's GPU time goes, per dependency level
+//! (a level's dispatches run together; the barrier before it is counted with it), from a
+//! separate recording with a timestamp after every level, so the timed recordings carry none.
+
+use anyhow::{Context, Result};
+use std::collections::BTreeMap;
+use std::io::Write;
+use vkfuse_runtime::session::Replay;
+
+/// The kernel family of a kernel label (`fused_matvec[...]` -> `fused_matvec`).
+fn family(label: &str) -> &str {
+    label.split('[').next().unwrap_or(label)
+}
+
+/// Profiles `steps` greedy steps (after a warm-up) and prints the per-level table and a summary
+/// by kernel family.
+pub fn print(out: &mut dyn Write, replay: &mut Replay, steps: u32) -> Result<()> {
+    let capacity = replay.loaded().schedule.meta.max_context;
+    let steps = steps.clamp(1, capacity.saturating_sub(2).max(1));
+    // Warm-up (pipelines, caches), then a fresh sequence: token 1, greedy steps profiled.
+    replay.step(Some(1))?;
+    replay.profile_levels(steps.min(8))?;
+    replay.reset()?;
+    replay.step(Some(1))?;
+    let Some(ns) = replay.profile_levels(steps)? else {
+        writeln!(out, "profile: the device has no timestamp queries")?;
+        return Ok(());
+    };
+    let s = &replay.loaded().schedule;
+    // Copies ping-pong dropped are not in the recording.
+    let dropped: Vec<usize> = replay
+        .ping_pong_plan()
+        .states
+        .iter()
+        .map(|st| st.copy)
+        .collect();
+    let total: f64 = ns.iter().sum();
+    writeln!(
+        out,
+        "\nprofile: fused replay ({}), mean of {steps} greedy steps, a timestamp after each of \
+         {} levels; a level's time includes the barrier before it",
+        replay.write_back().name(),
+        s.levels.len()
+    )?;
+    writeln!(
+        out,
+        "{:>5} {:>4} {:>9} {:>6}  kernels",
+        "level", "n", "µs", "%"
+    )?;
+    let mut by_family: BTreeMap<String, (usize, f64)> = BTreeMap::new();
+    for (i, (range, t)) in s.levels.iter().zip(&ns).enumerate() {
+        let ds: Vec<_> = range
+            .clone()
+            .filter(|d| !dropped.contains(&(*d as usize)))
+            .map(|d| &s.dispatches[d as usize])
+            .collect();
+        let names: Vec<String> = ds
+            .iter()
+            .map(|d| {
+                let mut text = d.label.clone();
+                if text.chars().count() > 60 {
+                    text = text.chars().take(57).collect::<String>() + "...";
+                }
+                text
+            })
+            .collect();
+        for d in &ds {
+            let f = family(&s.kernels[d.kernel.index()].label).to_string();
+            let e = by_family.entry(f).or_default();
+            e.0 += 1;
+            e.1 += t / ds.len() as f64;
+        }
+        writeln!(
+            out,
+            "{i:>5} {:>4} {:>9.2} {:>6.2}  {}",
+            ds.len(),
+            t / 1e3,
+            100.0 * t / total.max(1e-9),
+            names.join(" | ")
+        )?;
+    }
+    writeln!(
+        out,
+        "step: {:.1} µs in {} levels ({} dispatches)",
+        total / 1e3,
+        s.levels.len(),
+        s.dispatches.len() - dropped.len()
+    )?;
+    writeln!(
+        out,
+        "by kernel (a level's time split evenly among its dispatches):"
+    )?;
+    let mut fams: Vec<_> = by_family.into_iter().collect();
+    fams.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+    for (f, (n, t)) in fams {
+        writeln!(
+            out,
+            "  {f:<20} {n:>5} dispatches {:>9.1} µs {:>6.2}%",
+            t / 1e3,
+            100.0 * t / total.max(1e-9)
+        )
+        .context("writing the profile")?;
+    }
+    Ok(())
+}
