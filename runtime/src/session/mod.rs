@@ -143,9 +143,10 @@ impl Loaded {
         let total: u64 = schedule.buffers.iter().map(|b| b.size).sum();
         device.check_fits(total)?;
         let mut buffers = Vec::with_capacity(schedule.buffers.len());
+        let io_kind = io_buffer_kind();
         for b in &schedule.buffers {
             let kind = if b.role == BufferRole::Io {
-                BufferKind::Readback
+                io_kind
             } else {
                 BufferKind::DeviceLocal
             };
@@ -255,6 +256,17 @@ impl Loaded {
             logits,
             next_token: next as u32,
         })
+    }
+}
+
+/// The memory of the I/O buffer (token, position, logits), which the step's kernels write and
+/// read every token: host memory by default (the host reads the logits fast, but the GPU
+/// writes and reads them across the bus), or with `VKFUSE_IO_MEMORY=device` host-visible
+/// device memory where the device offers it (ReBAR), an A/B knob for benchmarks.
+fn io_buffer_kind() -> BufferKind {
+    match std::env::var("VKFUSE_IO_MEMORY").as_deref() {
+        Ok("device") => BufferKind::Upload,
+        _ => BufferKind::Readback,
     }
 }
 
