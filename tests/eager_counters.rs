@@ -28,8 +28,8 @@ fn eager_counts_every_dispatch_binding_and_barrier_per_token() {
         assert_eq!(c.dispatches, dispatches * tokens as u64);
         assert_eq!(
             c.barriers,
-            dispatches * tokens as u64,
-            "a barrier after every dispatch"
+            (dispatches + 1) * tokens as u64,
+            "a barrier after every dispatch, and one making the output copy visible to the host"
         );
         assert_eq!(
             c.descriptor_writes,

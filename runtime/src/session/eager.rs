@@ -4,7 +4,7 @@
 //! any real backend does; everything per-dispatch is redone per token.
 
 use super::{Loaded, SessionError, StepOutput, STEP_TIMEOUT};
-use crate::{CommandBuffer, DescriptorPool, DescriptorSet, Stages, TimestampPool};
+use crate::{CommandBuffer, DescriptorPool, DescriptorSet, TimestampPool};
 
 /// Runs a loaded schedule eagerly.
 pub struct Eager {
@@ -78,9 +78,9 @@ impl Eager {
                 rec.push_constants(0, &d.push_constants)?;
             }
             rec.dispatch(d.workgroups[0], d.workgroups[1], d.workgroups[2])?;
-            // The last barrier also makes the step's results visible to the host.
+            // After the last dispatch, the output copy's barrier takes the place of this one.
             if k + 1 == n {
-                rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::HOST);
+                l.record_output(&mut rec)?;
             } else {
                 rec.compute_barrier();
             }

@@ -13,7 +13,7 @@ pub use replay::{Replay, MAX_TOKENS_PER_SUBMIT};
 pub use writeback::WriteBack;
 
 use crate::schedule::{BufferRole, Schedule, ScheduleError, ScheduleFileError};
-use crate::{Buffer, BufferKind, Device, Error, Pipeline, SpecConstants};
+use crate::{Buffer, BufferKind, Device, Error, Pipeline, SpecConstants, Stages};
 use std::time::Duration;
 
 /// How long a step may take before the device is declared hung.
@@ -119,6 +119,9 @@ pub struct Loaded {
     pub pipelines: Vec<Pipeline>,
     /// What happened to the pipeline cache file.
     pub pipeline_cache: CacheStatus,
+    /// Host memory the step's token (at 0) and logits (at 256) are copied to at its end: the
+    /// host reads them here, never from the I/O buffer, which may be device memory.
+    output: Buffer,
 }
 
 impl Loaded {
@@ -178,12 +181,18 @@ impl Loaded {
         }
         let (pipelines, pipeline_cache) =
             create_pipelines(&device, &schedule, options.pipeline_cache.as_ref())?;
+        let output = device.create_buffer_labeled(
+            "step output",
+            256 + schedule.io.logits.size,
+            BufferKind::Readback,
+        )?;
         let mut loaded = Loaded {
             device,
             schedule,
             buffers,
             pipelines,
             pipeline_cache,
+            output,
         };
         loaded.reset()?;
         Ok(loaded)
@@ -221,6 +230,24 @@ impl Loaded {
         &self.buffers[self.schedule.io.token.buffer.index()]
     }
 
+    /// Ends a step's recording: the step's token and logits copied to host memory for
+    /// [`Self::read_output`], visible to the host after the fence. (One barrier serves the
+    /// copy and the next submission's reads; one more makes the copy visible to the host.)
+    pub fn record_output(&self, rec: &mut crate::CommandRecorder<'_>) -> Result<(), SessionError> {
+        let io = &self.schedule.io;
+        rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::TRANSFER);
+        rec.copy_buffer(self.io_buffer(), io.token.offset, &self.output, 0, 4)?;
+        rec.copy_buffer(
+            self.io_buffer(),
+            io.logits.offset,
+            &self.output,
+            256,
+            io.logits.size,
+        )?;
+        rec.barrier(Stages::TRANSFER, Stages::TRANSFER | Stages::HOST);
+        Ok(())
+    }
+
     /// The position the next step will run at (read from the device-written I/O buffer).
     pub fn position(&self) -> Result<u32, SessionError> {
         let p = self.schedule.io.position;
@@ -245,13 +272,12 @@ impl Loaded {
         Ok(())
     }
 
-    /// The logits and next token of the step that just finished.
+    /// The logits and next token of the step that just finished (recorded with
+    /// [`Self::record_output`]).
     pub fn read_output(&self) -> Result<StepOutput, SessionError> {
-        let io = &self.schedule.io;
-        let logits = self
-            .io_buffer()
-            .read_pod::<f32>(io.logits.offset, self.schedule.meta.vocab_size as usize)?;
-        let next = self.buffers[io.token.buffer.index()].read_pod::<i32>(io.token.offset, 1)?[0];
+        let vocab = self.schedule.meta.vocab_size as usize;
+        let logits = self.output.read_pod::<f32>(256, vocab)?;
+        let next = self.output.read_pod::<i32>(0, 1)?[0];
         Ok(StepOutput {
             logits,
             next_token: next as u32,
@@ -260,13 +286,14 @@ impl Loaded {
 }
 
 /// The memory of the I/O buffer (token, position, logits), which the step's kernels write and
-/// read every token: host memory by default (the host reads the logits fast, but the GPU
-/// writes and reads them across the bus), or with `VKFUSE_IO_MEMORY=device` host-visible
-/// device memory where the device offers it (ReBAR), an A/B knob for benchmarks.
+/// read every token: host-visible device memory where the device offers it (ReBAR; else host
+/// memory), so lm_head and argmax do not cross the bus; the host only writes a token and reads
+/// the position there (4 bytes), and reads outputs from host memory they are copied to.
+/// `VKFUSE_IO_MEMORY=host` puts it in host memory instead (an A/B knob for benchmarks).
 fn io_buffer_kind() -> BufferKind {
     match std::env::var("VKFUSE_IO_MEMORY").as_deref() {
-        Ok("device") => BufferKind::Upload,
-        _ => BufferKind::Readback,
+        Ok("host") => BufferKind::Readback,
+        _ => BufferKind::Upload,
     }
 }
 

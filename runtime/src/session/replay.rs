@@ -254,7 +254,7 @@ impl Replay {
             rec.write_timestamp(ts, 0)?;
         }
         self.record_step(&mut rec, parity, false, None)?;
-        rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::HOST);
+        self.loaded.record_output(&mut rec)?;
         if let Some(ts) = &self.timestamps[0] {
             rec.write_timestamp(ts, 1)?;
         }
