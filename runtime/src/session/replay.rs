@@ -157,10 +157,10 @@ impl Replay {
             sets.push(set);
         }
         // Parity 1 shares every set that does not change.
-        if parities == 2 {
-            for d in 0..s.dispatches.len() {
-                if set_of[1][d].is_none() && bindings_of(1, d).is_some() {
-                    set_of[1][d] = set_of[0][d];
+        if let [even, odd] = &mut set_of[..] {
+            for (d, (o, e)) in odd.iter_mut().zip(even.iter()).enumerate() {
+                if o.is_none() && bindings_of(1, d).is_some() {
+                    *o = *e;
                 }
             }
         }

@@ -153,7 +153,7 @@ fn check(
     let mut value_bindings = vec![(producer, 0)];
     // Readers: dispatches after the producer up to the next writer of those bytes. Any
     // dispatch that binds the bytes other than exactly, or as a fused kernel, stops the plan.
-    for d in producer + 1..s.dispatches.len() {
+    for (d, &level) in level_of.iter().enumerate().skip(producer + 1) {
         if d == c {
             continue;
         }
@@ -161,11 +161,8 @@ fn check(
         if t.is_empty() {
             continue;
         }
-        if level_of[d] > copy_level && !is_fused(s, d) && t == [(0, true)] {
-            break; // the next value in those bytes: written whole, never read here
-        }
-        if level_of[d] > copy_level && !is_fused(s, d) && t.iter().all(|&(i, _)| i == 0) {
-            break; // a new value overwriting (part of) those bytes
+        if level > copy_level && !is_fused(s, d) && t.iter().all(|&(i, _)| i == 0) {
+            break; // the next value in (part of) those bytes: written, not read
         }
         if is_fused(s, d) || t.iter().any(|&(i, exact)| i == 0 || !exact) {
             return Err("the copied value's bytes are used ambiguously");
@@ -175,7 +172,7 @@ fn check(
     // The state: every binding of its bytes must be exact and read-only (binding > 0 of an
     // unfused kernel), so swapping the buffer swaps every access.
     let mut state_bindings = vec![];
-    for d in 0..s.dispatches.len() {
+    for (d, &level) in level_of.iter().enumerate() {
         if d == c {
             continue;
         }
@@ -183,7 +180,7 @@ fn check(
             if !exact || i == 0 || is_fused(s, d) {
                 return Err("the state is accessed other than read whole by unfused kernels");
             }
-            if level_of[d] >= copy_level {
+            if level >= copy_level {
                 return Err("the state is read after its copy");
             }
             state_bindings.push((d, i));
