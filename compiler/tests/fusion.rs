@@ -84,7 +84,11 @@ fn env() -> FuseAnalysis {
 }
 
 fn saturated(roots_of: &[&str]) -> (FuseGraph, Vec<Id>) {
-    let mut g = FuseGraph::new(env());
+    saturated_in(env(), roots_of)
+}
+
+fn saturated_in(env: FuseAnalysis, roots_of: &[&str]) -> (FuseGraph, Vec<Id>) {
+    let mut g = FuseGraph::new(env);
     let roots: Vec<Id> = roots_of
         .iter()
         .map(|e| g.add_expr(&e.parse().expect("a valid expression")))
@@ -112,8 +116,8 @@ fn chosen(g: &FuseGraph, ex: &Extraction, root: Id) -> String {
 }
 
 /// The price of the expressions alone, unrewritten.
-fn price(exprs: &[&str]) -> f64 {
-    let mut g = FuseGraph::new(env());
+fn price_in(env: FuseAnalysis, exprs: &[&str]) -> f64 {
+    let mut g = FuseGraph::new(env);
     let roots: Vec<Id> = exprs
         .iter()
         .map(|e| g.add_expr(&e.parse().expect("a valid expression")))
@@ -125,7 +129,11 @@ fn price(exprs: &[&str]) -> f64 {
 /// `before` rewrites to `after` (each expression to the one at its index): they share an
 /// e-class, extraction picks `after`, and `after` costs less than `before`.
 fn rewrites(before: &[&str], after: &[&str]) {
-    let (g, roots) = saturated(before);
+    rewrites_in(env, before, after)
+}
+
+fn rewrites_in(env: fn() -> FuseAnalysis, before: &[&str], after: &[&str]) {
+    let (g, roots) = saturated_in(env(), before);
     let ex = extract(&g, &roots, &DeviceCost::default());
     for ((b, a), r) in before.iter().zip(after).zip(&roots) {
         let want: RecExpr<FuseLang> = a.parse().expect("a valid expression");
@@ -133,7 +141,7 @@ fn rewrites(before: &[&str], after: &[&str]) {
         assert_eq!(found, Some(*r), "`{b}` is not equivalent to `{a}`");
         assert_eq!(chosen(&g, &ex, *r), want.to_string(), "extraction of `{b}`");
     }
-    let (pb, pa) = (price(before), price(after));
+    let (pb, pa) = (price_in(env(), before), price_in(env(), after));
     assert!(
         pa < pb,
         "`{after:?}` ({pa} µs) is not cheaper than `{before:?}` ({pb} µs)"
@@ -310,6 +318,108 @@ fn should_not_update_in_place_a_state_read_elsewhere() {
         ],
         "update-state-in-place",
         "read by another op",
+    );
+}
+
+// (h) the linear-attention step
+
+/// The rule tests' leaves, plus a Gated DeltaNet layer's (1 key head, 2 value heads of 2x2,
+/// conv kernel 4) and the ops of its step that no other rule looks at (`kind#N`).
+fn gdn_env() -> FuseAnalysis {
+    use vkfuse_compiler::ir::{F32Attr, OpKind};
+    let mut a = env();
+    let bf = |d: &[usize]| Type::new(DType::BF16, d.to_vec());
+    let leaves = [
+        ("xp", Type::f32([12]), LeafKind::Value, None),
+        ("bap", Type::f32([4]), LeafKind::Value, None),
+        ("ccs", Type::f32([8, 3]), LeafKind::StateValue, Some(5)),
+        ("ccst", Type::f32([8, 3]), LeafKind::State, Some(5)),
+        ("ccw", bf(&[8, 4]), LeafKind::Weight, None),
+        ("rsg", Type::f32([2, 2, 2]), LeafKind::StateValue, Some(6)),
+        ("rsgs", Type::f32([2, 2, 2]), LeafKind::State, Some(6)),
+        ("gnw", bf(&[2]), LeafKind::Weight, None),
+        ("al", bf(&[2]), LeafKind::Weight, None),
+        ("dtb", bf(&[2]), LeafKind::Weight, None),
+    ];
+    for (i, (name, ty, kind, state)) in leaves.into_iter().enumerate() {
+        let order = 100 + i;
+        let info = LeafInfo {
+            ty,
+            kind,
+            order,
+            state,
+        };
+        a.leaves.insert(name.into(), info);
+    }
+    let slice = |axis, start, end| OpKind::Slice { axis, start, end };
+    let eps = F32Attr(1e-6);
+    let others = [
+        ("slice#1", Type::f32([1, 2]), slice(1, 0, 2)),
+        ("slice#2", Type::f32([1, 2]), slice(1, 2, 4)),
+        ("slice#3", Type::f32([1, 4]), slice(1, 4, 8)),
+        ("slice#4", Type::f32([1, 4]), slice(1, 8, 12)),
+        ("concat#5", Type::f32([4]), OpKind::Concat { axis: 0 }),
+        ("concat#6", Type::f32([8]), OpKind::Concat { axis: 0 }),
+        ("causal_conv1d#7", Type::f32([8]), OpKind::CausalConv1d),
+        ("slice#8", Type::f32([2]), slice(0, 0, 2)),
+        ("slice#9", Type::f32([2]), slice(0, 2, 4)),
+        ("slice#10", Type::f32([4]), slice(0, 4, 8)),
+        ("l2_norm#11", Type::f32([1, 2]), OpKind::L2Norm { eps }),
+        ("l2_norm#12", Type::f32([1, 2]), OpKind::L2Norm { eps }),
+        ("slice#13", Type::f32([1, 2]), slice(1, 0, 2)),
+        ("slice#14", Type::f32([1, 2]), slice(1, 2, 4)),
+        ("conv_shift#15", Type::f32([8, 3]), OpKind::ConvShift),
+        (
+            "delta_rule_readout#16",
+            Type::f32([2, 2]),
+            OpKind::DeltaRuleReadout {
+                scale: F32Attr(0.5),
+            },
+        ),
+        (
+            "gated_rms_norm#17",
+            Type::f32([2, 2]),
+            OpKind::GatedRmsNorm { eps },
+        ),
+    ];
+    for (sym, ty, op) in others {
+        a.others.insert(sym.into(), ty);
+        a.other_ops.insert(sym.into(), op);
+    }
+    a
+}
+
+/// The step as the trace writes it: conv state written, recurrent state written, the output.
+const GDN_BEFORE: [&str; 3] = [
+    "(write_state ccst (conv_shift#15 ccs (concat#6 (concat#5 (reshape (slice#1 (reshape xp shape:1x12)) shape:2) (reshape (slice#2 (reshape xp shape:1x12)) shape:2)) (reshape (slice#3 (reshape xp shape:1x12)) shape:4))))",
+    "(write_state rsgs (delta_rule_update rsg (l2_norm#12 (reshape (slice#9 (silu (causal_conv1d#7 ccs (concat#6 (concat#5 (reshape (slice#1 (reshape xp shape:1x12)) shape:2) (reshape (slice#2 (reshape xp shape:1x12)) shape:2)) (reshape (slice#3 (reshape xp shape:1x12)) shape:4)) ccw))) shape:1x2)) (reshape (slice#10 (silu (causal_conv1d#7 ccs (concat#6 (concat#5 (reshape (slice#1 (reshape xp shape:1x12)) shape:2) (reshape (slice#2 (reshape xp shape:1x12)) shape:2)) (reshape (slice#3 (reshape xp shape:1x12)) shape:4)) ccw))) shape:2x2) (mul (neg (exp al)) (softplus (add (reshape (slice#14 (reshape bap shape:1x4)) shape:2) dtb))) (sigmoid (reshape (slice#13 (reshape bap shape:1x4)) shape:2))))",
+    "(gated_rms_norm#17 (delta_rule_readout#16 (delta_rule_update rsg (l2_norm#12 (reshape (slice#9 (silu (causal_conv1d#7 ccs (concat#6 (concat#5 (reshape (slice#1 (reshape xp shape:1x12)) shape:2) (reshape (slice#2 (reshape xp shape:1x12)) shape:2)) (reshape (slice#3 (reshape xp shape:1x12)) shape:4)) ccw))) shape:1x2)) (reshape (slice#10 (silu (causal_conv1d#7 ccs (concat#6 (concat#5 (reshape (slice#1 (reshape xp shape:1x12)) shape:2) (reshape (slice#2 (reshape xp shape:1x12)) shape:2)) (reshape (slice#3 (reshape xp shape:1x12)) shape:4)) ccw))) shape:2x2) (mul (neg (exp al)) (softplus (add (reshape (slice#14 (reshape bap shape:1x4)) shape:2) dtb))) (sigmoid (reshape (slice#13 (reshape bap shape:1x4)) shape:2))) (l2_norm#11 (reshape (slice#8 (silu (causal_conv1d#7 ccs (concat#6 (concat#5 (reshape (slice#1 (reshape xp shape:1x12)) shape:2) (reshape (slice#2 (reshape xp shape:1x12)) shape:2)) (reshape (slice#3 (reshape xp shape:1x12)) shape:4)) ccw))) shape:1x2))) (reshape (slice#4 (reshape xp shape:1x12)) shape:2x2) gnw)",
+];
+
+/// One kernel: the gates' expressions and where their inputs sit (`h`: per value head; `4.2.2`:
+/// columns 2.. of a 4-wide row per key head, 2 value heads each) are part of it.
+const GDN_KERNEL: &str = "(gdn_step xp ccs ccw ccst rsg rsgs gnw (e.mul (e.neg (e.exp in0)) (e.softplus (e.add in1 in2))) (cons al (cons bap (cons dtb nil))) (e.sigmoid in0) (cons bap nil) gdn:12:0:2:4:8:1e-6:0.5:1e-6:h,4.2.2,h,4.0.2)";
+
+#[test]
+fn should_fuse_the_linear_attention_step_into_one_kernel() {
+    let after = ["fx0", "fx1", "out"].map(|f| format!("({f} {GDN_KERNEL})"));
+    let after: Vec<&str> = after.iter().map(String::as_str).collect();
+    rewrites_in(gdn_env, &GDN_BEFORE, &after);
+}
+
+#[test]
+fn should_not_fuse_a_linear_attention_step_whose_old_state_is_read_elsewhere() {
+    let mut before = GDN_BEFORE.to_vec();
+    before.push("(exp ccs)");
+    let (g, roots) = saturated_in(gdn_env(), &before);
+    let ex = extract(&g, &roots, &DeviceCost::default());
+    assert!(!chosen(&g, &ex, roots[2]).contains("gdn_step"));
+    let refusals = g.analysis.refusals.borrow();
+    assert!(
+        refusals
+            .iter()
+            .any(|r| r.rule == "linear-attention-step" && r.reason.contains("old state")),
+        "{refusals:?}"
     );
 }
 

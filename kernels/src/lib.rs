@@ -69,6 +69,7 @@ pub const HEADERS: &[(&str, &str)] = &[
         "fused_elementwise.glsl",
         include_str!("../glsl/fused_elementwise.glsl"),
     ),
+    ("fused_gdn.glsl", include_str!("../glsl/fused_gdn.glsl")),
 ];
 
 /// The GLSL source of kernel `name`.

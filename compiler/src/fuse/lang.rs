@@ -110,6 +110,17 @@ define_language! {
         // (fx0 k), (fx1 k): the first and second effect of multi-effect kernel k
         "fx0" = Fx0([Id; 1]),
         "fx1" = Fx1([Id; 1]),
+        // (gdn_step x conv_state conv_w conv_state_out rec_state rec_state_out norm_w
+        //   g_epi g_inputs beta_epi beta_inputs layout): one Gated DeltaNet decode step, one
+        // workgroup per key head: the causal conv of that head's q, k, v channels of the
+        // projection x (conv state shifted in place), silu, l2 norms of q and k, the gates
+        // g = g_epi and beta = beta_epi over their inputs per value head, the delta rule
+        // updating the recurrent state in place, the readout and the gated rms norm with z
+        // (also read from x). The value is the norm's output; fx0 is the conv state's write,
+        // fx1 the recurrent state's. `layout` is a `gdn:..` attribute.
+        "gdn_step" = GdnStep([Id; 12]),
+        // (out k): the value kernel k computes, where k has effects and a class of its own
+        "out" = Out([Id; 1]),
 
         // ---- leaves and the rest ----
         Attr(Attr),
@@ -161,6 +172,7 @@ impl FuseLang {
                 | FuseLang::WCat(_)
                 | FuseLang::Fx0(_)
                 | FuseLang::Fx1(_)
+                | FuseLang::Out(_)
         )
     }
 
@@ -180,6 +192,7 @@ impl FuseLang {
                 | FuseLang::ArgmaxWrite(_)
                 | FuseLang::IncWrite(_)
                 | FuseLang::TailStep(_)
+                | FuseLang::GdnStep(_)
         )
     }
 
@@ -246,6 +259,74 @@ pub enum Attr {
     Scale(F32Attr),
     /// reshape's target shape.
     Shape(Shape),
+    /// Where a Gated DeltaNet step finds its operands (`gdn_step`).
+    Gdn(GdnLayout),
+}
+
+/// How a fused Gated DeltaNet step reads its operands. The projection x is `[key heads, width]`
+/// row-major; per key head, q, k, v (its value heads side by side) and z start at the given
+/// columns. Each gate input is read per value head h either at h (`Direct`) or, for a column
+/// slice of a `[key heads, width]` tensor reshaped to one element per value head, at
+/// `(h / n) * width + start + h % n`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GdnLayout {
+    pub width: usize,
+    pub q: usize,
+    pub k: usize,
+    pub v: usize,
+    pub z: usize,
+    /// The l2 norms' eps (q and k alike).
+    pub l2_eps: F32Attr,
+    /// The readout's scale.
+    pub scale: F32Attr,
+    /// The gated rms norm's eps.
+    pub norm_eps: F32Attr,
+    /// The g inputs', then the beta inputs' index maps.
+    pub gate_inputs: Vec<GateIndex>,
+}
+
+/// How a gate input is read for value head h.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GateIndex {
+    /// At h.
+    Direct,
+    /// At `(h / n) * width + start + h % n`.
+    Columns {
+        width: usize,
+        start: usize,
+        n: usize,
+    },
+}
+
+impl fmt::Display for GateIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GateIndex::Direct => f.write_str("h"),
+            GateIndex::Columns { width, start, n } => write!(f, "{width}.{start}.{n}"),
+        }
+    }
+}
+
+impl FromStr for GateIndex {
+    type Err = String;
+    fn from_str(s: &str) -> Result<GateIndex, String> {
+        if s == "h" {
+            return Ok(GateIndex::Direct);
+        }
+        let n: Vec<usize> = s
+            .split('.')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|_| format!("`{s}` is no gate index"))?;
+        match n.as_slice() {
+            [width, start, n] => Ok(GateIndex::Columns {
+                width: *width,
+                start: *start,
+                n: *n,
+            }),
+            _ => Err(format!("`{s}` is no gate index")),
+        }
+    }
 }
 
 impl fmt::Display for Attr {
@@ -264,6 +345,22 @@ impl fmt::Display for Attr {
             Attr::Shape(s) => {
                 let dims: Vec<String> = s.dims().iter().map(usize::to_string).collect();
                 write!(f, "shape:{}", dims.join("x"))
+            }
+            Attr::Gdn(l) => {
+                let gates: Vec<String> = l.gate_inputs.iter().map(|g| g.to_string()).collect();
+                write!(
+                    f,
+                    "gdn:{}:{}:{}:{}:{}:{}:{}:{}:{}",
+                    l.width,
+                    l.q,
+                    l.k,
+                    l.v,
+                    l.z,
+                    l.l2_eps,
+                    l.scale,
+                    l.norm_eps,
+                    gates.join(",")
+                )
             }
         }
     }
@@ -291,6 +388,24 @@ impl FromStr for Attr {
                 rotary_dim: rot.parse().map_err(|_| bad())?,
             }),
             ("scale", [v]) => Ok(Attr::Scale(f32_of(v)?)),
+            ("gdn", [w, q, k, v, z, l2, scale, eps, gates]) => {
+                let n = |t: &str| t.parse::<usize>().map_err(|_| bad());
+                Ok(Attr::Gdn(GdnLayout {
+                    width: n(w)?,
+                    q: n(q)?,
+                    k: n(k)?,
+                    v: n(v)?,
+                    z: n(z)?,
+                    l2_eps: f32_of(l2)?,
+                    scale: f32_of(scale)?,
+                    norm_eps: f32_of(eps)?,
+                    gate_inputs: gates
+                        .split(',')
+                        .filter(|g| !g.is_empty())
+                        .map(str::parse)
+                        .collect::<Result<_, _>>()?,
+                }))
+            }
             ("shape", [dims]) => {
                 let dims: Result<Vec<usize>, _> = dims.split('x').map(str::parse).collect();
                 Ok(Attr::Shape(Shape::new(dims.map_err(|_| bad())?)))
@@ -379,6 +494,8 @@ pub struct FuseAnalysis {
     pub leaves: HashMap<Symbol, LeafInfo>,
     /// Result types of `Other` nodes, by their symbol.
     pub others: HashMap<Symbol, Type>,
+    /// The IR op (with its attributes) of every `Other` node, by its symbol.
+    pub other_ops: HashMap<Symbol, crate::ir::OpKind>,
     /// Rule matches refused by a condition (interior mutability: conditions see `&EGraph`).
     pub refusals: RefCell<Vec<Refusal>>,
 }
@@ -459,6 +576,14 @@ impl Analysis<FuseLang> for FuseAnalysis {
             KvWrite([cache, _, _]) => facts.ty = ty(cache),
             DeltaRuleUpdate([s, ..]) => facts.ty = ty(s),
             UpdateInPlace(_) => {}
+            // The gated norm's output: [value heads, value head dim] of the recurrent state.
+            GdnStep([_, _, _, _, st, ..]) => {
+                facts.ty = ty(st).and_then(|t| {
+                    let d = t.shape.dims();
+                    (d.len() == 3).then(|| Type::f32([d[0], d[2]]))
+                })
+            }
+            Out([k]) => facts.ty = ty(k),
             StateAfter([u]) => {
                 facts.ty = g[*u].nodes.iter().find_map(|n| match n {
                     UpdateInPlace([st, ..]) => g[*st].data.ty.clone(),

@@ -3,7 +3,8 @@
 //! instantiated for every instance by op offset ([`super::schedule`]).
 
 use super::codegen::{
-    self, AttnSpec, ElementwiseSpec, Epi, ExtraSpec, Generated, MatvecSpec, NormSpec, TailSpec,
+    self, AttnSpec, ElementwiseSpec, Epi, ExtraSpec, GdnSpec, Generated, MatvecSpec, NormSpec,
+    TailSpec,
 };
 use super::cost::Cost;
 use super::extract::Extraction;
@@ -52,6 +53,7 @@ pub enum KernelKind {
     Elementwise(ElementwiseSpec),
     Attention(AttnSpec),
     Tail(TailSpec),
+    Gdn(GdnSpec),
 }
 
 /// One kernel of the fused program.
@@ -490,7 +492,52 @@ impl Builder<'_> {
                     Some(generated),
                 )
             }
-            StateAfter([u]) => self.value(*u)?,
+            StateAfter([u]) | Out([u]) => self.value(*u)?,
+            GdnStep([x, _, cw, cst, sv, rst, nw, ge, gl, be, bl, lay]) => {
+                let super::lang::Attr::Gdn(layout) = self.attr(*lay)? else {
+                    return Err(self.err("a linear-attention step without its layout"));
+                };
+                let (tx, tcs, ts) = (self.ty(*x)?, self.ty(*cst)?, self.ty(*sv)?);
+                let (sd, cd) = (ts.shape.dims(), tcs.shape.dims());
+                let hk = tx.shape.numel() / layout.width.max(1);
+                let mut spec = GdnSpec {
+                    hk,
+                    r: sd[0] / hk.max(1),
+                    dk: sd[1],
+                    dv: sd[2],
+                    km1: cd[1],
+                    layout,
+                    conv_dtype: self.ty(*cw)?.dtype,
+                    norm_dtype: self.ty(*nw)?.dtype,
+                    g: self.epi(*ge)?,
+                    g_inputs: vec![],
+                    beta: self.epi(*be)?,
+                    beta_inputs: vec![],
+                };
+                let mut inputs = vec![];
+                for i in [cst, rst, x, cw, nw] {
+                    inputs.push(self.value(*i)?);
+                }
+                for (list, beta) in [(gl, false), (bl, true)] {
+                    let items = list_items(self.g, *list).ok_or_else(|| self.err("bad gates"))?;
+                    for it in items {
+                        let dt = self.ty(it)?.dtype;
+                        if beta {
+                            spec.beta_inputs.push(dt);
+                        } else {
+                            spec.g_inputs.push(dt);
+                        }
+                        inputs.push(self.value(it)?);
+                    }
+                }
+                let generated = codegen::gdn(&spec);
+                let ty = self.ty(c)?;
+                let bytes = ty.bytes() as u64;
+                let out = self.with_out(KernelKind::Gdn(spec), ty, bytes, inputs, Some(generated));
+                let kernel = self.kernels.len() - 1;
+                self.kernels[kernel].writes = vec![0, 1, 2];
+                out
+            }
             UpdateInPlace([st, args @ ..]) => {
                 // The unit op computing the update: the delta_rule_update of these operands.
                 let want: Vec<Id> = args.iter().map(|a| self.g.find(*a)).collect();
@@ -797,6 +844,18 @@ impl Builder<'_> {
                 }
             }
         }
+        // One writer per state: two kernels updating one state (in place or as a copy) would
+        // apply the step twice.
+        let mut writer: HashMap<StateId, usize> = HashMap::new();
+        for (w, kw) in self.kernels.iter().enumerate() {
+            for &i in &kw.writes {
+                if let Some(s) = self.raw_state(kw.bindings[i]) {
+                    if writer.insert(s, w).is_some_and(|other| other != w) {
+                        return Err(self.err(format!("two kernels write state {s}")));
+                    }
+                }
+            }
+        }
         let mut indegree = vec![0; n];
         for e in &edges {
             for &t in e {
@@ -843,6 +902,7 @@ impl UKernel {
             KernelKind::Tail(TailSpec::Argmax { .. }) => "argmax -> token".to_string(),
             KernelKind::Tail(TailSpec::Advance) => "position + 1".to_string(),
             KernelKind::Tail(TailSpec::Step { .. }) => "argmax -> token, position + 1".to_string(),
+            KernelKind::Gdn(spec) => format!("linear-attention step: {}", spec.describe()),
         }
     }
 

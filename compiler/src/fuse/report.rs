@@ -62,6 +62,12 @@ fn reasons(u: &FusedUnit, k: &super::program::UKernel) -> Vec<String> {
             .filter(|&&o| names.contains(&u.op_names[o]))
             .count()
     };
+    // Ops that are kernels of their own unfused (reshapes are views).
+    let computed = k
+        .covers
+        .iter()
+        .filter(|&&o| u.op_names[o] != "reshape")
+        .count();
     match &k.kind {
         KernelKind::Matvec(spec) => {
             if spec.norm.is_some() {
@@ -96,14 +102,12 @@ fn reasons(u: &FusedUnit, k: &super::program::UKernel) -> Vec<String> {
             ))
         }
         KernelKind::Tail(_) => r.push("tail: argmax and position written on the device".into()),
+        KernelKind::Gdn(_) => r.push(format!(
+            "linear-attention step ({computed} ops in one dispatch, both states updated in place)"
+        )),
         KernelKind::Elementwise(spec) => {
-            let n = k
-                .covers
-                .iter()
-                .filter(|&&o| u.op_names[o] != "reshape")
-                .count();
-            if n > 1 {
-                r.push(format!("elementwise chain {} ({n} ops)", spec.epi));
+            if computed > 1 {
+                r.push(format!("elementwise chain {} ({computed} ops)", spec.epi));
             }
         }
         KernelKind::InPlace { .. } => {

@@ -251,6 +251,7 @@ impl Unit {
                     if let Some(t) = &result_ty {
                         g.analysis.others.insert(sym, t.clone());
                     }
+                    g.analysis.other_ops.insert(sym, kind.clone());
                     L::Other(sym, args)
                 }
             };

@@ -8,6 +8,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod epilogue;
 pub mod horizontal;
+pub mod linear_attention;
 pub mod norm_matvec;
 pub mod state;
 pub mod tail;
@@ -26,6 +27,7 @@ pub fn rules() -> Vec<Rule> {
     r.extend(tail::rules());
     r.extend(elementwise::rules());
     r.extend(state::rules());
+    r.extend(linear_attention::rules());
     r
 }
 

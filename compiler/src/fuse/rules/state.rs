@@ -64,7 +64,7 @@ impl Applier<FuseLang, FuseAnalysis> for InPlace {
                 || g[p]
                     .nodes
                     .iter()
-                    .all(|n| matches!(n, FuseLang::UpdateInPlace(_)))
+                    .all(|n| matches!(n, FuseLang::UpdateInPlace(_) | FuseLang::GdnStep(_)))
         });
         if !only_reader {
             g.analysis.refuse(
