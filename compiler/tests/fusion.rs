@@ -423,6 +423,44 @@ fn should_not_fuse_a_linear_attention_step_whose_old_state_is_read_elsewhere() {
     );
 }
 
+// (i) the MoE router
+
+/// The rule tests' leaves, plus 8 router logits and the router's ops (`kind#N`).
+fn route_env() -> FuseAnalysis {
+    use vkfuse_compiler::ir::OpKind;
+    let mut a = env();
+    let info = LeafInfo {
+        ty: Type::f32([8]),
+        kind: LeafKind::Value,
+        order: 200,
+        state: None,
+    };
+    a.leaves.insert("lg".into(), info);
+    let others = [
+        ("softmax#20", Type::f32([8]), OpKind::Softmax),
+        ("top_k#21", Type::i32([2]), OpKind::TopK { k: 2 }),
+        ("gather#22", Type::f32([2]), OpKind::Gather),
+        ("sum#23", Type::f32([1]), OpKind::Sum { axis: 0 }),
+    ];
+    for (sym, ty, op) in others {
+        a.others.insert(sym.into(), ty);
+        a.other_ops.insert(sym.into(), op);
+    }
+    a
+}
+
+#[test]
+fn should_route_top_k_experts_in_one_kernel() {
+    rewrites_in(
+        route_env,
+        &[
+            "(div (gather#22 (softmax#20 lg) (top_k#21 (softmax#20 lg))) (sum#23 (gather#22 (softmax#20 lg) (top_k#21 (softmax#20 lg)))))",
+            "(top_k#21 (softmax#20 lg))",
+        ],
+        &["(out (route lg shape:2))", "(route_ids (route lg shape:2))"],
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Whole programs.
 

@@ -70,6 +70,7 @@ pub const HEADERS: &[(&str, &str)] = &[
         include_str!("../glsl/fused_elementwise.glsl"),
     ),
     ("fused_gdn.glsl", include_str!("../glsl/fused_gdn.glsl")),
+    ("fused_route.glsl", include_str!("../glsl/fused_route.glsl")),
 ];
 
 /// The GLSL source of kernel `name`.

@@ -119,8 +119,15 @@ define_language! {
         // (also read from x). The value is the norm's output; fx0 is the conv state's write,
         // fx1 the recurrent state's. `layout` is a `gdn:..` attribute.
         "gdn_step" = GdnStep([Id; 12]),
-        // (out k): the value kernel k computes, where k has effects and a class of its own
+        // (out k): the value kernel k computes, where k has effects or several outputs and a
+        // class of its own
         "out" = Out([Id; 1]),
+        // (route logits shape): the MoE router after its matvec in one workgroup: softmax,
+        // top-k (k = the shape's one dim) and the chosen probabilities renormalised; the value
+        // is the weights, `route_ids` the chosen expert indices
+        "route" = Route([Id; 2]),
+        // (route_ids k): the expert indices route kernel k chose (a view of its output)
+        "route_ids" = RouteIds([Id; 1]),
 
         // ---- leaves and the rest ----
         Attr(Attr),
@@ -173,6 +180,7 @@ impl FuseLang {
                 | FuseLang::Fx0(_)
                 | FuseLang::Fx1(_)
                 | FuseLang::Out(_)
+                | FuseLang::RouteIds(_)
         )
     }
 
@@ -193,6 +201,7 @@ impl FuseLang {
                 | FuseLang::IncWrite(_)
                 | FuseLang::TailStep(_)
                 | FuseLang::GdnStep(_)
+                | FuseLang::Route(_)
         )
     }
 
@@ -584,6 +593,15 @@ impl Analysis<FuseLang> for FuseAnalysis {
                 })
             }
             Out([k]) => facts.ty = ty(k),
+            Route([_, s]) => {
+                facts.ty = g[*s].nodes.iter().find_map(|n| match n {
+                    Attr(crate::fuse::lang::Attr::Shape(s)) => Some(Type::f32(s.dims().to_vec())),
+                    _ => None,
+                })
+            }
+            RouteIds([k]) => {
+                facts.ty = ty(k).map(|t| Type::i32(t.shape.dims().to_vec()));
+            }
             StateAfter([u]) => {
                 facts.ty = g[*u].nodes.iter().find_map(|n| match n {
                     UpdateInPlace([st, ..]) => g[*st].data.ty.clone(),

@@ -4,7 +4,7 @@
 
 use super::codegen::{
     self, AttnSpec, ElementwiseSpec, Epi, ExtraSpec, GdnSpec, Generated, MatvecSpec, NormSpec,
-    TailSpec,
+    RouteSpec, TailSpec,
 };
 use super::cost::Cost;
 use super::extract::Extraction;
@@ -54,6 +54,7 @@ pub enum KernelKind {
     Attention(AttnSpec),
     Tail(TailSpec),
     Gdn(GdnSpec),
+    Route(RouteSpec),
 }
 
 /// One kernel of the fused program.
@@ -493,6 +494,33 @@ impl Builder<'_> {
                 )
             }
             StateAfter([u]) | Out([u]) => self.value(*u)?,
+            Route([logits, _]) => {
+                let ty = self.ty(c)?;
+                let spec = RouteSpec {
+                    n: self.ty(*logits)?.shape.numel(),
+                    k: ty.shape.numel(),
+                };
+                let inputs = vec![self.value(*logits)?];
+                let bytes = (spec.ids_offset() + spec.k) as u64 * 4;
+                let generated = codegen::route(&spec);
+                self.with_out(KernelKind::Route(spec), ty, bytes, inputs, Some(generated))
+            }
+            RouteIds([k]) => {
+                let of = self.value(*k)?;
+                let UValue::Out { kernel, .. } = self.values[of] else {
+                    return Err(self.err("expert indices of something that is no kernel output"));
+                };
+                let KernelKind::Route(spec) = &self.kernels[kernel].kind else {
+                    return Err(self.err("expert indices of a kernel that is no router"));
+                };
+                let byte_offset = spec.ids_offset() as u64 * 4;
+                let ty = self.ty(c)?;
+                self.push_value(UValue::View {
+                    of,
+                    byte_offset,
+                    ty,
+                })
+            }
             GdnStep([x, _, cw, cst, sv, rst, nw, ge, gl, be, bl, lay]) => {
                 let super::lang::Attr::Gdn(layout) = self.attr(*lay)? else {
                     return Err(self.err("a linear-attention step without its layout"));
@@ -903,6 +931,9 @@ impl UKernel {
             KernelKind::Tail(TailSpec::Advance) => "position + 1".to_string(),
             KernelKind::Tail(TailSpec::Step { .. }) => "argmax -> token, position + 1".to_string(),
             KernelKind::Gdn(spec) => format!("linear-attention step: {}", spec.describe()),
+            KernelKind::Route(r) => {
+                format!("router: softmax, top {} of {}, renormalised", r.k, r.n)
+            }
         }
     }
 

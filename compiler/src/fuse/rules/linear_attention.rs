@@ -11,7 +11,7 @@
 //! the value heads that share the key head) and those value heads' state columns, so both states
 //! are updated in place without any other workgroup touching them.
 
-use super::{list_items, make_list, Rule};
+use super::{list_items, make_list, other, Rule};
 use crate::fuse::lang::{
     Attr, FuseAnalysis, FuseGraph, FuseLang, GateIndex, GdnLayout, LeafInfo, LeafKind,
 };
@@ -41,17 +41,6 @@ pub struct Step;
 
 fn var(n: &str) -> Var {
     n.parse().expect("a variable")
-}
-
-/// The `Other` node of IR op kind `name` in class `c`: its op and arguments.
-fn other(g: &FuseGraph, c: Id, name: &str) -> Option<(OpKind, Vec<Id>)> {
-    g[c].nodes.iter().find_map(|n| match n {
-        FuseLang::Other(sym, args) => {
-            let op = g.analysis.other_ops.get(sym)?;
-            (op.name() == name).then(|| (op.clone(), args.clone()))
-        }
-        _ => None,
-    })
 }
 
 /// A class reading `c` through an `Other` node of kind `name` with `c` as argument `arg`.

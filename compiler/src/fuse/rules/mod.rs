@@ -10,6 +10,7 @@ pub mod epilogue;
 pub mod horizontal;
 pub mod linear_attention;
 pub mod norm_matvec;
+pub mod route;
 pub mod state;
 pub mod tail;
 
@@ -28,12 +29,24 @@ pub fn rules() -> Vec<Rule> {
     r.extend(elementwise::rules());
     r.extend(state::rules());
     r.extend(linear_attention::rules());
+    r.extend(route::rules());
     r
 }
 
 /// The weight leaves of a (packed) weight class, when it is one.
 pub(crate) fn leaves_of(g: &FuseGraph, w: Id) -> Option<Vec<Symbol>> {
     g[w].data.weights.clone()
+}
+
+/// The `Other` node of IR op kind `name` in class `c`: its op (with attributes) and arguments.
+pub(crate) fn other(g: &FuseGraph, c: Id, name: &str) -> Option<(crate::ir::OpKind, Vec<Id>)> {
+    g[c].nodes.iter().find_map(|n| match n {
+        FuseLang::Other(sym, args) => {
+            let op = g.analysis.other_ops.get(sym)?;
+            (op.name() == name).then(|| (op.clone(), args.clone()))
+        }
+        _ => None,
+    })
 }
 
 /// The class of leaf `s`.
