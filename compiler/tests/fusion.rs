@@ -461,6 +461,51 @@ fn should_route_top_k_experts_in_one_kernel() {
     );
 }
 
+// (j) the experts' weighted sum
+
+/// The rule tests' leaves, plus 8 experts of [16 x 4], 2 chosen, and their ops (`kind#N`).
+fn experts_env() -> FuseAnalysis {
+    use vkfuse_compiler::ir::OpKind;
+    let mut a = env();
+    let leaves = [
+        (
+            "wstk",
+            Type::new(DType::BF16, [8, 16, 4]),
+            LeafKind::WeightStack,
+        ),
+        ("ids", Type::i32([2]), LeafKind::Value),
+        ("mx", Type::f32([2, 4]), LeafKind::Value),
+        ("wts", Type::f32([2]), LeafKind::Value),
+    ];
+    for (i, (name, ty, kind)) in leaves.into_iter().enumerate() {
+        let info = LeafInfo {
+            ty,
+            kind,
+            order: 300 + i,
+            state: None,
+        };
+        a.leaves.insert(name.into(), info);
+    }
+    let others = [
+        ("expert_matvec#30", Type::f32([2, 16]), OpKind::ExpertMatvec),
+        ("sum#31", Type::f32([16]), OpKind::Sum { axis: 0 }),
+    ];
+    for (sym, ty, op) in others {
+        a.others.insert(sym.into(), ty);
+        a.other_ops.insert(sym.into(), op);
+    }
+    a
+}
+
+#[test]
+fn should_weight_and_sum_the_experts_in_their_down_kernel() {
+    rewrites_in(
+        experts_env,
+        &["(sum#31 (mul (expert_matvec#30 wstk ids mx) (reshape wts shape:2x1)))"],
+        &["(expert_sum wstk ids mx wts)"],
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Whole programs.
 

@@ -71,6 +71,10 @@ pub const HEADERS: &[(&str, &str)] = &[
     ),
     ("fused_gdn.glsl", include_str!("../glsl/fused_gdn.glsl")),
     ("fused_route.glsl", include_str!("../glsl/fused_route.glsl")),
+    (
+        "fused_expert_sum.glsl",
+        include_str!("../glsl/fused_expert_sum.glsl"),
+    ),
 ];
 
 /// The GLSL source of kernel `name`.

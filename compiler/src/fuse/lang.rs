@@ -128,6 +128,9 @@ define_language! {
         "route" = Route([Id; 2]),
         // (route_ids k): the expert indices route kernel k chose (a view of its output)
         "route_ids" = RouteIds([Id; 1]),
+        // (expert_sum w idx x wts): sum over j of expert_matvec(w, idx, x)[j] * wts[j], the
+        // experts' down projections weighted and summed in one kernel
+        "expert_sum" = ExpertSum([Id; 4]),
 
         // ---- leaves and the rest ----
         Attr(Attr),
@@ -202,6 +205,7 @@ impl FuseLang {
                 | FuseLang::TailStep(_)
                 | FuseLang::GdnStep(_)
                 | FuseLang::Route(_)
+                | FuseLang::ExpertSum(_)
         )
     }
 
@@ -599,6 +603,8 @@ impl Analysis<FuseLang> for FuseAnalysis {
                     _ => None,
                 })
             }
+            // One row of the stacked weights' outputs.
+            ExpertSum([w, ..]) => facts.ty = ty(w).and_then(|t| f32_of(vec![t.shape.dims()[1]])),
             RouteIds([k]) => {
                 facts.ty = ty(k).map(|t| Type::i32(t.shape.dims().to_vec()));
             }

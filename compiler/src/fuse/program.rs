@@ -3,8 +3,8 @@
 //! instantiated for every instance by op offset ([`super::schedule`]).
 
 use super::codegen::{
-    self, AttnSpec, ElementwiseSpec, Epi, ExtraSpec, GdnSpec, Generated, MatvecSpec, NormSpec,
-    RouteSpec, TailSpec,
+    self, AttnSpec, ElementwiseSpec, Epi, ExpertSumSpec, ExtraSpec, GdnSpec, Generated, MatvecSpec,
+    NormSpec, RouteSpec, TailSpec,
 };
 use super::cost::Cost;
 use super::extract::Extraction;
@@ -55,6 +55,7 @@ pub enum KernelKind {
     Tail(TailSpec),
     Gdn(GdnSpec),
     Route(RouteSpec),
+    ExpertSum(ExpertSumSpec),
 }
 
 /// One kernel of the fused program.
@@ -505,6 +506,31 @@ impl Builder<'_> {
                 let generated = codegen::route(&spec);
                 self.with_out(KernelKind::Route(spec), ty, bytes, inputs, Some(generated))
             }
+            ExpertSum([w, idx, x, wts]) => {
+                let tw = self.ty(*w)?;
+                let d = tw.shape.dims();
+                let spec = ExpertSumSpec {
+                    dtype: tw.dtype,
+                    e: d[0],
+                    o: d[1],
+                    i: d[2],
+                    k: self.ty(*idx)?.shape.numel(),
+                };
+                let mut inputs = vec![];
+                for i in [w, idx, x, wts] {
+                    inputs.push(self.value(*i)?);
+                }
+                let ty = self.ty(c)?;
+                let bytes = ty.bytes() as u64;
+                let generated = codegen::expert_sum(&spec);
+                self.with_out(
+                    KernelKind::ExpertSum(spec),
+                    ty,
+                    bytes,
+                    inputs,
+                    Some(generated),
+                )
+            }
             RouteIds([k]) => {
                 let of = self.value(*k)?;
                 let UValue::Out { kernel, .. } = self.values[of] else {
@@ -931,6 +957,10 @@ impl UKernel {
             KernelKind::Tail(TailSpec::Advance) => "position + 1".to_string(),
             KernelKind::Tail(TailSpec::Step { .. }) => "argmax -> token, position + 1".to_string(),
             KernelKind::Gdn(spec) => format!("linear-attention step: {}", spec.describe()),
+            KernelKind::ExpertSum(e) => format!(
+                "experts weighted and summed: {} of {} experts [{}x{}]",
+                e.k, e.e, e.o, e.i
+            ),
             KernelKind::Route(r) => {
                 format!("router: softmax, top {} of {}, renormalised", r.k, r.n)
             }

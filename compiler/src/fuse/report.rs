@@ -102,6 +102,9 @@ fn reasons(u: &FusedUnit, k: &super::program::UKernel) -> Vec<String> {
             ))
         }
         KernelKind::Tail(_) => r.push("tail: argmax and position written on the device".into()),
+        KernelKind::ExpertSum(_) => r.push(format!(
+            "experts' down, weighting and sum ({computed} ops in one dispatch)"
+        )),
         KernelKind::Route(_) => r.push(format!(
             "router ({computed} ops in one dispatch; the experts read the chosen indices on the device)"
         )),

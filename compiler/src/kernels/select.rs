@@ -14,7 +14,7 @@ pub const MAX_WORKGROUPS_X: usize = 65535;
 /// Workgroup size of the elementwise and copy kernels.
 const ELEMENTWISE_WG: usize = 128;
 /// Workgroup size of matvec and expert_matvec.
-const MATVEC_WG: usize = 128;
+pub(crate) const MATVEC_WG: usize = 128;
 /// Workgroup size of the delta-rule kernels (one invocation per state column).
 const DELTA_WG: usize = 64;
 /// Most output dims (after merging) the binary kernel handles.
@@ -354,7 +354,7 @@ fn row_wg(n: usize) -> u32 {
 }
 
 /// Rows of a matvec workgroup: more rows per workgroup amortise the input loads on big matrices.
-fn matvec_rows(o: usize) -> u32 {
+pub(crate) fn matvec_rows(o: usize) -> u32 {
     match o {
         0..=1 => 1,
         2..=4095 => 2,
@@ -363,7 +363,7 @@ fn matvec_rows(o: usize) -> u32 {
 }
 
 /// Whether matvec rows and the input are 16-byte aligned (f32: I % 4, 16-bit: I % 8).
-fn vec4(w: DType, i: usize) -> u32 {
+pub(crate) fn vec4(w: DType, i: usize) -> u32 {
     let per_16_bytes = 16 / w.size();
     u32::from(i.is_multiple_of(per_16_bytes))
 }

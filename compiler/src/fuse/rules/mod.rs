@@ -7,6 +7,7 @@
 pub mod attention;
 pub mod elementwise;
 pub mod epilogue;
+pub mod experts;
 pub mod horizontal;
 pub mod linear_attention;
 pub mod norm_matvec;
@@ -30,6 +31,7 @@ pub fn rules() -> Vec<Rule> {
     r.extend(state::rules());
     r.extend(linear_attention::rules());
     r.extend(route::rules());
+    r.extend(experts::rules());
     r
 }
 

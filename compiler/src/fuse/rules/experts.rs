@@ -1,0 +1,73 @@
+//! Family (j): the experts' weighted sum. The routed experts' down projections, each scaled by
+//! its routing weight and summed over the experts, become one kernel: every workgroup walks the
+//! chosen experts (indices read on the device) for its rows, adding in expert order as the
+//! unfused sum does.
+
+use super::{other, Rule};
+use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang};
+use crate::ir::OpKind;
+use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
+
+const RULE: &str = "weighted-expert-sum";
+
+/// The rules of this family.
+pub fn rules() -> Vec<Rule> {
+    let p: Pattern<FuseLang> = "(mul ?d (reshape ?wts ?shape))"
+        .parse()
+        .expect("a valid pattern");
+    vec![
+        // sum(mul(expert_matvec(w, idx, x), reshape(wts, [k, 1])), axis 0)
+        //   == expert_sum(w, idx, x, wts)
+        Rewrite::new(RULE, p, WeightedSum).expect("valid rule"),
+    ]
+}
+
+/// The applier of `weighted-expert-sum`.
+pub struct WeightedSum;
+
+impl Applier<FuseLang, FuseAnalysis> for WeightedSum {
+    fn apply_one(
+        &self,
+        g: &mut FuseGraph,
+        eclass: Id,
+        s: &Subst,
+        _: Option<&PatternAst<FuseLang>>,
+        _: Symbol,
+    ) -> Vec<Id> {
+        let v = |n: &str| -> Var { n.parse().expect("a variable") };
+        let (d, wts) = (g.find(s[v("?d")]), g.find(s[v("?wts")]));
+        let Some((_, em)) = other(g, d, "expert_matvec") else {
+            return vec![];
+        };
+        let dims = |c: Id| g[c].data.ty.as_ref().map(|t| t.shape.dims().to_vec());
+        let (w, idx, x) = (em[0], em[1], em[2]);
+        let k = dims(idx).map_or(0, |d| d.iter().product());
+        let per_expert = dims(x).is_some_and(|d| d.len() == 2 && d[0] == k);
+        let weights = dims(wts) == Some(vec![k]) && dims(eclass).is_some_and(|d| d.len() == 2);
+        let sums: Vec<Id> = g[eclass]
+            .parents()
+            .map(|p| g.find(p))
+            .filter(|&p| match other(g, p, "sum") {
+                Some((OpKind::Sum { axis: 0 }, a)) => g.find(a[0]) == g.find(eclass),
+                _ => false,
+            })
+            .collect();
+        let Some(&sum) = sums.first() else {
+            return vec![];
+        };
+        if !per_expert || !weights {
+            g.analysis.refuse(
+                RULE,
+                "not one input row and one weight per chosen expert",
+                vec![eclass],
+            );
+            return vec![];
+        }
+        let fused = g.add(FuseLang::ExpertSum([w, idx, x, wts]));
+        if g.union(sum, fused) {
+            vec![sum]
+        } else {
+            vec![]
+        }
+    }
+}

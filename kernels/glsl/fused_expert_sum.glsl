@@ -1,0 +1,48 @@
+// The weighted expert sum anchor (vkfuse fuse::codegen generates the including source):
+// y[o] = sum_j (sum_i w[idx[j], o, i] * x[j, i]) * wts[j] for j < K, in that order: what
+// expert_matvec (down), mul by the routing weights and sum over the experts compute, in one
+// dispatch; the expert indices are read on the device (clamped into 0..E, as expert_matvec).
+// The including source defines DTYPE_1 (the weights' dtype).
+// Bindings: 0 = y f32[O], 1 = w [E, O, I] of DTYPE_1, 2 = idx i32[K], 3 = x f32[K, I],
+// 4 = wts f32[K].
+// Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (rows per
+// workgroup, 1..=4), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K.
+// Dispatch: ceil(O / ROWS) workgroups.
+
+layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
+layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
+layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };
+layout(set = 0, binding = 2, std430) readonly buffer Idx { int idx[]; };
+layout(set = 0, binding = 3, std430) readonly buffer X { float x[]; };
+layout(set = 0, binding = 3, std430) readonly buffer X4 { vec4 x4[]; };
+layout(set = 0, binding = 4, std430) readonly buffer Wts { float wts[]; };
+
+#include "matvec_core.glsl"
+
+layout(constant_id = 5) const uint E = 1;
+layout(constant_id = 6) const uint K = 1;
+
+void main() {
+    uint row0 = group_id() * ROWS;
+    if (row0 >= O) {
+        return;
+    }
+    float total[MAX_ROWS];
+    for (uint r = 0u; r < MAX_ROWS; r++) {
+        total[r] = 0.0;
+    }
+    for (uint j = 0u; j < K; j++) {
+        uint e = uint(clamp(idx[j], 0, int(E) - 1));
+        float acc[MAX_ROWS];
+        matvec_rows(e * O + row0, e * O + O - 1u, j * I, acc);
+        // The next call reuses the reduction's shared memory.
+        barrier();
+        for (uint r = 0u; r < MAX_ROWS; r++) {
+            total[r] += acc[r] * wts[j];
+        }
+    }
+    uint t = gl_LocalInvocationID.x;
+    if (t < ROWS && row0 + t < O) {
+        y[row0 + t] = total[t];
+    }
+}
