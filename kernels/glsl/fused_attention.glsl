@@ -1,12 +1,14 @@
-// The attention-block anchor (vkfuse fuse::codegen generates the including source): per kv
-// head g (one workgroup), for the group's k row and each of its query heads: optional rms norm
-// over the head (QK_NORM), rope of the first ROT dims at the position read from its buffer;
-// K and V written at that position of the caches; then decode attention of every query head of
-// the group over slots 0..=pos, exactly as attention.comp computes it.
+// The attention-block anchor (vkfuse fuse::codegen generates the including source): per query
+// head h (one workgroup), of kv head g = h / (HQ / HKV): optional rms norm over the head
+// (QK_NORM) and rope of the first ROT dims at the position read from its buffer, for h's q row
+// and g's fresh k row; the first query head of each group writes K and V at that position of the
+// caches; then decode attention of h over slots 0..=pos, exactly as attention.comp computes it.
 //
-// Visibility: the caches are `coherent`; after writing its head's fresh rows the workgroup runs
-// memoryBarrierBuffer() then barrier(), so every invocation of the workgroup sees them before
-// reading; no other workgroup touches head g's rows in this dispatch.
+// One workgroup per query head (not per kv head) puts HQ workgroups to work instead of HKV. The
+// query heads of a group share the fresh row without sharing memory: each computes it (the same
+// code on the same inputs, so the same bits) and attends to slot pos from that copy in shared
+// memory, never from the cache another workgroup of this dispatch is writing; slots before pos
+// were written by earlier dispatches.
 //
 // The including source defines QK_NORM (0/1), QN_DTYPE and KN_DTYPE (norm weights' dtypes),
 // NORM_ZC, ROT (rotary dims, even) and `float inv_freq(uint i)` for i < ROT/2.
@@ -15,7 +17,7 @@
 // 7 = q norm weight [D], 8 = k norm weight [D] (when QK_NORM).
 // Spec constants: 0 = workgroup size (power of two, >= 4 and >= D), 1 = HQ, 2 = HKV, 3 = CAP,
 // 4 = D, 5 = SCALE (f32), 6 = EPS (f32).
-// Dispatch: HKV workgroups.
+// Dispatch: HQ workgroups.
 
 #include "reduce.glsl"
 #include "fused_rope.glsl"
@@ -31,9 +33,9 @@ layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer Q { float q[]; };
 layout(set = 0, binding = 2, std430) readonly buffer Kn { float k_new[]; };
 layout(set = 0, binding = 3, std430) readonly buffer Vn { float v_new[]; };
-layout(set = 0, binding = 4, std430) coherent buffer K { float k[]; };
-layout(set = 0, binding = 4, std430) coherent buffer K4 { vec4 k4[]; };
-layout(set = 0, binding = 5, std430) coherent buffer V { float v[]; };
+layout(set = 0, binding = 4, std430) buffer K { float k[]; };
+layout(set = 0, binding = 4, std430) readonly buffer K4 { vec4 k4[]; };
+layout(set = 0, binding = 5, std430) buffer V { float v[]; };
 layout(set = 0, binding = 6, std430) readonly buffer Pos { int pos[]; };
 #if QK_NORM
 layout(set = 0, binding = 7, std430) readonly buffer QN { uint qn[]; };
@@ -47,6 +49,9 @@ const uint G = gl_WorkGroupSize.x / D;
 
 shared float q_s[D];
 shared float row_s[D];
+// The fresh k (after norm and rope) and v rows of the group, for slot `fresh`.
+shared float kf_s[D];
+shared float vf_s[D];
 shared float part[gl_WorkGroupSize.x];
 shared float w_s[T];
 shared float max_s[T];
@@ -81,8 +86,14 @@ float prepare(float v, bool is_q, float angle_pos) {
     return v;
 }
 
-// Decode attention of query head h (its row in q_s) over slots 0..n-1 of kv head base kv_base.
-void attend(uint h, uint kv_base, uint n) {
+// The v element c of slot j: the fresh row for the slot being written, else the cache.
+float v_at(uint kv_base, uint j, uint c, uint fresh) {
+    return j == fresh ? vf_s[c] : v[kv_base + j * D + c];
+}
+
+// Decode attention of query head h (its row in q_s) over slots 0..n-1 of kv head base kv_base;
+// slot `fresh` comes from kf_s / vf_s (see the top).
+void attend(uint h, uint kv_base, uint n, uint fresh) {
     uint t = gl_LocalInvocationID.x;
     uint lane = t % P;
     uint slot = t / P;
@@ -94,7 +105,11 @@ void attend(uint h, uint kv_base, uint n) {
     for (uint tile = 0u; tile < n; tile += T) {
         uint j = tile + slot;
         float d = 0.0;
-        if (j < n) {
+        if (j < n && j == fresh) {
+            for (uint e = lane; e < D; e += P) {
+                d += q_s[e] * kf_s[e];
+            }
+        } else if (j < n) {
             uint row = kv_base + j * D;
             if (D % 4u == 0u) {
                 for (uint c4 = lane; c4 < D / 4u; c4 += P) {
@@ -137,12 +152,28 @@ void attend(uint h, uint kv_base, uint n) {
         barrier();
         if (g < G) {
             uint count = min(T, n - tile);
-            uint vrow = kv_base + tile * D + c;
             float a = acc * alpha;
             float ws = 0.0;
-            for (uint jj = g; jj < count; jj += G) {
+            // Four independent loads in flight per step: this loop is latency-bound.
+            uint jj = g;
+            for (; jj + 3u * G < count; jj += 4u * G) {
+                float v0 = v_at(kv_base, tile + jj, c, fresh);
+                float v1 = v_at(kv_base, tile + jj + G, c, fresh);
+                float v2 = v_at(kv_base, tile + jj + 2u * G, c, fresh);
+                float v3 = v_at(kv_base, tile + jj + 3u * G, c, fresh);
+                float w0 = w_s[jj], w1 = w_s[jj + G], w2 = w_s[jj + 2u * G], w3 = w_s[jj + 3u * G];
+                a += w0 * v0;
+                a += w1 * v1;
+                a += w2 * v2;
+                a += w3 * v3;
+                ws += w0;
+                ws += w1;
+                ws += w2;
+                ws += w3;
+            }
+            for (; jj < count; jj += G) {
                 float w = w_s[jj];
-                a += w * v[vrow + jj * D];
+                a += w * v_at(kv_base, tile + jj, c, fresh);
                 ws += w;
             }
             acc = a;
@@ -174,33 +205,35 @@ void attend(uint h, uint kv_base, uint n) {
 }
 
 void main() {
-    uint g = group_id();
-    if (g >= HKV) {
+    uint h = group_id();
+    if (h >= HQ) {
         return;
     }
     uint t = gl_LocalInvocationID.x;
+    uint group = HQ / HKV;
+    uint g = h / group;
     int p = pos[0];
     float angle_pos = float(p);
     uint kv_base = g * CAP * D;
+    bool in_cache = p >= 0 && uint(p) < CAP;
 
-    // The fresh K and V rows of this kv head, written at the position.
+    // The fresh K and V rows of the group: kept in shared memory, and written at the position
+    // by the group's first query head.
     float kv = prepare(t < D ? k_new[g * D + t] : 0.0, false, angle_pos);
-    if (t < D && p >= 0 && uint(p) < CAP) {
-        k[kv_base + uint(p) * D + t] = kv;
-        v[kv_base + uint(p) * D + t] = v_new[g * D + t];
-    }
-    memoryBarrierBuffer();
-    barrier();
-
-    uint n = uint(clamp(p, 0, int(CAP) - 1)) + 1u;
-    uint group = HQ / HKV;
-    for (uint j = 0u; j < group; j++) {
-        uint h = g * group + j;
-        float qv = prepare(t < D ? q[h * D + t] : 0.0, true, angle_pos);
-        if (t < D) {
-            q_s[t] = qv;
+    if (t < D) {
+        float vv = v_new[g * D + t];
+        kf_s[t] = kv;
+        vf_s[t] = vv;
+        if (in_cache && h % group == 0u) {
+            k[kv_base + uint(p) * D + t] = kv;
+            v[kv_base + uint(p) * D + t] = vv;
         }
-        barrier();
-        attend(h, kv_base, n);
     }
+    float qv = prepare(t < D ? q[h * D + t] : 0.0, true, angle_pos);
+    if (t < D) {
+        q_s[t] = qv;
+    }
+    barrier();
+    uint n = uint(clamp(p, 0, int(CAP) - 1)) + 1u;
+    attend(h, kv_base, n, in_cache ? uint(p) : 0xffffffffu);
 }

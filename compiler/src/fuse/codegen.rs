@@ -460,7 +460,7 @@ pub fn attention(spec: &AttnSpec) -> Generated {
         ),
         source: s,
         spec_constants,
-        workgroups: workgroups(spec.hkv),
+        workgroups: workgroups(spec.hq),
         bindings: if norm.is_some() { 9 } else { 7 },
     }
 }
