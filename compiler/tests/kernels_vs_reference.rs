@@ -1028,12 +1028,27 @@ proptest! {
 /// Median GPU time (µs) of op `id` of `p` and the bytes its operands and result occupy. Float
 /// buffers hold zeros, i32 buffers (positions, indices) `int_fill`.
 /// `wg` overrides the workgroup size `select` chose (to compare sizes).
-fn time_op(p: &Program, id: OpId, int_fill: u32, wg: Option<u32>) -> Option<(f64, u64)> {
+/// Median GPU time (us) of op `id`'s kernel and the bytes it touches; `wg` overrides the
+/// workgroup size, `rows` a matvec's rows per workgroup (spec constant 3, grid recomputed).
+fn time_op(
+    p: &Program,
+    id: OpId,
+    int_fill: u32,
+    wg: Option<u32>,
+    rows: Option<u32>,
+) -> Option<(f64, u64)> {
     const ITERS: u32 = 30;
     const ROTATE_BYTES: u64 = 256 << 20;
     let mut call = kernels::select(p, id)?;
     if let Some(wg) = wg {
         call.spec_constants[0] = wg;
+    }
+    if let Some(rows) = rows {
+        let o = call.spec_constants[1];
+        call.spec_constants[3] = rows;
+        let n = o.div_ceil(rows);
+        let x = n.min(u32::try_from(kernels::MAX_WORKGROUPS_X).expect("fits"));
+        call.workgroups = [x, n.div_ceil(x), 1];
     }
     let mut gpu = gpu();
     let device = gpu.device.clone();
@@ -1116,23 +1131,29 @@ fn time_op(p: &Program, id: OpId, int_fill: u32, wg: Option<u32>) -> Option<(f64
 #[ignore = "a timing run for a real GPU, not a test"]
 fn bench_kernels_on_this_device() {
     let mut rows: Vec<String> = Vec::new();
-    let mut bench = |label: &str, c: &Case, int_fill: u32, wg: Option<u32>| {
+    let mut bench = |label: &str, c: &Case, int_fill: u32, wg: Option<u32>, r: Option<u32>| {
         let id = OpId::new(c.p.ops.len() - 1);
-        if let Some((us, bytes)) = time_op(&c.p, id, int_fill, wg) {
+        if let Some((us, bytes)) = time_op(&c.p, id, int_fill, wg, r) {
             let gbs = bytes as f64 / (us * 1e3);
-            let wg = wg.map(|w| format!(" wg {w}")).unwrap_or_default();
+            let mut wg = wg.map(|w| format!(" wg {w}")).unwrap_or_default();
+            if let Some(r) = r {
+                wg += &format!(" rows {r}");
+            }
             rows.push(format!(
                 "{label:<44} {us:>9.2} us {gbs:>8.0} GB/s  ({}{wg})",
                 kernels::select(&c.p, id).expect("kernel")
             ));
         }
     };
-    // Qwen3-0.6B's shapes (hidden 1024, 16 q heads, 8 kv heads of 128, intermediate 3072).
+    // Qwen3-0.6B's shapes (hidden 1024, 16 q heads, 8 kv heads of 128, intermediate 3072),
+    // with the fused kernels' stacked q/k/v [4096, 1024] and gate/up [6144, 1024]; bf16 also
+    // with a sweep of workgroup size x rows per workgroup (the selected ones first).
     for dt in [DType::BF16, DType::F16] {
         for (o, i) in [
+            (4096, 1024),
             (2048, 1024),
-            (1024, 1024),
             (1024, 2048),
+            (6144, 1024),
             (3072, 1024),
             (1024, 3072),
             (151_936, 1024),
@@ -1155,7 +1176,15 @@ fn bench_kernels_on_this_device() {
                 .expect("x")
                 .expect("r");
             c.op(OpKind::Matvec, vec![w, x]);
-            bench(&format!("matvec {dt} [{o},{i}]"), &c, 0, None);
+            let label = format!("matvec {dt} [{o},{i}]");
+            bench(&label, &c, 0, None, None);
+            if dt == DType::BF16 {
+                for wg in [64, 128, 256] {
+                    for rows in [1, 2, 4, 8] {
+                        bench(&label, &c, 0, Some(wg), Some(rows));
+                    }
+                }
+            }
         }
     }
     for cap in [256usize, 1024, 4096] {
@@ -1194,7 +1223,7 @@ fn bench_kernels_on_this_device() {
         // At the last slot: the whole cache is attended.
         for wg in [256, 512, 1024] {
             let label = format!("attention 16/8x128 pos {}", cap - 1);
-            bench(&label, &c, cap as u32 - 1, Some(wg));
+            bench(&label, &c, cap as u32 - 1, Some(wg), None);
         }
     }
     for n in [1024usize, 4096] {
@@ -1222,7 +1251,7 @@ fn bench_kernels_on_this_device() {
             },
             vec![x, w],
         );
-        bench(&format!("rms_norm [{n}]"), &c, 0, None);
+        bench(&format!("rms_norm [{n}]"), &c, 0, None, None);
     }
     {
         let mut c = Case::new(0);
@@ -1236,7 +1265,7 @@ fn bench_kernels_on_this_device() {
             .expect("r");
         c.op(OpKind::Argmax, vec![x]);
         for wg in [256, 1024] {
-            bench("argmax [151936]", &c, 0, Some(wg));
+            bench("argmax [151936]", &c, 0, Some(wg), None);
         }
     }
     for r in rows {

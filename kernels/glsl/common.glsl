@@ -9,6 +9,11 @@
 // Dispatch: the host splits more than 65535 workgroups over x and y (`KernelCall::workgroups`),
 // so kernels use `group_id()` / `global_id()` and bounds-check.
 
+// Subgroup operations (reduce.glsl): Vulkan 1.1 core, offered in compute by every target
+// (NVIDIA subgroups of 32, AMD 32/64, lavapipe 8); the extensions must precede any code.
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+
 // Codes start at 1: an undefined name in `#if` reads as 0 and must match none of them.
 // The workgroup size is specialization constant 0 in every kernel. Declared here, before any
 // function reads gl_WorkGroupSize: glslang folds gl_WorkGroupSize to its default (1) in code

@@ -5,7 +5,7 @@
 // Bindings: 0 = y f32[K, O], 1 = w [E, O, I] of DTYPE_1, 2 = idx i32[K], 3 = x f32[I] or
 // f32[K, I].
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (rows per
-// workgroup, 1..=4), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = X_PER_ROW (1 when x
+// workgroup, 1..=8), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = X_PER_ROW (1 when x
 // is [K, I]).
 // Dispatch: K * ceil(O / ROWS) workgroups.
 #include "common.glsl"
@@ -33,10 +33,9 @@ void main() {
     uint row0 = (g - j * per_expert) * ROWS;
     uint e = uint(clamp(idx[j], 0, int(E) - 1));
     uint xoff = X_PER_ROW != 0u ? j * I : 0u;
-    float acc[MAX_ROWS];
-    matvec_rows(e * O + row0, e * O + O - 1u, xoff, acc);
+    float dot_t = matvec_rows(e * O + row0, e * O + O - 1u, xoff);
     uint t = gl_LocalInvocationID.x;
     if (t < ROWS && row0 + t < O) {
-        y[j * O + row0 + t] = acc[t];
+        y[j * O + row0 + t] = dot_t;
     }
 }

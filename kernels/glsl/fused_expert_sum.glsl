@@ -6,7 +6,7 @@
 // Bindings: 0 = y f32[O], 1 = w [E, O, I] of DTYPE_1, 2 = idx i32[K], 3 = x f32[K, I],
 // 4 = wts f32[K].
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (rows per
-// workgroup, 1..=4), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K.
+// workgroup, 1..=8), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K.
 // Dispatch: ceil(O / ROWS) workgroups.
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
@@ -27,22 +27,17 @@ void main() {
     if (row0 >= O) {
         return;
     }
-    float total[MAX_ROWS];
-    for (uint r = 0u; r < MAX_ROWS; r++) {
-        total[r] = 0.0;
-    }
+    // Invocation r < ROWS accumulates output row row0 + r.
+    float total = 0.0;
     for (uint j = 0u; j < K; j++) {
         uint e = uint(clamp(idx[j], 0, int(E) - 1));
-        float acc[MAX_ROWS];
-        matvec_rows(e * O + row0, e * O + O - 1u, j * I, acc);
+        float d = matvec_rows(e * O + row0, e * O + O - 1u, j * I);
         // The next call reuses the reduction's shared memory.
         barrier();
-        for (uint r = 0u; r < MAX_ROWS; r++) {
-            total[r] += acc[r] * wts[j];
-        }
+        total += d * wts[j];
     }
     uint t = gl_LocalInvocationID.x;
     if (t < ROWS && row0 + t < O) {
-        y[row0 + t] = total[t];
+        y[row0 + t] = total;
     }
 }

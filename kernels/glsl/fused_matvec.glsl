@@ -59,8 +59,6 @@ const uint PER_ROW = PARTS;
 #else
 const uint PER_ROW = 1u;
 #endif
-const uint MAX_DOTS = 8u;
-shared float red_dots[MAX_DOTS * gl_WorkGroupSize.x];
 
 // The norm weight of element i (1 without a norm).
 float nw_at(uint i) {
@@ -158,22 +156,11 @@ void main() {
         }
     }
 
-    for (uint j = 0u; j < ndots; j++) {
-        red_dots[j * gl_WorkGroupSize.x + t] = acc[j];
-    }
-    barrier();
-    for (uint s = gl_WorkGroupSize.x / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            for (uint j = 0u; j < ndots; j++) {
-                red_dots[j * gl_WorkGroupSize.x + t] += red_dots[j * gl_WorkGroupSize.x + t + s];
-            }
-        }
-        barrier();
-    }
+    wg_share_dots(acc, ndots);
     if (t < ROWS && row0 + t < O) {
         float a[PER_ROW];
         for (uint k = 0u; k < PER_ROW; k++) {
-            a[k] = red_dots[(t * PER_ROW + k) * gl_WorkGroupSize.x] * scale;
+            a[k] = wg_dot_total(t * PER_ROW + k) * scale;
         }
         uint r = row0 + t;
         y[out_index(r)] = EPILOGUE(r, a);

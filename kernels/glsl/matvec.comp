@@ -3,9 +3,9 @@
 // matvec: y[o] = sum_i w[o, i] * x[i]  (w row-major [O, I] of DTYPE_1, accumulated in f32).
 // Bindings: 0 = y f32[O], 1 = w [O, I] of DTYPE_1, 2 = x f32[I].
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (rows per
-// workgroup, 1..=4), 4 = VEC4 (see matvec_core.glsl).
+// workgroup, 1..=8), 4 = VEC4 (see matvec_core.glsl).
 // Dispatch: ceil(O / ROWS) workgroups; the workgroup strides the row with 16-byte loads and
-// reduces in shared memory.
+// reduces with subgroup arithmetic.
 #include "common.glsl"
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
@@ -21,10 +21,9 @@ void main() {
     if (row0 >= O) {
         return;
     }
-    float acc[MAX_ROWS];
-    matvec_rows(row0, O - 1u, 0u, acc);
+    float dot_t = matvec_rows(row0, O - 1u, 0u);
     uint t = gl_LocalInvocationID.x;
     if (t < ROWS && row0 + t < O) {
-        y[row0 + t] = acc[t];
+        y[row0 + t] = dot_t;
     }
 }

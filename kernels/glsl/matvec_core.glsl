@@ -1,12 +1,12 @@
 // The body of matvec and expert_matvec: ROWS dot products of weight rows with one input
 // vector, each workgroup striding the input with 16-byte loads where aligned (VEC4), then one
-// shared-memory tree reduction for all rows at once.
+// subgroup-plus-shared-memory reduction for all rows at once (reduce.glsl's wg_sum_dots).
 //
 // The including kernel declares, before including this file:
 //   W  (uint w[]) and W4 (uvec4 w4[]) on the weight binding (DTYPE_1),
 //   X  (float x[]) and X4 (vec4 x4[]) on the input binding.
 // Spec constants declared here: 1 = O (rows per matrix), 2 = I (row length), 3 = ROWS (rows
-// per workgroup, 1..=4), 4 = VEC4 (1 when rows and the input are 16-byte aligned: I % 4 == 0
+// per workgroup, 1..=8), 4 = VEC4 (1 when rows and the input are 16-byte aligned: I % 4 == 0
 // for f32 weights, I % 8 == 0 for f16/bf16).
 
 layout(constant_id = 1) const uint O = 1;
@@ -14,14 +14,16 @@ layout(constant_id = 2) const uint I = 1;
 layout(constant_id = 3) const uint ROWS = 1;
 layout(constant_id = 4) const uint VEC4 = 0;
 
-const uint MAX_ROWS = 4u;
-shared float red_rows[MAX_ROWS * gl_WorkGroupSize.x];
+#include "reduce.glsl"
 
-// Returns in acc[r] the dot of weight row (wrow + r) with x[xoff .. xoff + I]; rows past
-// `last` repeat row `last` (the caller discards them). Uniform control flow required.
-void matvec_rows(uint wrow, uint last, uint xoff, out float acc[MAX_ROWS]) {
+const uint MAX_ROWS = MAX_DOTS;
+
+// Returns, in invocation r < ROWS, the dot of weight row (wrow + r) with x[xoff .. xoff + I];
+// rows past `last` repeat row `last` (the caller discards them). Uniform control flow required.
+float matvec_rows(uint wrow, uint last, uint xoff) {
     uint t = gl_LocalInvocationID.x;
     uint row[MAX_ROWS];
+    float acc[MAX_ROWS];
     for (uint r = 0u; r < MAX_ROWS; r++) {
         acc[r] = 0.0;
         row[r] = min(wrow + r, last);
@@ -58,19 +60,6 @@ void matvec_rows(uint wrow, uint last, uint xoff, out float acc[MAX_ROWS]) {
             }
         }
     }
-    for (uint r = 0u; r < ROWS; r++) {
-        red_rows[r * gl_WorkGroupSize.x + t] = acc[r];
-    }
-    barrier();
-    for (uint s = gl_WorkGroupSize.x / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            for (uint r = 0u; r < ROWS; r++) {
-                red_rows[r * gl_WorkGroupSize.x + t] += red_rows[r * gl_WorkGroupSize.x + t + s];
-            }
-        }
-        barrier();
-    }
-    for (uint r = 0u; r < ROWS; r++) {
-        acc[r] = red_rows[r * gl_WorkGroupSize.x];
-    }
+    wg_share_dots(acc, ROWS);
+    return wg_dot_total(min(t, ROWS - 1u));
 }

@@ -1,36 +1,61 @@
-// Workgroup-wide reductions through shared memory (no subgroup operations, so they run
-// everywhere). The workgroup size must be a power of two. Every invocation of the workgroup
-// must call them (uniform control flow); each ends with a barrier, so the shared array can be
-// reused at once and anything written to shared memory before the call is visible after it.
+// Workgroup-wide reductions: subgroup arithmetic inside each subgroup, then one exchange of
+// the per-subgroup partials through shared memory (two barriers, where a shared-memory tree
+// costs log2(workgroup size)). Every invocation of the workgroup must call them (uniform
+// control flow); each ends with a barrier, so the shared arrays can be reused at once and
+// anything written to shared memory before the call is visible after it. The partials are
+// summed in subgroup order by every invocation, so every invocation gets the same value.
 
 shared float red_f[gl_WorkGroupSize.x];
 
 float wg_sum(float v) {
-    uint t = gl_LocalInvocationID.x;
-    red_f[t] = v;
-    barrier();
-    for (uint s = gl_WorkGroupSize.x / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            red_f[t] += red_f[t + s];
-        }
-        barrier();
+    v = subgroupAdd(v);
+    if (subgroupElect()) {
+        red_f[gl_SubgroupID] = v;
     }
-    float r = red_f[0];
+    barrier();
+    float r = 0.0;
+    for (uint g = 0u; g < gl_NumSubgroups; g++) {
+        r += red_f[g];
+    }
     barrier();
     return r;
 }
 
 float wg_max(float v) {
-    uint t = gl_LocalInvocationID.x;
-    red_f[t] = v;
-    barrier();
-    for (uint s = gl_WorkGroupSize.x / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            red_f[t] = max(red_f[t], red_f[t + s]);
-        }
-        barrier();
+    v = subgroupMax(v);
+    if (subgroupElect()) {
+        red_f[gl_SubgroupID] = v;
     }
+    barrier();
     float r = red_f[0];
+    for (uint g = 1u; g < gl_NumSubgroups; g++) {
+        r = max(r, red_f[g]);
+    }
     barrier();
     return r;
+}
+
+// Up to MAX_DOTS sums at once (the dots of a matvec workgroup) with one exchange for all:
+// wg_share_dots reduces acc[j] (j < n) in each subgroup and publishes the partials, ending
+// with a barrier; then wg_dot_total(j) is dot j's workgroup total, in any invocation. The
+// partials stay in shared memory: a caller sharing again first needs a barrier after its reads.
+const uint MAX_DOTS = 8u;
+shared float red_dots[MAX_DOTS * gl_WorkGroupSize.x];
+
+void wg_share_dots(float acc[MAX_DOTS], uint n) {
+    for (uint j = 0u; j < n; j++) {
+        float s = subgroupAdd(acc[j]);
+        if (subgroupElect()) {
+            red_dots[j * gl_NumSubgroups + gl_SubgroupID] = s;
+        }
+    }
+    barrier();
+}
+
+float wg_dot_total(uint j) {
+    float s = 0.0;
+    for (uint g = 0u; g < gl_NumSubgroups; g++) {
+        s += red_dots[j * gl_NumSubgroups + g];
+    }
+    return s;
 }

@@ -36,7 +36,7 @@ use crate::session::{
     CacheFile, CacheStatus, Eager, LoadOptions, Loaded, Replay, SessionError, StepOutput,
     TensorBytes, MAX_TOKENS_PER_SUBMIT,
 };
-use crate::{Counters, Device, Instance, InstanceOptions, Requirements};
+use crate::{Counters, Device, Feature, Instance, InstanceOptions, Requirements};
 
 /// The device `options` names, with the validation layer if asked for.
 fn open_device(options: &SessionOptions) -> Result<Device, SessionError> {
@@ -45,7 +45,10 @@ fn open_device(options: &SessionOptions) -> Result<Device, SessionError> {
         ..InstanceOptions::default()
     })?;
     let adapter = instance.select_adapter(options.device)?;
-    Ok(Device::new(&instance, &adapter, &Requirements::none())?)
+    // The kernels reduce with subgroup arithmetic (kernels/glsl/reduce.glsl): a device without
+    // it is refused here, by name, rather than by the validation layer or the driver.
+    let needs = Requirements::new(&[Feature::SubgroupBasic, Feature::SubgroupArithmetic]);
+    Ok(Device::new(&instance, &adapter, &needs)?)
 }
 
 /// Which executor runs the decode step.

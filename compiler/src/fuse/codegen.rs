@@ -12,8 +12,6 @@ use std::fmt::Write as _;
 /// Output parts of a stacked kernel start at multiples of this many f32 (256 bytes: any
 /// device's storage-buffer offset alignment), so every part can be bound on its own.
 pub const PART_ALIGN: usize = 64;
-/// Workgroup size of the fused matvec kernels.
-pub const MATVEC_WG: u32 = 128;
 /// Workgroup size of the fused elementwise kernels.
 pub const ELEMENTWISE_WG: u32 = 128;
 /// Workgroup size of the attention block (as the unfused attention kernel).
@@ -298,12 +296,8 @@ pub fn matvec(spec: &MatvecSpec) -> Generated {
     assert!((1..=8).contains(&parts), "1..=8 packed parts");
     let per_row = if spec.zipped { parts } else { 1 };
     let o = spec.rows();
-    let base_rows = match o {
-        0..=1 => 1,
-        2..=4095 => 2,
-        _ => 4,
-    };
-    let rows_per_wg = base_rows.min(8 / per_row).max(1);
+    let (wg, rows) = crate::kernels::matvec_tuning(o);
+    let rows_per_wg = (rows as usize).min(8 / per_row).max(1);
     let vec4 = spec.cols.is_multiple_of(16 / spec.dtype.size());
     let (offsets, _) = spec.layout();
     let mut ends = vec![0u32; 8];
@@ -319,7 +313,7 @@ pub fn matvec(spec: &MatvecSpec) -> Generated {
     }
     let norm = spec.norm.as_ref();
     let mut spec_constants = vec![
-        MATVEC_WG,
+        wg,
         u(o),
         u(spec.cols),
         u(rows_per_wg),
@@ -562,7 +556,7 @@ pub fn route(spec: &RouteSpec) -> Generated {
 
 /// The weighted expert sum of `spec`.
 pub fn expert_sum(spec: &ExpertSumSpec) -> Generated {
-    let rows = crate::kernels::matvec_rows(spec.o);
+    let (wg, rows) = crate::kernels::matvec_tuning(spec.o);
     let mut s = String::from(HEADER);
     let _ = writeln!(
         s,
@@ -582,7 +576,7 @@ pub fn expert_sum(spec: &ExpertSumSpec) -> Generated {
         ),
         source: s,
         spec_constants: vec![
-            crate::kernels::MATVEC_WG as u32,
+            wg,
             u(spec.o),
             u(spec.i),
             rows,

@@ -13,8 +13,6 @@ pub const MAX_WORKGROUPS_X: usize = 65535;
 
 /// Workgroup size of the elementwise and copy kernels.
 const ELEMENTWISE_WG: usize = 128;
-/// Workgroup size of matvec and expert_matvec.
-pub(crate) const MATVEC_WG: usize = 128;
 /// Workgroup size of the delta-rule kernels (one invocation per state column).
 const DELTA_WG: usize = 64;
 /// Most output dims (after merging) the binary kernel handles.
@@ -122,8 +120,8 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
         Matvec => {
             let w = arg(0);
             let (o, i) = (w.shape.dims()[0], w.shape.dims()[1]);
-            let rows = matvec_rows(o);
-            let spec = vec![MATVEC_WG as u32, u(o), u(i), rows, vec4(w.dtype, i)];
+            let (wg, rows) = matvec_tuning(o);
+            let spec = vec![wg, u(o), u(i), rows, vec4(w.dtype, i)];
             call(
                 "matvec",
                 vec![("DTYPE_1", dtype(w))],
@@ -136,9 +134,9 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
             let (e, o, i) = (w.shape.dims()[0], w.shape.dims()[1], w.shape.dims()[2]);
             let k = arg(1).shape.dims()[0];
             let per_row = arg(2).shape.rank() == 2;
-            let rows = matvec_rows(o);
+            let (wg, rows) = matvec_tuning(o);
             let spec = vec![
-                MATVEC_WG as u32,
+                wg,
                 u(o),
                 u(i),
                 rows,
@@ -353,12 +351,37 @@ fn row_wg(n: usize) -> u32 {
     u(n.next_power_of_two().clamp(32, 256))
 }
 
-/// Rows of a matvec workgroup: more rows per workgroup amortise the input loads on big matrices.
-pub(crate) fn matvec_rows(o: usize) -> u32 {
-    match o {
+/// Workgroup size and rows per workgroup of a matvec (plain, expert or fused) of `o` rows.
+pub(crate) fn matvec_tuning(o: usize) -> (u32, u32) {
+    // Rows per workgroup trade loads in flight per invocation (more rows) against workgroups
+    // to spread over the device (fewer rows): 2 below 4096 output rows, 4 from there.
+    let (wg, small, large) = tuning_override().unwrap_or((128, 2, 4));
+    let rows = match o {
         0..=1 => 1,
-        2..=4095 => 2,
-        _ => 4,
+        2..=4095 => small,
+        _ => large,
+    };
+    (wg, rows)
+}
+
+/// `VKFUSE_MATVEC_TUNING=wg,rows_below_4096,rows_from_4096` (wg a power of two in 32..=512,
+/// rows in 1..=8): the A/B knob the H100 measurements of docs/perf.md compare variants with,
+/// inside one compile-model run each. Malformed values are ignored (the defaults apply).
+fn tuning_override() -> Option<(u32, u32, u32)> {
+    let v = std::env::var("VKFUSE_MATVEC_TUNING").ok()?;
+    let n: Vec<u32> = v
+        .split(',')
+        .map(|x| x.trim().parse().ok())
+        .collect::<Option<_>>()?;
+    match n[..] {
+        [wg, a, b]
+            if wg.is_power_of_two()
+                && (32..=512).contains(&wg)
+                && [a, b].iter().all(|r| (1..=8).contains(r)) =>
+        {
+            Some((wg, a, b))
+        }
+        _ => None,
     }
 }
 
