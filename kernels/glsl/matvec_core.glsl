@@ -1,6 +1,6 @@
 // The body of matvec and expert_matvec: ROWS dot products of weight rows with one input
 // vector, each workgroup striding the input with 16-byte loads where aligned (VEC4), then one
-// subgroup-plus-shared-memory reduction for all rows at once (reduce.glsl's wg_sum_dots).
+// subgroup-plus-shared-memory reduction for all rows at once (reduce.glsl's wg_share_dots).
 //
 // The including kernel declares, before including this file:
 //   W  (uint w[]) and W4 (uvec4 w4[]) on the weight binding (DTYPE_1),
