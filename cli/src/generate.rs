@@ -4,6 +4,7 @@
 
 use crate::metrics::RunReport;
 use crate::text::Text;
+use crate::upload::UploadDisplay;
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use serde::Serialize;
@@ -13,7 +14,7 @@ use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::TensorBytes;
-use vkfuse_runtime::session::{pipeline_cache, CacheFile};
+use vkfuse_runtime::session::{pipeline_cache, CacheFile, LoadOptions};
 use vkfuse_runtime::{Backend, Session, SessionOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -145,7 +146,12 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         .model
         .is_file()
         .then(|| CacheFile::beside(&args.model, pipeline_cache::schedule_checksum(&schedule)));
-    let mut session = Session::load_with_cache(schedule, weights.as_ref(), &opts, cache)
+    let mut upload = UploadDisplay::new();
+    let load = LoadOptions {
+        pipeline_cache: cache,
+        progress: Some(&mut |p| upload.update(p)),
+    };
+    let mut session = Session::load_with(schedule, weights.as_ref(), &opts, load)
         .context("loading the schedule on the device")?;
     if let Some(w) = session.pipeline_cache().warning() {
         eprintln!("{w}");

@@ -154,7 +154,16 @@ impl Session {
             .pipeline_cache
             .then(|| CacheFile::beside(path, pipeline_cache::schedule_checksum(&schedule)));
         let device = open_device(options)?;
-        Session::start(device, schedule, &weights, options, cache)
+        Session::start(
+            device,
+            schedule,
+            &weights,
+            options,
+            LoadOptions {
+                pipeline_cache: cache,
+                progress: None,
+            },
+        )
     }
 
     /// [`Self::open`] for a schedule in memory (e.g. compiled by `vkfuse-compiler` without a
@@ -170,20 +179,30 @@ impl Session {
             .then(|| CacheFile::in_user_cache(pipeline_cache::schedule_checksum(&schedule)))
             .flatten();
         let device = open_device(options)?;
-        Session::start(device, schedule, weights, options, cache)
+        Session::start(
+            device,
+            schedule,
+            weights,
+            options,
+            LoadOptions {
+                pipeline_cache: cache,
+                progress: None,
+            },
+        )
     }
 
-    /// [`Self::load`] with the pipeline cache file given (`None`: none), whatever
-    /// `options.pipeline_cache` says.
-    pub fn load_with_cache(
+    /// [`Self::load`] with the pipeline cache file given (`load.pipeline_cache`, `None`: none,
+    /// whatever `options.pipeline_cache` says) and a weight-upload progress callback
+    /// (`load.progress`, called after each tensor: large models take seconds to upload).
+    pub fn load_with(
         schedule: Schedule,
         weights: &dyn TensorBytes,
         options: &SessionOptions,
-        cache: Option<CacheFile>,
+        load: LoadOptions<'_>,
     ) -> Result<Session, SessionError> {
         options.check()?;
         let device = open_device(options)?;
-        Session::start(device, schedule, weights, options, cache)
+        Session::start(device, schedule, weights, options, load)
     }
 
     /// [`Self::load`] on a device the caller opened (`options.device` and
@@ -195,7 +214,7 @@ impl Session {
         options: &SessionOptions,
     ) -> Result<Session, SessionError> {
         options.check()?;
-        Session::start(device, schedule, weights, options, None)
+        Session::start(device, schedule, weights, options, LoadOptions::default())
     }
 
     fn start(
@@ -203,13 +222,9 @@ impl Session {
         schedule: Schedule,
         weights: &dyn TensorBytes,
         options: &SessionOptions,
-        pipeline_cache: Option<CacheFile>,
+        load: LoadOptions<'_>,
     ) -> Result<Session, SessionError> {
         let k = options.tokens_per_submit;
-        let load = LoadOptions {
-            pipeline_cache,
-            progress: None,
-        };
         let loaded = Loaded::load(device, schedule, weights, load)?;
         let exec = match options.backend {
             Backend::Replay => {
