@@ -463,7 +463,8 @@ fn should_route_top_k_experts_in_one_kernel() {
 
 // (j) the experts' weighted sum
 
-/// The rule tests' leaves, plus 8 experts of [16 x 4], 2 chosen, and their ops (`kind#N`).
+/// The rule tests' leaves, plus 8 experts of [16 x 4] (down) and [4 x 16] (gate, up), 2 chosen,
+/// and their ops (`kind#N`).
 fn experts_env() -> FuseAnalysis {
     use vkfuse_compiler::ir::OpKind;
     let mut a = env();
@@ -476,6 +477,17 @@ fn experts_env() -> FuseAnalysis {
         ("ids", Type::i32([2]), LeafKind::Value),
         ("mx", Type::f32([2, 4]), LeafKind::Value),
         ("wts", Type::f32([2]), LeafKind::Value),
+        (
+            "wgs",
+            Type::new(DType::BF16, [8, 4, 16]),
+            LeafKind::WeightStack,
+        ),
+        (
+            "wus",
+            Type::new(DType::BF16, [8, 4, 16]),
+            LeafKind::WeightStack,
+        ),
+        ("xin", Type::f32([16]), LeafKind::Value),
     ];
     for (i, (name, ty, kind)) in leaves.into_iter().enumerate() {
         let info = LeafInfo {
@@ -489,6 +501,8 @@ fn experts_env() -> FuseAnalysis {
     let others = [
         ("expert_matvec#30", Type::f32([2, 16]), OpKind::ExpertMatvec),
         ("sum#31", Type::f32([16]), OpKind::Sum { axis: 0 }),
+        ("expert_matvec#32", Type::f32([2, 4]), OpKind::ExpertMatvec),
+        ("expert_matvec#33", Type::f32([2, 4]), OpKind::ExpertMatvec),
     ];
     for (sym, ty, op) in others {
         a.others.insert(sym.into(), ty);
@@ -503,6 +517,15 @@ fn should_weight_and_sum_the_experts_in_their_down_kernel() {
         experts_env,
         &["(sum#31 (mul (expert_matvec#30 wstk ids mx) (reshape wts shape:2x1)))"],
         &["(expert_sum wstk ids mx wts)"],
+    );
+}
+
+#[test]
+fn should_compute_the_experts_swiglu_in_one_kernel() {
+    rewrites_in(
+        experts_env,
+        &["(mul (silu (expert_matvec#32 wgs ids xin)) (expert_matvec#33 wus ids xin))"],
+        &["(expert_glu wgs wus ids xin)"],
     );
 }
 

@@ -72,6 +72,10 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("fused_gdn.glsl", include_str!("../glsl/fused_gdn.glsl")),
     ("fused_route.glsl", include_str!("../glsl/fused_route.glsl")),
     (
+        "fused_expert_glu.glsl",
+        include_str!("../glsl/fused_expert_glu.glsl"),
+    ),
+    (
         "fused_expert_sum.glsl",
         include_str!("../glsl/fused_expert_sum.glsl"),
     ),

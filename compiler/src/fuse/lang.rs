@@ -131,6 +131,9 @@ define_language! {
         // (expert_sum w idx x wts): sum over j of expert_matvec(w, idx, x)[j] * wts[j], the
         // experts' down projections weighted and summed in one kernel
         "expert_sum" = ExpertSum([Id; 4]),
+        // (expert_glu wg wu idx x): silu(expert_matvec(wg, idx, x)) * expert_matvec(wu, idx, x),
+        // both stacks packed and read by one kernel
+        "expert_glu" = ExpertGlu([Id; 4]),
 
         // ---- leaves and the rest ----
         Attr(Attr),
@@ -206,6 +209,7 @@ impl FuseLang {
                 | FuseLang::GdnStep(_)
                 | FuseLang::Route(_)
                 | FuseLang::ExpertSum(_)
+                | FuseLang::ExpertGlu(_)
         )
     }
 
@@ -605,6 +609,13 @@ impl Analysis<FuseLang> for FuseAnalysis {
             }
             // One row of the stacked weights' outputs.
             ExpertSum([w, ..]) => facts.ty = ty(w).and_then(|t| f32_of(vec![t.shape.dims()[1]])),
+            // [chosen experts, rows of one expert].
+            ExpertGlu([w, _, idx, _]) => {
+                facts.ty = match (ty(w), ty(idx)) {
+                    (Some(w), Some(i)) => f32_of(vec![i.shape.numel(), w.shape.dims()[1]]),
+                    _ => None,
+                }
+            }
             RouteIds([k]) => {
                 facts.ty = ty(k).map(|t| Type::i32(t.shape.dims().to_vec()));
             }

@@ -3,7 +3,7 @@
 //! instantiated for every instance by op offset ([`super::schedule`]).
 
 use super::codegen::{
-    self, AttnSpec, ElementwiseSpec, Epi, ExpertSumSpec, ExtraSpec, GdnSpec, Generated, MatvecSpec,
+    self, AttnSpec, ElementwiseSpec, Epi, ExpertSpec, ExtraSpec, GdnSpec, Generated, MatvecSpec,
     NormSpec, RouteSpec, TailSpec,
 };
 use super::cost::Cost;
@@ -55,7 +55,8 @@ pub enum KernelKind {
     Tail(TailSpec),
     Gdn(GdnSpec),
     Route(RouteSpec),
-    ExpertSum(ExpertSumSpec),
+    ExpertSum(ExpertSpec),
+    ExpertGlu(ExpertSpec),
 }
 
 /// One kernel of the fused program.
@@ -507,29 +508,25 @@ impl Builder<'_> {
                 self.with_out(KernelKind::Route(spec), ty, bytes, inputs, Some(generated))
             }
             ExpertSum([w, idx, x, wts]) => {
-                let tw = self.ty(*w)?;
-                let d = tw.shape.dims();
-                let spec = ExpertSumSpec {
-                    dtype: tw.dtype,
-                    e: d[0],
-                    o: d[1],
-                    i: d[2],
-                    k: self.ty(*idx)?.shape.numel(),
-                };
+                let spec = self.expert_spec(*w, *idx)?;
                 let mut inputs = vec![];
                 for i in [w, idx, x, wts] {
                     inputs.push(self.value(*i)?);
                 }
-                let ty = self.ty(c)?;
-                let bytes = ty.bytes() as u64;
                 let generated = codegen::expert_sum(&spec);
-                self.with_out(
-                    KernelKind::ExpertSum(spec),
-                    ty,
-                    bytes,
-                    inputs,
-                    Some(generated),
-                )
+                self.expert_out(c, KernelKind::ExpertSum(spec), inputs, generated)?
+            }
+            ExpertGlu([wg, wu, idx, x]) => {
+                let spec = self.expert_spec(*wg, *idx)?;
+                // Gate experts then up experts, packed into one binding at compile time.
+                let parts = vec![self.value(*wg)?, self.value(*wu)?];
+                let packed = self.push_value(UValue::Packed {
+                    parts,
+                    ty: Type::new(spec.dtype, [2 * spec.e, spec.o, spec.i]),
+                });
+                let inputs = vec![packed, self.value(*idx)?, self.value(*x)?];
+                let generated = codegen::expert_glu(&spec);
+                self.expert_out(c, KernelKind::ExpertGlu(spec), inputs, generated)?
             }
             RouteIds([k]) => {
                 let of = self.value(*k)?;
@@ -622,6 +619,35 @@ impl Builder<'_> {
         };
         self.memo.insert(c, v);
         Ok(v)
+    }
+
+    /// The shape of a kernel over the experts of stack `w` chosen by `idx`.
+    fn expert_spec(&self, w: Id, idx: Id) -> Result<ExpertSpec, ProgramError> {
+        let tw = self.ty(w)?;
+        let d = tw.shape.dims();
+        if d.len() != 3 {
+            return Err(self.err("expert weights that are no stack"));
+        }
+        Ok(ExpertSpec {
+            dtype: tw.dtype,
+            e: d[0],
+            o: d[1],
+            i: d[2],
+            k: self.ty(idx)?.shape.numel(),
+        })
+    }
+
+    /// An expert kernel writing class `c`'s value.
+    fn expert_out(
+        &mut self,
+        c: Id,
+        kind: KernelKind,
+        inputs: Vec<usize>,
+        generated: Generated,
+    ) -> Result<usize, ProgramError> {
+        let ty = self.ty(c)?;
+        let bytes = ty.bytes() as u64;
+        Ok(self.with_out(kind, ty, bytes, inputs, Some(generated)))
     }
 
     fn effect(
@@ -959,6 +985,10 @@ impl UKernel {
             KernelKind::Gdn(spec) => format!("linear-attention step: {}", spec.describe()),
             KernelKind::ExpertSum(e) => format!(
                 "experts weighted and summed: {} of {} experts [{}x{}]",
+                e.k, e.e, e.o, e.i
+            ),
+            KernelKind::ExpertGlu(e) => format!(
+                "experts silu(gate) * up: {} of {} experts [{}x{}] x 2",
                 e.k, e.e, e.o, e.i
             ),
             KernelKind::Route(r) => {

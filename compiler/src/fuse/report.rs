@@ -102,6 +102,9 @@ fn reasons(u: &FusedUnit, k: &super::program::UKernel) -> Vec<String> {
             ))
         }
         KernelKind::Tail(_) => r.push("tail: argmax and position written on the device".into()),
+        KernelKind::ExpertGlu(_) => r.push(format!(
+            "experts' gate and up with silu·mul ({computed} ops in one dispatch, stacks packed)"
+        )),
         KernelKind::ExpertSum(_) => r.push(format!(
             "experts' down, weighting and sum ({computed} ops in one dispatch)"
         )),

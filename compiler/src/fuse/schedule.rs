@@ -270,21 +270,30 @@ impl Lowering<'_> {
         let s = self.bufs[WEIGHTS].alloc(total as u64);
         let mut at = s.offset;
         for v in parts {
-            let OpKind::Weight { name } = &self.p.def(*v).kind else {
-                return Err(FuseError::Internal(format!(
-                    "packed value {v} is no weight"
-                )));
+            // A weight, or stacked expert weights (one tensor per expert, in expert order).
+            let tensors: Vec<String> = match &self.p.def(*v).kind {
+                OpKind::Weight { name } => vec![name.clone()],
+                OpKind::WeightStack { pattern, count } => (0..*count)
+                    .map(|e| pattern.replace("{}", &e.to_string()))
+                    .collect(),
+                _ => {
+                    return Err(FuseError::Internal(format!(
+                        "packed value {v} is no weight"
+                    )))
+                }
             };
-            let bytes = self.p.ty(*v).bytes() as u64;
-            self.uploads.push(WeightUpload {
-                tensor: name.clone(),
-                dst: Slice {
-                    buffer: s.buffer,
-                    offset: at,
-                    size: bytes,
-                },
-            });
-            at += bytes;
+            let bytes = self.p.ty(*v).bytes() as u64 / tensors.len() as u64;
+            for tensor in tensors {
+                self.uploads.push(WeightUpload {
+                    tensor,
+                    dst: Slice {
+                        buffer: s.buffer,
+                        offset: at,
+                        size: bytes,
+                    },
+                });
+                at += bytes;
+            }
         }
         self.packed.insert(parts.to_vec(), s);
         Ok(s)

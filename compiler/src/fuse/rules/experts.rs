@@ -9,16 +9,21 @@ use crate::ir::OpKind;
 use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
 
 const RULE: &str = "weighted-expert-sum";
+const GLU: &str = "expert-swiglu";
 
 /// The rules of this family.
 pub fn rules() -> Vec<Rule> {
     let p: Pattern<FuseLang> = "(mul ?d (reshape ?wts ?shape))"
         .parse()
         .expect("a valid pattern");
+    let glu: Pattern<FuseLang> = "(mul (silu ?g) ?u)".parse().expect("a valid pattern");
     vec![
         // sum(mul(expert_matvec(w, idx, x), reshape(wts, [k, 1])), axis 0)
         //   == expert_sum(w, idx, x, wts)
         Rewrite::new(RULE, p, WeightedSum).expect("valid rule"),
+        // mul(silu(expert_matvec(wg, idx, x)), expert_matvec(wu, idx, x))
+        //   == expert_glu(wg, wu, idx, x)
+        Rewrite::new(GLU, glu, SwiGlu).expect("valid rule"),
     ]
 }
 
@@ -66,6 +71,47 @@ impl Applier<FuseLang, FuseAnalysis> for WeightedSum {
         let fused = g.add(FuseLang::ExpertSum([w, idx, x, wts]));
         if g.union(sum, fused) {
             vec![sum]
+        } else {
+            vec![]
+        }
+    }
+}
+
+/// The applier of `expert-swiglu`.
+pub struct SwiGlu;
+
+impl Applier<FuseLang, FuseAnalysis> for SwiGlu {
+    fn apply_one(
+        &self,
+        g: &mut FuseGraph,
+        eclass: Id,
+        s: &Subst,
+        _: Option<&PatternAst<FuseLang>>,
+        _: Symbol,
+    ) -> Vec<Id> {
+        let v = |n: &str| -> Var { n.parse().expect("a variable") };
+        let (gate, up) = (g.find(s[v("?g")]), g.find(s[v("?u")]));
+        let (Some((_, ga)), Some((_, ua))) = (
+            other(g, gate, "expert_matvec"),
+            other(g, up, "expert_matvec"),
+        ) else {
+            return vec![];
+        };
+        let ty = |c: Id| g[c].data.ty.clone();
+        let same_experts = g.find(ga[1]) == g.find(ua[1]) && g.find(ga[2]) == g.find(ua[2]);
+        let same_weights = ty(ga[0]).is_some_and(|t| Some(t) == ty(ua[0]));
+        let one_input = ty(ga[2]).is_some_and(|t| t.shape.rank() == 1);
+        if !(same_experts && same_weights && one_input) {
+            g.analysis.refuse(
+                GLU,
+                "gate and up differ in experts, input or weight shape",
+                vec![eclass],
+            );
+            return vec![];
+        }
+        let fused = g.add(FuseLang::ExpertGlu([ga[0], ua[0], ga[1], ga[2]]));
+        if g.union(eclass, fused) {
+            vec![eclass]
         } else {
             vec![]
         }

@@ -1,0 +1,41 @@
+// The expert SwiGLU anchor (vkfuse fuse::codegen generates the including source): for each
+// chosen expert j and row o, y[j, o] = silu(gate[idx[j], o] . x) * (up[idx[j], o] . x): what the
+// two expert_matvec kernels (gate, up), silu and mul compute, in one dispatch. The gate and up
+// stacks are packed one after the other at compile time ([2E, O, I]: gate experts, then up).
+// The including source defines DTYPE_1 (the weights' dtype).
+// Bindings: 0 = y f32[K, O], 1 = w [2E, O, I] of DTYPE_1, 2 = idx i32[K], 3 = x f32[I].
+// Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (rows per
+// workgroup, 1..=8), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K.
+// Dispatch: K * ceil(O / ROWS) workgroups.
+
+layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
+layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
+layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };
+layout(set = 0, binding = 2, std430) readonly buffer Idx { int idx[]; };
+layout(set = 0, binding = 3, std430) readonly buffer X { float x[]; };
+layout(set = 0, binding = 3, std430) readonly buffer X4 { vec4 x4[]; };
+
+#include "matvec_core.glsl"
+
+layout(constant_id = 5) const uint E = 1;
+layout(constant_id = 6) const uint K = 1;
+
+void main() {
+    uint per_expert = (O + ROWS - 1u) / ROWS;
+    uint g = group_id();
+    uint j = g / per_expert;
+    if (j >= K) {
+        return;
+    }
+    uint row0 = (g - j * per_expert) * ROWS;
+    uint e = uint(clamp(idx[j], 0, int(E) - 1));
+    // Invocation r < ROWS holds row row0 + r's dots.
+    float gate = matvec_rows(e * O + row0, e * O + O - 1u, 0u);
+    // The next call reuses the reduction's shared memory.
+    barrier();
+    float up = matvec_rows((E + e) * O + row0, (E + e) * O + O - 1u, 0u);
+    uint t = gl_LocalInvocationID.x;
+    if (t < ROWS && row0 + t < O) {
+        y[j * O + row0 + t] = silu(gate) * up;
+    }
+}
