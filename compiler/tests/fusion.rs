@@ -696,9 +696,10 @@ struct Shapes {
     layers: usize,
     qk_norm: bool,
     zero_centered: bool,
+    /// KV slots, and the tokens run through both schedules (at most `capacity`).
+    capacity: usize,
+    tokens: usize,
 }
-
-const CAPACITY: usize = 16;
 
 /// A Llama/Qwen3-like decode step of `s`, as the dense tracer would emit it.
 fn dense(s: &Shapes, weights: &mut Weights) -> Program {
@@ -707,7 +708,7 @@ fn dense(s: &Shapes, weights: &mut Weights) -> Program {
     let position = p.add_state("position", StateKind::Position, Type::i32([1]));
     let mut caches = vec![];
     for l in 0..s.layers {
-        let c = Type::f32([s.hkv, CAPACITY, s.d]);
+        let c = Type::f32([s.hkv, s.capacity, s.d]);
         caches.push((
             p.add_state(format!("k{l}"), StateKind::KvCache, c.clone()),
             p.add_state(format!("v{l}"), StateKind::KvCache, c),
@@ -884,7 +885,7 @@ fn fused_equals_unfused_with(s: &Shapes, opts: &FuseOptions, dispatches: Option<
             let device = Device::new(&instance, &adapter, &Requirements::none()).unwrap();
             Eager::new(Loaded::new(device, schedule, &weights).unwrap()).unwrap()
         };
-        let tokens: Vec<u32> = (0..10)
+        let tokens: Vec<u32> = (0..s.tokens)
             .map(|i| (i * 7 + 3) as u32 % s.vocab as u32)
             .collect();
         let want = run(&mut eager(unfused), &tokens);
@@ -912,6 +913,8 @@ fn should_match_unfused_with_f32_weights_and_partial_rope() {
         layers: 2,
         qk_norm: true,
         zero_centered: false,
+        capacity: 16,
+        tokens: 10,
     });
 }
 
@@ -929,6 +932,8 @@ fn should_match_unfused_with_unaligned_bf16_rows_and_a_wide_lm_head() {
         layers: 2,
         qk_norm: true,
         zero_centered: true,
+        capacity: 16,
+        tokens: 10,
     });
 }
 
@@ -952,9 +957,33 @@ fn should_stay_correct_when_saturation_stops_early() {
             layers: 2,
             qk_norm: true,
             zero_centered: false,
+            capacity: 16,
+            tokens: 10,
         };
         fused_equals_unfused_with(&shapes, &opts, None);
     }
+}
+
+#[test]
+fn should_match_unfused_past_one_attention_tile() {
+    // The attention block scores 256 slots per tile (1024 invocations, 4 per slot): 300
+    // positions take it through the running max and sum carried from one tile to the next,
+    // which the fixtures' ~30 positions never reach.
+    fused_equals_unfused(&Shapes {
+        dtype: DType::BF16,
+        hidden: 32,
+        hq: 4,
+        hkv: 2,
+        d: 8,
+        rot: 8,
+        inter: 48,
+        vocab: 60,
+        layers: 1,
+        qk_norm: true,
+        zero_centered: false,
+        capacity: 320,
+        tokens: 300,
+    });
 }
 
 #[test]
@@ -971,6 +1000,8 @@ fn should_match_unfused_with_f16_multi_head_attention_without_qk_norm() {
         layers: 3,
         qk_norm: false,
         zero_centered: false,
+        capacity: 16,
+        tokens: 10,
     });
 }
 

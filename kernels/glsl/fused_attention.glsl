@@ -54,7 +54,6 @@ shared float kf_s[D];
 shared float vf_s[D];
 shared float part[gl_WorkGroupSize.x];
 shared float w_s[T];
-shared float max_s[T];
 
 // Element t (< D) of a head row after the norm and rope; every invocation must call it
 // (uniform control flow). `is_q` picks the norm weight.
@@ -124,8 +123,8 @@ void attend(uint h, uint kv_base, uint n, uint fresh) {
         }
         part[t] = d;
         barrier();
+        float s = NEG_BIG;
         if (t < T) {
-            float s = NEG_BIG;
             if (tile + t < n) {
                 float sum = 0.0;
                 for (uint i = 0u; i < P; i++) {
@@ -134,16 +133,9 @@ void attend(uint h, uint kv_base, uint n, uint fresh) {
                 s = sum * SCALE;
             }
             w_s[t] = s;
-            max_s[t] = s;
         }
-        barrier();
-        for (uint stride = T / 2u; stride > 0u; stride >>= 1u) {
-            if (t < stride) {
-                max_s[t] = max(max_s[t], max_s[t + stride]);
-            }
-            barrier();
-        }
-        float m_new = max(m, max_s[0]);
+        // The tile's max (wg_max ends with a barrier: w_s is visible after it).
+        float m_new = max(m, wg_max(s));
         float alpha = exp(m - m_new);
         m = m_new;
         if (t < T) {
