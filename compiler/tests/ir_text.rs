@@ -356,7 +356,7 @@ fn random_program(choices: &[(u8, u8, u8, u8)]) -> Program {
             ),
             24 => {
                 let n = p.values.get(a as usize % n).map_or(1, |t| t.shape.numel());
-                let shape = if n % 2 == 0 && b % 2 == 0 {
+                let shape = if n.is_multiple_of(2) && b.is_multiple_of(2) {
                     vec![2, n / 2]
                 } else {
                     vec![n]
@@ -394,7 +394,7 @@ fn random_program(choices: &[(u8, u8, u8, u8)]) -> Program {
             }
             29 => (
                 OpKind::DeltaRuleReadout {
-                    scale: F32Attr(0.7071),
+                    scale: F32Attr(0.75),
                 },
                 vec![v(a), v(b)],
                 None,

@@ -13,7 +13,7 @@ use crate::import::{Family, ImportError, Model};
 use crate::ir::{Program, VerifyError};
 
 /// Options of the trace.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct TraceOptions {
     /// KV-cache capacity in positions; `None` means the model's max_position_embeddings,
     /// capped at [`TraceOptions::DEFAULT_MAX_CONTEXT`].
@@ -22,12 +22,6 @@ pub struct TraceOptions {
 
 impl TraceOptions {
     pub const DEFAULT_MAX_CONTEXT: usize = 4096;
-}
-
-impl Default for TraceOptions {
-    fn default() -> Self {
-        TraceOptions { max_context: None }
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
