@@ -965,6 +965,27 @@ fn should_stay_correct_when_saturation_stops_early() {
 }
 
 #[test]
+fn should_match_unfused_with_a_vocabulary_past_the_unrolled_argmax() {
+    // The tail's argmax reads 8 x 1024 vec4s per round: 40000 logits take it through one full
+    // round and the remainder loop (4100 and the fixtures' vocabularies never reach a round).
+    fused_equals_unfused(&Shapes {
+        dtype: DType::BF16,
+        hidden: 16,
+        hq: 2,
+        hkv: 1,
+        d: 8,
+        rot: 8,
+        inter: 24,
+        vocab: 40000,
+        layers: 1,
+        qk_norm: true,
+        zero_centered: false,
+        capacity: 16,
+        tokens: 10,
+    });
+}
+
+#[test]
 fn should_match_unfused_past_one_attention_tile() {
     // The attention block scores 256 slots per tile (1024 invocations, 4 per slot): 300
     // positions take it through the running max and sum carried from one tile to the next,
