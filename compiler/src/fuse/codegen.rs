@@ -14,8 +14,13 @@ use std::fmt::Write as _;
 pub const PART_ALIGN: usize = 64;
 /// Workgroup size of the fused elementwise kernels.
 pub const ELEMENTWISE_WG: u32 = 128;
-/// Workgroup size of the attention block (as the unfused attention kernel).
-pub const ATTENTION_WG: u32 = 1024;
+/// Workgroup size of the attention block: 8 invocations per head element (a 256-slot score
+/// tile at head_dim 128), a power of two between 64 and 1024. Small heads get small workgroups:
+/// a 1024-invocation workgroup for a 32-wide head made the fixtures' attention cost 62% of the
+/// step on lavapipe, where every barrier switches between all of its subgroups.
+pub fn attention_wg(head_dim: usize) -> u32 {
+    (8 * head_dim).next_power_of_two().clamp(64, 1024) as u32
+}
 /// Workgroup size of the Gated DeltaNet step (one workgroup per key head).
 pub const GDN_WG: u32 = 256;
 
@@ -435,7 +440,7 @@ pub fn attention(spec: &AttnSpec) -> Generated {
     );
     s += "#include \"fused_attention.glsl\"\n";
     let spec_constants = vec![
-        ATTENTION_WG,
+        attention_wg(spec.head_dim),
         u(spec.hq),
         u(spec.hkv),
         u(spec.capacity),
