@@ -351,37 +351,9 @@ pub fn lower_with_report(
         }
     }
     arena.size = plan.arena_bytes;
-    let capacity = p
-        .states
-        .iter()
-        .filter(|s| s.kind == StateKind::KvCache)
-        .map(|s| s.ty.shape.dims()[1] as u32)
-        .min()
-        .unwrap_or(u32::MAX);
-    let names = ["weights", "state", "io", "arena"];
-    let roles = [
-        BufferRole::Weights,
-        BufferRole::State,
-        BufferRole::Io,
-        BufferRole::Arena,
-    ];
-    let buffers = bufs
-        .iter()
-        .zip(names.iter().zip(roles))
-        .map(|(r, (name, role))| BufferDecl {
-            label: name.to_string(),
-            size: r.size.max(4),
-            role,
-        })
-        .collect();
+    let buffers = buffer_decls(bufs.iter().map(|r| r.size));
     let schedule = Schedule {
-        meta: ModelMeta {
-            architecture: meta.architecture.clone(),
-            vocab_size: p.ty(logits).shape.numel() as u32,
-            max_context: capacity,
-            eos_token_ids: meta.eos_token_ids.clone(),
-            tokenizer: meta.tokenizer.clone(),
-        },
+        meta: model_meta(p, meta, logits),
         buffers,
         weights: uploads,
         kernels: kernels_out,
@@ -394,6 +366,45 @@ pub fn lower_with_report(
         },
     };
     Ok((schedule, LowerReport { plan }))
+}
+
+/// The schedule's model facts; the KV capacity (max context) is the smallest cache's slots.
+pub(crate) fn model_meta(p: &Program, meta: &Meta, logits: ValueId) -> ModelMeta {
+    let capacity = p
+        .states
+        .iter()
+        .filter(|s| s.kind == StateKind::KvCache)
+        .map(|s| s.ty.shape.dims()[1] as u32)
+        .min()
+        .unwrap_or(u32::MAX);
+    ModelMeta {
+        architecture: meta.architecture.clone(),
+        vocab_size: p.ty(logits).shape.numel() as u32,
+        max_context: capacity,
+        eos_token_ids: meta.eos_token_ids.clone(),
+        tokenizer: meta.tokenizer.clone(),
+    }
+}
+
+/// The four buffers every schedule declares, by `BufferId` (weights, state, io, arena), from
+/// their sizes (at least 4 bytes: a buffer must have an address).
+pub(crate) fn buffer_decls(sizes: impl IntoIterator<Item = u64>) -> Vec<BufferDecl> {
+    let names = ["weights", "state", "io", "arena"];
+    let roles = [
+        BufferRole::Weights,
+        BufferRole::State,
+        BufferRole::Io,
+        BufferRole::Arena,
+    ];
+    sizes
+        .into_iter()
+        .zip(names.iter().zip(roles))
+        .map(|(size, (name, role))| BufferDecl {
+            label: name.to_string(),
+            size: size.max(4),
+            role,
+        })
+        .collect()
 }
 
 impl TensorBytes for TensorStore {

@@ -16,7 +16,7 @@ use super::rules::rules;
 use super::unit::{LeafRef, Unit};
 use crate::ir::{OpId, OpKind, Program, StateKind, ValueId};
 use crate::kernels::{self, KernelError};
-use crate::lower::{Meta, SpirvCache, ALIGN};
+use crate::lower::{self, Meta, SpirvCache, ALIGN};
 use crate::plan::{self, Request};
 use crate::regions::{regions, Access};
 use egg::{Runner, SimpleScheduler};
@@ -24,8 +24,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Duration;
 use vkfuse_runtime::schedule::{
-    BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Schedule,
-    Slice, WeightUpload,
+    BufferId, Dispatch, Io, KernelDecl, KernelId, Schedule, Slice, WeightUpload,
 };
 
 /// Options of the fusion stage.
@@ -635,38 +634,9 @@ pub fn lower_units_planned(
     }
     l.bufs[ARENA].size = plan.arena_bytes;
 
-    let capacity = p
-        .states
-        .iter()
-        .filter(|s| s.kind == StateKind::KvCache)
-        .map(|s| s.ty.shape.dims()[1] as u32)
-        .min()
-        .unwrap_or(u32::MAX);
-    let names = ["weights", "state", "io", "arena"];
-    let roles = [
-        BufferRole::Weights,
-        BufferRole::State,
-        BufferRole::Io,
-        BufferRole::Arena,
-    ];
-    let buffers = l
-        .bufs
-        .iter()
-        .zip(names.iter().zip(roles))
-        .map(|(r, (name, role))| BufferDecl {
-            label: name.to_string(),
-            size: r.size.max(4),
-            role,
-        })
-        .collect();
+    let buffers = lower::buffer_decls(l.bufs.iter().map(|r| r.size));
     let schedule = Schedule {
-        meta: ModelMeta {
-            architecture: meta.architecture.clone(),
-            vocab_size: p.ty(logits).shape.numel() as u32,
-            max_context: capacity,
-            eos_token_ids: meta.eos_token_ids.clone(),
-            tokenizer: meta.tokenizer.clone(),
-        },
+        meta: lower::model_meta(p, meta, logits),
         buffers,
         weights: l.uploads,
         kernels: l.kernels,

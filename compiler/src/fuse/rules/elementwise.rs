@@ -4,9 +4,9 @@
 //! generated expression. Inputs are rows of the output's length or scalars; numpy broadcasts
 //! over rows (`[2,64] · [2,1]`) are refused.
 
-use super::{list_items, make_list, Rule};
+use super::{list_items, make_list, var, Rule};
 use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang, MAX_EXTRAS};
-use egg::{rewrite, Applier, Id, Language, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
+use egg::{rewrite, Applier, Id, Language, Pattern, PatternAst, Rewrite, Subst, Symbol};
 
 /// The rules of this family.
 pub fn rules() -> Vec<Rule> {
@@ -58,8 +58,7 @@ impl Applier<FuseLang, FuseAnalysis> for BinaryKernel {
         _: Option<&PatternAst<FuseLang>>,
         _: Symbol,
     ) -> Vec<Id> {
-        let v = |n: &str| -> Var { n.parse().expect("a variable") };
-        let (a, b) = (s[v("?a")], s[v("?b")]);
+        let (a, b) = (s[var("?a")], s[var("?b")]);
         let (Some(na), Some(nb), Some(n)) = (numel(g, a), numel(g, b), numel(g, eclass)) else {
             return vec![];
         };
@@ -106,8 +105,7 @@ impl Applier<FuseLang, FuseAnalysis> for Inline {
         _: Symbol,
     ) -> Vec<Id> {
         const RULE: &str = "inline-elementwise";
-        let v = |n: &str| -> Var { n.parse().expect("a variable") };
-        let (e, i) = (s[v("?e")], s[v("?i")]);
+        let (e, i) = (s[var("?e")], s[var("?i")]);
         let (Some(items), Some(n)) = (list_items(g, i), numel(g, eclass)) else {
             return vec![];
         };

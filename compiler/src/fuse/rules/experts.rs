@@ -3,10 +3,10 @@
 //! chosen experts (indices read on the device) for its rows, adding in expert order as the
 //! unfused sum does.
 
-use super::{other, Rule};
+use super::{other, var, Rule};
 use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang};
 use crate::ir::OpKind;
-use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
+use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol};
 
 const RULE: &str = "weighted-expert-sum";
 const GLU: &str = "expert-swiglu";
@@ -39,8 +39,7 @@ impl Applier<FuseLang, FuseAnalysis> for WeightedSum {
         _: Option<&PatternAst<FuseLang>>,
         _: Symbol,
     ) -> Vec<Id> {
-        let v = |n: &str| -> Var { n.parse().expect("a variable") };
-        let (d, wts) = (g.find(s[v("?d")]), g.find(s[v("?wts")]));
+        let (d, wts) = (g.find(s[var("?d")]), g.find(s[var("?wts")]));
         let Some((_, em)) = other(g, d, "expert_matvec") else {
             return vec![];
         };
@@ -89,8 +88,7 @@ impl Applier<FuseLang, FuseAnalysis> for SwiGlu {
         _: Option<&PatternAst<FuseLang>>,
         _: Symbol,
     ) -> Vec<Id> {
-        let v = |n: &str| -> Var { n.parse().expect("a variable") };
-        let (gate, up) = (g.find(s[v("?g")]), g.find(s[v("?u")]));
+        let (gate, up) = (g.find(s[var("?g")]), g.find(s[var("?u")]));
         let (Some((_, ga)), Some((_, ua))) = (
             other(g, gate, "expert_matvec"),
             other(g, up, "expert_matvec"),

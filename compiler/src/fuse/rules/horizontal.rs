@@ -5,7 +5,7 @@
 //! is a view (`rows`) of it. Parts of equal height can instead be zipped row by row, which
 //! lets one epilogue combine them (SwiGLU).
 
-use super::{leaf_class, leaves_of, Rule};
+use super::{leaf_class, leaves_of, var, Rule};
 use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang, MAX_PARTS, MAX_ZIPPED};
 use egg::{Applier, Id, MultiPattern, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
 
@@ -25,10 +25,6 @@ pub fn rules() -> Vec<Rule> {
         // the same height: part K's rows, computed with the other parts' rows zipped alongside
         Rewrite::new("zip-parts", zip, ZipParts::new()).expect("valid rule"),
     ]
-}
-
-fn var(s: &str) -> Var {
-    s.parse().expect("a variable")
 }
 
 /// The applier of `merge-matvecs`: appends weight leaf `?w` to the packed weights `?p`.

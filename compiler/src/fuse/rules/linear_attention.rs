@@ -11,12 +11,12 @@
 //! the value heads that share the key head) and those value heads' state columns, so both states
 //! are updated in place without any other workgroup touching them.
 
-use super::{list_items, make_list, other, Rule};
+use super::{list_items, make_list, other, var, Rule};
 use crate::fuse::lang::{
     Attr, FuseAnalysis, FuseGraph, FuseLang, GateIndex, GdnLayout, LeafInfo, LeafKind,
 };
 use crate::ir::OpKind;
-use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
+use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol};
 
 const RULE: &str = "linear-attention-step";
 
@@ -38,10 +38,6 @@ pub fn rules() -> Vec<Rule> {
 
 /// The applier of `linear-attention-step`.
 pub struct Step;
-
-fn var(n: &str) -> Var {
-    n.parse().expect("a variable")
-}
 
 /// A class reading `c` through an `Other` node of kind `name` with `c` as argument `arg`.
 fn reader(g: &FuseGraph, c: Id, name: &str, arg: usize) -> Option<(Id, OpKind, Vec<Id>)> {

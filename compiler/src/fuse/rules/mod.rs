@@ -36,6 +36,11 @@ pub fn rules() -> Vec<Rule> {
 }
 
 /// The weight leaves of a (packed) weight class, when it is one.
+/// The pattern variable `name` (`"?x"`), for appliers reading their substitution.
+pub(crate) fn var(name: &str) -> egg::Var {
+    name.parse().expect("a pattern variable")
+}
+
 pub(crate) fn leaves_of(g: &FuseGraph, w: Id) -> Option<Vec<Symbol>> {
     g[w].data.weights.clone()
 }

@@ -3,10 +3,10 @@
 //! become one single-workgroup kernel that writes the weights and the expert indices; the
 //! expert kernels read the indices on the device.
 
-use super::{other, Rule};
+use super::{other, var, Rule};
 use crate::fuse::lang::{Attr, FuseAnalysis, FuseGraph, FuseLang};
 use crate::ir::{OpKind, Shape};
-use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
+use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol};
 
 const RULE: &str = "route-top-k";
 
@@ -32,8 +32,7 @@ impl Applier<FuseLang, FuseAnalysis> for Route {
         _: Option<&PatternAst<FuseLang>>,
         _: Symbol,
     ) -> Vec<Id> {
-        let v = |n: &str| -> Var { n.parse().expect("a variable") };
-        let (w, total) = (g.find(s[v("?w")]), g.find(s[v("?total")]));
+        let (w, total) = (g.find(s[var("?w")]), g.find(s[var("?total")]));
         let Some((_, ga)) = other(g, w, "gather") else {
             return vec![];
         };

@@ -2,9 +2,9 @@
 //! by a kernel whose invocations each read and write only their own elements, then written back
 //! (`write_state`), is updated in the state itself: the copy back disappears.
 
-use super::Rule;
+use super::{var, Rule};
 use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang, LeafKind};
-use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
+use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol};
 
 /// The rules of this family.
 pub fn rules() -> Vec<Rule> {
@@ -33,8 +33,7 @@ impl Applier<FuseLang, FuseAnalysis> for InPlace {
         _: Symbol,
     ) -> Vec<Id> {
         const RULE: &str = "update-state-in-place";
-        let v = |n: &str| -> Var { n.parse().expect("a variable") };
-        let [st, sv, k, vv, gg, b] = ["?st", "?s", "?k", "?v", "?g", "?b"].map(|n| s[v(n)]);
+        let [st, sv, k, vv, gg, b] = ["?st", "?s", "?k", "?v", "?g", "?b"].map(|n| s[var(n)]);
         let leaf = |c: Id| {
             g[c].nodes.iter().find_map(|n| match n {
                 FuseLang::Leaf(sym) => g.analysis.leaves.get(sym).cloned(),
