@@ -2,7 +2,9 @@
 //! float32 logits for every fixture: relative L2 <= 5e-3 at every position, the same greedy
 //! tokens, and a clean validation log after everything is dropped.
 
-use vkfuse_tests::{assert_rows_close, eager_fixture, expected, validated_device, FIXTURES};
+use vkfuse_tests::{
+    assert_rows_close, eager_fixture, eager_greedy, expected, validated_device, FIXTURES,
+};
 
 fn check(name: &str) {
     let (device, log) = validated_device();
@@ -23,18 +25,7 @@ fn check(name: &str) {
 
         // Greedy: the next token is chosen on the device and fed back without the host.
         eager.reset().unwrap();
-        let mut rows = vec![];
-        let mut ids = vec![];
-        for &t in &want.prompt_ids {
-            let out = eager.step(Some(t)).unwrap();
-            rows.push(out.logits);
-            ids = vec![out.next_token];
-        }
-        while ids.len() < want.greedy_ids.len() {
-            let out = eager.step(None).unwrap();
-            rows.push(out.logits);
-            ids.push(out.next_token);
-        }
+        let (rows, ids) = eager_greedy(&mut eager, &want);
         assert_eq!(
             ids, want.greedy_ids,
             "{name}: eager greedy tokens differ from transformers'"

@@ -8,7 +8,9 @@
 //! each; the hybrid fixture's conv and delta-rule states are carried across all of them).
 
 use vkfuse_runtime::session::{Eager, Loaded, Replay};
-use vkfuse_tests::{assert_rows_close, expected, fused_schedule, validated_device, FIXTURES};
+use vkfuse_tests::{
+    assert_rows_close, eager_greedy, expected, fused_schedule, validated_device, FIXTURES,
+};
 
 /// Layers of each fixture (from its config).
 fn layers(name: &str) -> usize {
@@ -61,18 +63,7 @@ fn check(name: &str, dense: bool) {
 
         // Greedy: the next token is chosen on the device and fed back without the host.
         eager.reset().unwrap();
-        let mut rows = vec![];
-        let mut ids = vec![];
-        for &t in &want.prompt_ids {
-            let out = eager.step(Some(t)).unwrap();
-            rows.push(out.logits);
-            ids = vec![out.next_token];
-        }
-        while ids.len() < want.greedy_ids.len() {
-            let out = eager.step(None).unwrap();
-            rows.push(out.logits);
-            ids.push(out.next_token);
-        }
+        let (rows, ids) = eager_greedy(&mut eager, &want);
         assert_eq!(
             ids, want.greedy_ids,
             "{name}: fused greedy tokens differ from transformers'"

@@ -99,6 +99,28 @@ pub fn eager_fixture(name: &str, device: vkfuse_runtime::Device) -> vkfuse_runti
 }
 
 /// The fixture `name`: its model and its unfused schedule.
+/// Greedy decoding the way the fixture script ran transformers: the prompt ids one step each,
+/// then the device's own argmax fed back until there are as many tokens as `want.greedy_ids`.
+/// Every step's logits, and the generated ids.
+pub fn eager_greedy(
+    eager: &mut vkfuse_runtime::session::Eager,
+    want: &Expected,
+) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let mut rows = vec![];
+    let mut ids = vec![];
+    for &t in &want.prompt_ids {
+        let out = eager.step(Some(t)).unwrap();
+        rows.push(out.logits);
+        ids = vec![out.next_token];
+    }
+    while ids.len() < want.greedy_ids.len() {
+        let out = eager.step(None).unwrap();
+        rows.push(out.logits);
+        ids.push(out.next_token);
+    }
+    (rows, ids)
+}
+
 pub fn fixture_schedule(
     name: &str,
 ) -> (
