@@ -1,3 +1,5 @@
+#ifndef FUSED_EPILOGUE_GLSL
+#define FUSED_EPILOGUE_GLSL
 // Functions generated epilogue expressions call, computed exactly as the unfused kernels
 // compute them (unary.comp).
 
@@ -15,3 +17,5 @@ float fused_softplus(float v) {
 float fused_sigmoid(float v) {
     return 1.0 / (1.0 + exp(-v));
 }
+
+#endif // FUSED_EPILOGUE_GLSL

@@ -1,3 +1,6 @@
+// Included once per shader (a persistent region includes several kernels' bodies).
+#ifndef REDUCE_GLSL
+#define REDUCE_GLSL
 // Workgroup-wide reductions: subgroup arithmetic inside each subgroup, then one exchange of
 // the per-subgroup partials through shared memory (two barriers, where a shared-memory tree
 // costs log2(workgroup size)). Every invocation of the workgroup must call them (uniform
@@ -59,3 +62,5 @@ float wg_dot_total(uint j) {
     }
     return s;
 }
+
+#endif // REDUCE_GLSL
