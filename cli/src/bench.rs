@@ -16,7 +16,7 @@ use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::{
     writeback, Eager, LoadOptions, Loaded, Replay, TensorBytes, WriteBack,
 };
-use vkfuse_runtime::Device;
+use vkfuse_runtime::{Device, Persistence};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -39,6 +39,11 @@ pub struct BenchArgs {
     /// Profiled steps to average.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub profile_steps: u32,
+    /// Persistent regions of the fused schedule: `auto` (one workgroup per compute unit where
+    /// the device reports them), `off`, or a workgroup count. Where they run, the fused
+    /// replay rows are also measured without them.
+    #[arg(long, default_value = "auto", value_name = "auto|off|N")]
+    pub persistent: Persistence,
 }
 
 #[derive(serde::Serialize)]
@@ -49,6 +54,8 @@ struct Row {
     /// How state reaches the next step: the schedule's copies or ping-pong recordings
     /// (`-` for eager, which always runs the copies).
     write_back: &'static str,
+    /// Workgroups of the persistent regions (0: none run).
+    persistent_groups: u32,
     #[serde(flatten)]
     report: RunReport,
 }
@@ -59,6 +66,7 @@ struct Config {
     /// Steps per submit; 0 means eager.
     k: u32,
     write_back: WriteBack,
+    persistence: Persistence,
 }
 
 /// A fresh sequence: token 1, then greedy tokens, one step per submit, re-recorded each time.
@@ -80,11 +88,17 @@ fn greedy_replay(r: &mut Replay, k: u32, tokens: usize, ids: &mut Vec<u32>) -> R
 }
 
 /// Loads `schedule` (the weights upload shown when large).
-fn load(device: &Device, schedule: &Schedule, weights: &dyn TensorBytes) -> Result<Loaded> {
+fn load(
+    device: &Device,
+    schedule: &Schedule,
+    weights: &dyn TensorBytes,
+    persistence: Persistence,
+) -> Result<Loaded> {
     let mut upload = UploadDisplay::new();
     let options = LoadOptions {
         pipeline_cache: None,
         progress: Some(&mut |p| upload.update(p)),
+        persistence,
     };
     Ok(Loaded::load(
         device.clone(),
@@ -104,7 +118,7 @@ fn measure(
 ) -> Result<(RunReport, &'static str)> {
     let k = config.k;
     let mut write_back = "-";
-    let loaded = load(device, schedule, weights)?;
+    let loaded = load(device, schedule, weights, config.persistence)?;
     let capacity = loaded.schedule.meta.max_context as usize;
     if tokens + 1 > capacity {
         bail!(
@@ -200,8 +214,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .map(|k| Config {
                 k,
                 write_back: WriteBack::default(),
+                persistence: args.persistent,
             })
             .to_vec();
+        // With persistent regions running, the replay rows without them too.
+        let groups = |p: Persistence| {
+            if schedule.persistent.is_empty() {
+                0
+            } else {
+                p.groups(device.info())
+            }
+        };
+        if groups(args.persistent) > 0 {
+            configs.extend([1u32, 8].map(|k| Config {
+                k,
+                write_back: WriteBack::default(),
+                persistence: Persistence::Off,
+            }));
+        }
         // With state copied back, the other write-back too (same tokens, both timed).
         if has_ping_pong(&device, schedule) {
             let other = match WriteBack::default() {
@@ -211,6 +241,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             configs.extend([1u32, 8].map(|k| Config {
                 k,
                 write_back: other,
+                persistence: args.persistent,
             }));
         }
         for config in configs {
@@ -221,6 +252,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 backend: if config.k == 0 { "eager" } else { "replay" },
                 tokens_per_submit: config.k.max(1),
                 write_back,
+                persistent_groups: groups(config.persistence),
                 report,
             });
         }
@@ -233,11 +265,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     writeln!(
         out,
-        "{:<7} {:<7} {:>2} {:<10} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>8}",
+        "{:<7} {:<7} {:>2} {:<10} {:>7} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>8}",
         "fused",
         "backend",
         "K",
         "write-back",
+        "persist",
         "tokens/s",
         "ms/token",
         "host µs",
@@ -252,11 +285,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let p = &r.report;
         writeln!(
             out,
-            "{:<7} {:<7} {:>2} {:<10} {:>10.1} {:>9.3} {:>9.1} {:>9} {:>10.0} {:>9.1} {:>10.0} {:>10.3} {:>8.3}",
+            "{:<7} {:<7} {:>2} {:<10} {:>7} {:>10.1} {:>9.3} {:>9.1} {:>9} {:>10.0} {:>9.1} {:>10.0} {:>10.3} {:>8.3}",
             if r.fused { "yes" } else { "no" },
             r.backend,
             r.tokens_per_submit,
             r.write_back,
+            match r.persistent_groups {
+                0 => "-".to_string(),
+                g => format!("{g} wg"),
+            },
             p.tokens_per_s,
             1e3 / p.tokens_per_s.max(1e-9),
             p.host_us_per_token,
@@ -274,7 +311,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .iter()
             .find(|(fused, _)| *fused)
             .unwrap_or(&schedules[0]);
-        let loaded = load(&device, schedule, weights.as_ref())?;
+        let loaded = load(&device, schedule, weights.as_ref(), args.persistent)?;
         let mut replay = Replay::new(loaded)?;
         crate::profile::print(&mut out, &mut replay, args.profile_steps)?;
     }

@@ -16,7 +16,7 @@ use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::{
     pipeline_cache, CacheFile, Eager, LoadOptions, Loaded, Replay, TensorBytes,
 };
-use vkfuse_runtime::{Counters, Device, Instance, InstanceOptions, Requirements};
+use vkfuse_runtime::{Counters, Device, Instance, InstanceOptions, Persistence, Requirements};
 
 /// What a decode loop needs from a backend.
 trait Engine {
@@ -110,12 +110,14 @@ fn vulkan_engine(
     device: Option<usize>,
     chains: &[u32],
     pipeline_cache: Option<CacheFile>,
+    persistence: Persistence,
 ) -> Result<Box<dyn Engine>> {
     let device = open_device(device)?;
     let mut upload = UploadDisplay::new();
     let options = LoadOptions {
         pipeline_cache,
         progress: Some(&mut |p| upload.update(p)),
+        persistence,
     };
     let loaded = Loaded::load(device.clone(), schedule, weights, options)
         .context("loading the schedule on the device")?;
@@ -192,6 +194,7 @@ impl Source {
         backend: Backend,
         device: Option<usize>,
         chains: &[u32],
+        persistence: Persistence,
     ) -> Result<Box<dyn Engine + '_>> {
         Ok(match (self, backend) {
             (Source::Model { model, program, .. }, Backend::Reference) => {
@@ -201,7 +204,15 @@ impl Source {
                 let meta = lower::Meta::of(model);
                 let schedule = lower::lower(program, &meta, &mut SpirvCache::default())
                     .context("lowering the trace")?;
-                vulkan_engine(backend, schedule, &model.tensors, device, chains, None)?
+                vulkan_engine(
+                    backend,
+                    schedule,
+                    &model.tensors,
+                    device,
+                    chains,
+                    None,
+                    persistence,
+                )?
             }
             (Source::File(_), Backend::Reference) => {
                 bail!("the reference backend interprets the trace: give it the model directory, not a schedule file")
@@ -210,7 +221,15 @@ impl Source {
                 let schedule = f.schedule().clone();
                 let cache =
                     CacheFile::beside(f.path(), pipeline_cache::schedule_checksum(&schedule));
-                vulkan_engine(backend, schedule, f.weights(), device, chains, Some(cache))?
+                vulkan_engine(
+                    backend,
+                    schedule,
+                    f.weights(),
+                    device,
+                    chains,
+                    Some(cache),
+                    persistence,
+                )?
             }
         })
     }
@@ -247,7 +266,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     // The chain lengths the greedy loop will submit, recorded before timing starts.
     let k = args.tokens_per_submit as usize;
     let chains = [k, args.max_new_tokens.saturating_sub(1) % k].map(|c| c as u32);
-    let mut engine = source.engine(backend_kind, args.device, &chains)?;
+    let mut engine = source.engine(backend_kind, args.device, &chains, args.persistent)?;
     let backend = format!("{backend_kind:?}").to_lowercase();
 
     let mut logits = Vec::with_capacity(steps * vocab);

@@ -15,7 +15,7 @@ use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::TensorBytes;
 use vkfuse_runtime::session::{pipeline_cache, CacheFile, LoadOptions};
-use vkfuse_runtime::{Backend, Session, SessionOptions};
+use vkfuse_runtime::{Backend, Persistence, Session, SessionOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GenerateBackend {
@@ -67,6 +67,12 @@ pub struct GenerateArgs {
     /// last stdout line.
     #[arg(long)]
     pub json: bool,
+    /// Persistent regions (one dispatch for a run of matvec levels, grid barriers in device
+    /// memory between them): `auto` where the device reports its compute units (one
+    /// workgroup each), `off`, or a workgroup count (never more than the device keeps
+    /// resident at once: that deadlocks).
+    #[arg(long, default_value = "auto", value_name = "auto|off|N")]
+    pub persistent: Persistence,
 }
 
 /// `vkfuse generate --json`: the keys of `vkfuse run --json`, and the prompt and text.
@@ -92,6 +98,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         tokens_per_submit: args.tokens_per_submit,
         validation: false,
         pipeline_cache: true,
+        persistence: args.persistent,
     };
     if args.tokens_per_submit == 0 || args.tokens_per_submit > 64 {
         bail!("--tokens-per-submit must be between 1 and 64");
@@ -150,6 +157,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let load = LoadOptions {
         pipeline_cache: cache,
         progress: Some(&mut |p| upload.update(p)),
+        persistence: args.persistent,
     };
     let mut session = Session::load_with(schedule, weights.as_ref(), &opts, load)
         .context("loading the schedule on the device")?;

@@ -14,6 +14,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
+use vkfuse_runtime::Persistence;
 
 /// vkfuse: LLM decode with the host out of the way.
 ///
@@ -88,6 +89,12 @@ pub struct RunArgs {
     /// first discrete GPU, then integrated, then CPU).
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
+    /// Persistent regions (one dispatch for a run of matvec levels, grid barriers in device
+    /// memory between them): `auto` where the device reports its compute units (one
+    /// workgroup each), `off`, or a workgroup count (never more than the device keeps
+    /// resident at once: that deadlocks).
+    #[arg(long, default_value = "auto", value_name = "auto|off|N")]
+    pub persistent: Persistence,
 }
 
 fn inspect(file: &std::path::Path) -> Result<()> {

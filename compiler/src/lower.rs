@@ -364,6 +364,7 @@ pub fn lower_with_report(
             position: state_slices[position.index()],
             logits: io_logits,
         },
+        persistent: vec![],
     };
     Ok((schedule, LowerReport { plan }))
 }

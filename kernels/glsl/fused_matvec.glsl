@@ -22,8 +22,9 @@
 //
 // In a persistent region (fuse::persistent) one shader includes this body once per member
 // dispatch: the including source then defines MV_PERSISTENT 1, the constants above as macros,
-// MV_BINDING (the first binding), MV_MAIN (the function name), MV_GROUP (the virtual workgroup)
-// and renames every file-scope name below (the mv_ / Mv / MV_ prefixed ones) per member.
+// MV_BINDING (the first binding), MV_MAIN (the function name), MV_GROUP (the virtual workgroup),
+// MV_COHERENT (`coherent`: other workgroups of the dispatch wrote the input) and renames every
+// file-scope name below (the mv_ / Mv / MV_ prefixed ones) per member.
 
 #include "reduce.glsl"
 #include "fused_epilogue.glsl"
@@ -53,13 +54,14 @@ layout(constant_id = 21) const uint SHIFT7 = 0;
 #define MV_BINDING 0
 #define MV_MAIN main
 #define MV_GROUP group_id()
+#define MV_COHERENT
 #endif
 
-layout(set = 0, binding = MV_BINDING + 0, std430) writeonly buffer MvY { float mv_y[]; };
+layout(set = 0, binding = MV_BINDING + 0, std430) MV_COHERENT writeonly buffer MvY { float mv_y[]; };
 layout(set = 0, binding = MV_BINDING + 1, std430) readonly buffer MvW { uint mv_w[]; };
 layout(set = 0, binding = MV_BINDING + 1, std430) readonly buffer MvW4 { uvec4 mv_w4[]; };
-layout(set = 0, binding = MV_BINDING + 2, std430) readonly buffer MvX { float mv_x[]; };
-layout(set = 0, binding = MV_BINDING + 2, std430) readonly buffer MvX4 { vec4 mv_x4[]; };
+layout(set = 0, binding = MV_BINDING + 2, std430) MV_COHERENT readonly buffer MvX { float mv_x[]; };
+layout(set = 0, binding = MV_BINDING + 2, std430) MV_COHERENT readonly buffer MvX4 { vec4 mv_x4[]; };
 #if NORM
 layout(set = 0, binding = MV_BINDING + 3, std430) readonly buffer MvNw { uint mv_nw[]; };
 #endif

@@ -52,6 +52,7 @@ pub const HEADERS: &[(&str, &str)] = &[
         "fused_matvec.glsl",
         include_str!("../glsl/fused_matvec.glsl"),
     ),
+    ("persistent.glsl", include_str!("../glsl/persistent.glsl")),
     (
         "fused_attention.glsl",
         include_str!("../glsl/fused_attention.glsl"),

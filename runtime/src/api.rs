@@ -33,8 +33,8 @@ use std::time::Instant;
 use crate::schedule::{ModelMeta, Schedule, ScheduleFile};
 use crate::session::pipeline_cache;
 use crate::session::{
-    CacheFile, CacheStatus, Eager, LoadOptions, Loaded, Replay, SessionError, StepOutput,
-    TensorBytes, MAX_TOKENS_PER_SUBMIT,
+    CacheFile, CacheStatus, Eager, LoadOptions, Loaded, Persistence, Replay, SessionError,
+    StepOutput, TensorBytes, MAX_TOKENS_PER_SUBMIT,
 };
 use crate::{Counters, Device, Feature, Instance, InstanceOptions, Requirements};
 
@@ -79,6 +79,9 @@ pub struct SessionOptions {
     /// Keep the driver's compiled pipelines in a file beside the schedule (or in the user's
     /// cache folder) so the next [`Session::open`] of it skips shader compilation.
     pub pipeline_cache: bool,
+    /// Whether the schedule's persistent regions run (by default where the device says how
+    /// many workgroups it keeps resident).
+    pub persistence: Persistence,
 }
 
 impl Default for SessionOptions {
@@ -89,6 +92,7 @@ impl Default for SessionOptions {
             tokens_per_submit: 1,
             validation: false,
             pipeline_cache: true,
+            persistence: Persistence::Auto,
         }
     }
 }
@@ -162,6 +166,7 @@ impl Session {
             LoadOptions {
                 pipeline_cache: cache,
                 progress: None,
+                persistence: options.persistence,
             },
         )
     }
@@ -187,6 +192,7 @@ impl Session {
             LoadOptions {
                 pipeline_cache: cache,
                 progress: None,
+                persistence: options.persistence,
             },
         )
     }
@@ -202,6 +208,10 @@ impl Session {
     ) -> Result<Session, SessionError> {
         options.check()?;
         let device = open_device(options)?;
+        let load = LoadOptions {
+            persistence: options.persistence,
+            ..load
+        };
         Session::start(device, schedule, weights, options, load)
     }
 
@@ -214,7 +224,11 @@ impl Session {
         options: &SessionOptions,
     ) -> Result<Session, SessionError> {
         options.check()?;
-        Session::start(device, schedule, weights, options, LoadOptions::default())
+        let load = LoadOptions {
+            persistence: options.persistence,
+            ..LoadOptions::default()
+        };
+        Session::start(device, schedule, weights, options, load)
     }
 
     fn start(

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 use vkfuse_runtime::schedule::{
     crc32, BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta,
-    Schedule, ScheduleError, ScheduleFile, ScheduleFileError, Section, Slice, Verify, WeightUpload,
-    FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
+    Persistent, Schedule, ScheduleError, ScheduleFile, ScheduleFileError, Section, Slice, Verify,
+    WeightUpload, FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
 };
 use vkfuse_runtime::session::TensorBytes;
 
@@ -228,7 +228,18 @@ fn sample() -> (Schedule, MapWeights) {
             position: s(1, 4, 4),
             logits: s(1, 64, 64),
         },
+        persistent: vec![],
     };
+    // A persistent region over the last two levels (its dispatch any valid one: the file only
+    // carries it).
+    let mut schedule = schedule;
+    schedule.persistent.push(Persistent {
+        levels: 1..3,
+        dispatch: Dispatch {
+            label: "persistent region".into(),
+            ..schedule.dispatches[1].clone()
+        },
+    });
     let mut w = MapWeights::default();
     for (seed, (name, n)) in [
         ("model.embed_tokens.weight", 64),
@@ -527,8 +538,8 @@ fn should_reject_a_newer_version_saying_which() {
 
 #[test]
 fn should_refuse_a_version_1_file_asking_to_recompile() {
-    // Version 1 had no tokenizer in its metadata; this build reads version 2 only.
-    assert_eq!(FORMAT_VERSION, 2);
+    // Version 1 had no tokenizer in its metadata; this build reads version 3 only.
+    assert_eq!(FORMAT_VERSION, 3);
     let (_, mut b) = sample_file("version-1-src");
     b[8..12].copy_from_slice(&1u32.to_le_bytes());
     fix_checksums(&mut b);
@@ -538,7 +549,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
             err,
             ScheduleFileError::UnsupportedVersion {
                 found: 1,
-                supported: 2,
+                supported: 3,
                 ..
             }
         ),
@@ -546,7 +557,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 2)"),
+        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 3)"),
         "{msg}"
     );
     assert!(msg.contains("recompile the model"), "{msg}");
@@ -733,11 +744,13 @@ fn should_dump_every_table_readably() {
         "d3    k2 [1,1,1] b1[+64,64] b1[+0,4] argmax",
         "weights (4 uploads, 5228 bytes):",
         "model.layers.0.mlp.down_proj.weight -> b0[+1024,5000]",
+        "persistent regions: 1 (applied where the device keeps every workgroup resident: 2 levels then)",
+        "    p0   levels 1..3 k1 [4,1,1] b3[+0,64]",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     let whole = file.to_string();
-    assert!(whole.contains("vkfuse schedule format 2"), "{whole}");
+    assert!(whole.contains("vkfuse schedule format 3"), "{whole}");
     assert!(whole.contains("tensors in the file (3):"), "{whole}");
     assert!(whole.contains(&text), "{whole}");
 }

@@ -13,6 +13,7 @@ pub mod cost;
 pub mod discover;
 pub mod extract;
 pub mod lang;
+pub mod persistent;
 pub mod program;
 pub mod report;
 pub mod rules;

@@ -10,6 +10,7 @@ use super::cost::{Cost, DeviceCost};
 use super::discover::{discover, Segmentation};
 use super::extract::extract;
 use super::lang::{FuseAnalysis, FuseGraph};
+use super::persistent::{self, MatvecKernels};
 use super::program::{FusedUnit, KernelKind, ProgramError, Saturation, UValue};
 use super::report::FusionReport;
 use super::rules::rules;
@@ -38,6 +39,9 @@ pub struct FuseOptions {
     pub time_limit: Duration,
     /// Place arena values from liveness (false: every value its own slot).
     pub plan_memory: bool,
+    /// Offer persistent regions over runs of matvec levels (`fuse::persistent`); the runtime
+    /// applies them only where the device keeps every workgroup resident.
+    pub persistent: bool,
 }
 
 impl Default for FuseOptions {
@@ -48,6 +52,7 @@ impl Default for FuseOptions {
             iter_limit: 30,
             time_limit: Duration::from_secs(10),
             plan_memory: true,
+            persistent: true,
         }
     }
 }
@@ -206,6 +211,8 @@ struct Lowering<'a> {
     uploads: Vec<WeightUpload>,
     kernels: Vec<KernelDecl>,
     kernel_ids: HashMap<KernelKey, KernelId>,
+    /// The matvec kernels, for persistent regions.
+    matvecs: MatvecKernels,
     dispatches: Vec<Dispatch>,
     accesses: Vec<Access>,
     /// Arena allocations (base slices), for the buffer plan.
@@ -400,6 +407,9 @@ impl Lowering<'_> {
                                 spec_constants: gen.spec_constants.clone(),
                             });
                             self.kernel_ids.insert(key, id);
+                            if let KernelKind::Matvec(spec) = &k.kind {
+                                self.matvecs.insert(id, (spec.clone(), gen.clone()));
+                            }
                             id
                         }
                     };
@@ -572,6 +582,7 @@ pub fn lower_units_planned(
         uploads: vec![],
         kernels: vec![],
         kernel_ids: HashMap::new(),
+        matvecs: HashMap::new(),
         dispatches: vec![],
         accesses: vec![],
         arena_allocs: vec![],
@@ -634,8 +645,15 @@ pub fn lower_units_planned(
     }
     l.bufs[ARENA].size = plan.arena_bytes;
 
+    let runs = if opts.persistent {
+        persistent::find_in(&dispatches, &regions.levels, &l.matvecs)
+    } else {
+        vec![]
+    };
+    // The grid barrier's counters, zero like all state (and left zero by every barrier).
+    let sync = (!runs.is_empty()).then(|| l.bufs[STATE].alloc(8));
     let buffers = lower::buffer_decls(l.bufs.iter().map(|r| r.size));
-    let schedule = Schedule {
+    let mut schedule = Schedule {
         meta: lower::model_meta(p, meta, logits),
         buffers,
         weights: l.uploads,
@@ -647,7 +665,11 @@ pub fn lower_units_planned(
             position: l.state_slices[position.index()],
             logits: l.io_logits,
         },
+        persistent: vec![],
     };
+    if let Some(sync) = sync {
+        persistent::add_regions(&mut schedule, &runs, &l.matvecs, sync, spirv)?;
+    }
     Ok((schedule, plan))
 }
 

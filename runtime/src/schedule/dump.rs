@@ -179,13 +179,31 @@ impl fmt::Display for Regions<'_> {
                 write_dispatch(f, covered + j, d)?;
             }
         }
+        if !s.persistent.is_empty() {
+            writeln!(
+                f,
+                "persistent regions: {} (applied where the device keeps every workgroup \
+                 resident: {} levels then)",
+                s.persistent.len(),
+                s.levels_with_persistent()
+            )?;
+            for (i, r) in s.persistent.iter().enumerate() {
+                write!(f, "    p{i:<4}levels {}..{}", r.levels.start, r.levels.end)?;
+                write_call(f, &r.dispatch)?;
+            }
+        }
         Ok(())
     }
 }
 
 fn write_dispatch(f: &mut fmt::Formatter<'_>, i: usize, d: &super::Dispatch) -> fmt::Result {
+    write!(f, "    d{i:<4}")?;
+    write_call(f, d)
+}
+
+fn write_call(f: &mut fmt::Formatter<'_>, d: &super::Dispatch) -> fmt::Result {
     let [x, y, z] = d.workgroups;
-    write!(f, "    d{i:<4} {} [{x},{y},{z}]", d.kernel)?;
+    write!(f, " {} [{x},{y},{z}]", d.kernel)?;
     for b in &d.bindings {
         write!(f, " {b}")?;
     }

@@ -23,17 +23,17 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use super::{
-    BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Schedule,
-    ScheduleError, Slice, WeightUpload,
+    BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Persistent,
+    Schedule, ScheduleError, Slice, WeightUpload,
 };
 use crate::session::TensorBytes;
 
 /// The first 8 bytes of every schedule file, in every version.
 pub const MAGIC: [u8; 8] = *b"VKFUSE\0\n";
-/// The last 8 bytes of every schedule file (versions 1 and 2).
+/// The last 8 bytes of every schedule file (versions 1 to 3).
 pub const END_MAGIC: [u8; 8] = *b"VKFEND\0\n";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Every tensor (and the weights section itself) starts at a multiple of this many bytes.
 pub const WEIGHT_ALIGN: u64 = 4096;
 
@@ -602,6 +602,20 @@ impl Encoder {
         self.u64(s.offset);
         self.u64(s.size);
     }
+    fn dispatch(&mut self, d: &Dispatch) -> Result<(), ScheduleError> {
+        self.str(&d.label, "dispatch label")?;
+        self.u32(d.kernel.0);
+        for g in d.workgroups {
+            self.u32(g);
+        }
+        self.count(d.bindings.len(), "bindings")?;
+        for b in &d.bindings {
+            self.slice(b);
+        }
+        self.count(d.push_constants.len(), "push_constants")?;
+        self.0.extend_from_slice(&d.push_constants);
+        Ok(())
+    }
 }
 
 fn role_code(r: BufferRole) -> u8 {
@@ -649,23 +663,20 @@ fn encode(
 
     e.count(s.dispatches.len(), "dispatches")?;
     for d in &s.dispatches {
-        e.str(&d.label, "dispatch label")?;
-        e.u32(d.kernel.0);
-        for g in d.workgroups {
-            e.u32(g);
-        }
-        e.count(d.bindings.len(), "bindings")?;
-        for b in &d.bindings {
-            e.slice(b);
-        }
-        e.count(d.push_constants.len(), "push_constants")?;
-        e.0.extend_from_slice(&d.push_constants);
+        e.dispatch(d)?;
     }
 
     e.count(s.levels.len(), "levels")?;
     for l in &s.levels {
         e.u32(l.start);
         e.u32(l.end);
+    }
+
+    e.count(s.persistent.len(), "persistent regions")?;
+    for r in &s.persistent {
+        e.u32(r.levels.start);
+        e.u32(r.levels.end);
+        e.dispatch(&r.dispatch)?;
     }
 
     e.slice(&s.io.token);
@@ -789,9 +800,30 @@ impl<'a> Decoder<'a> {
             size: self.u64(what)?,
         })
     }
+    fn dispatch(&mut self) -> Decoded<Dispatch> {
+        let label = self.str("dispatch label")?;
+        let kernel = KernelId(self.u32("dispatch kernel")?);
+        let workgroups = [
+            self.u32("workgroups")?,
+            self.u32("workgroups")?,
+            self.u32("workgroups")?,
+        ];
+        let bindings = self.vec(SLICE_SIZE, "bindings", |d| d.slice("binding"))?;
+        let n = self.count(1, "push_constants")?;
+        let push_constants = self.take(n, "push_constants")?.to_vec();
+        Ok(Dispatch {
+            kernel,
+            bindings,
+            push_constants,
+            workgroups,
+            label,
+        })
+    }
 }
 
 const SLICE_SIZE: usize = 20;
+/// The fewest bytes an encoded dispatch takes (label length, kernel, workgroups, counts).
+const DISPATCH_MIN: usize = 4 + 4 + 12 + 4 + 4;
 
 /// A tensor-table record: name, offset in the weights section, size, and where it was read.
 type TensorRecord = (String, u64, u64, usize);
@@ -836,26 +868,15 @@ fn decode(bytes: &[u8]) -> Decoded<(Schedule, Vec<TensorRecord>)> {
             spec_constants: d.u32s("spec_constants")?,
         })
     })?;
-    let dispatches = d.vec(4 + 4 + 12 + 4 + 4, "dispatches", |d| {
-        let label = d.str("dispatch label")?;
-        let kernel = KernelId(d.u32("dispatch kernel")?);
-        let workgroups = [
-            d.u32("workgroups")?,
-            d.u32("workgroups")?,
-            d.u32("workgroups")?,
-        ];
-        let bindings = d.vec(SLICE_SIZE, "bindings", |d| d.slice("binding"))?;
-        let n = d.count(1, "push_constants")?;
-        let push_constants = d.take(n, "push_constants")?.to_vec();
-        Ok(Dispatch {
-            kernel,
-            bindings,
-            push_constants,
-            workgroups,
-            label,
+    let dispatches = d.vec(DISPATCH_MIN, "dispatches", Decoder::dispatch)?;
+    let levels = d.vec(8, "levels", |d| Ok(d.u32("level")?..d.u32("level")?))?;
+    let persistent = d.vec(8 + DISPATCH_MIN, "persistent regions", |d| {
+        let levels = d.u32("region level")?..d.u32("region level")?;
+        Ok(Persistent {
+            levels,
+            dispatch: d.dispatch()?,
         })
     })?;
-    let levels = d.vec(8, "levels", |d| Ok(d.u32("level")?..d.u32("level")?))?;
     let io = Io {
         token: d.slice("io token")?,
         position: d.slice("io position")?,
@@ -887,6 +908,7 @@ fn decode(bytes: &[u8]) -> Decoded<(Schedule, Vec<TensorRecord>)> {
         dispatches,
         levels,
         io,
+        persistent,
     };
     Ok((schedule, tensors))
 }

@@ -4,6 +4,7 @@
 
 mod dump;
 mod file;
+mod persistent;
 mod validate;
 
 pub use dump::{dump, Regions};
@@ -130,6 +131,23 @@ pub struct Dispatch {
     pub label: String,
 }
 
+/// A persistent region: ONE dispatch that can stand for the consecutive levels `levels`. Its
+/// workgroups stay resident, stride over each level's work, and wait for each other on a grid
+/// barrier in device memory between levels (kernels/glsl/persistent.glsl) instead of a pipeline
+/// barrier. That is only sound where every workgroup is resident at once, which the runtime
+/// decides from the device's limits at load ([`Schedule::with_persistent`]); elsewhere the
+/// levels run as they are, so a region changes nothing unless the runtime applies it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Persistent {
+    /// The levels it stands for (indices into [`Schedule::levels`]; two or more).
+    pub levels: std::ops::Range<u32>,
+    /// The dispatch: binding 0 is the grid barrier's 8 bytes (zero between dispatches; the
+    /// barrier leaves them zero), then the bindings of the levels' dispatches in order.
+    /// `workgroups[0]` is the most workgroups it can use (the widest level's); the runtime
+    /// dispatches at most that many.
+    pub dispatch: Dispatch,
+}
+
 /// Model facts the runtime and its users need.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelMeta {
@@ -176,6 +194,8 @@ pub struct Schedule {
     pub levels: Vec<std::ops::Range<u32>>,
     /// Where the host reads and writes.
     pub io: Io,
+    /// Persistent regions the runtime may apply, in level order, disjoint.
+    pub persistent: Vec<Persistent>,
 }
 
 impl Schedule {

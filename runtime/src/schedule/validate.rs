@@ -56,8 +56,19 @@ impl Schedule {
                 ));
             }
         }
-        for (i, d) in self.dispatches.iter().enumerate() {
-            let what = || format!("dispatch {i} ({})", d.label);
+        let regions = self.persistent.iter().enumerate().map(|(i, r)| {
+            (
+                format!("persistent region {i} ({})", r.dispatch.label),
+                &r.dispatch,
+            )
+        });
+        let plain = self
+            .dispatches
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (format!("dispatch {i} ({})", d.label), d));
+        for (name, d) in plain.chain(regions) {
+            let what = || name.clone();
             let k = self.kernels.get(d.kernel.index()).ok_or_else(|| {
                 ScheduleError::Invalid(format!("{}: kernel {} does not exist", what(), d.kernel))
             })?;
@@ -104,6 +115,21 @@ impl Schedule {
                 "levels cover {next} of {} dispatches",
                 self.dispatches.len()
             ));
+        }
+        let mut free = 0u32;
+        for (i, r) in self.persistent.iter().enumerate() {
+            if r.levels.start < free
+                || r.levels.end < r.levels.start + 2
+                || r.levels.end as usize > self.levels.len()
+            {
+                return invalid(format!(
+                    "persistent region {i}: levels {:?} must be two or more of the {} levels, \
+                     after the previous region's",
+                    r.levels,
+                    self.levels.len()
+                ));
+            }
+            free = r.levels.end;
         }
         let io = &self.io;
         for (name, s, min) in [

@@ -105,6 +105,52 @@ pub struct LoadOptions<'a> {
     pub pipeline_cache: Option<CacheFile>,
     /// Called after each weight upload (for a progress display).
     pub progress: Option<&'a mut dyn FnMut(Progress)>,
+    /// Whether the schedule's persistent regions run.
+    pub persistence: Persistence,
+}
+
+/// Whether a schedule's persistent regions replace the levels they stand for. Their grid
+/// barrier waits for every workgroup of the dispatch, so it needs them all resident at once:
+/// more workgroups than the device holds deadlock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Persistence {
+    /// One workgroup per compute unit where the driver reports its units (NVIDIA, AMD);
+    /// off elsewhere (lavapipe runs workgroups a few at a time, not all at once).
+    #[default]
+    Auto,
+    /// The levels as they are, a pipeline barrier between each.
+    Off,
+    /// Exactly this many workgroups (at most each region's widest level): tests run regions
+    /// with 1 on lavapipe, measurements compare counts.
+    Groups(u32),
+}
+
+impl Persistence {
+    /// The workgroups a region gets on `info`'s device (0: regions off).
+    pub fn groups(self, info: &crate::AdapterInfo) -> u32 {
+        match self {
+            Persistence::Auto => info.compute_units.unwrap_or(0),
+            Persistence::Off => 0,
+            Persistence::Groups(n) => n,
+        }
+    }
+}
+
+impl std::str::FromStr for Persistence {
+    type Err = String;
+    /// `auto`, `off`, or a workgroup count.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Persistence::Auto),
+            "off" => Ok(Persistence::Off),
+            n => n
+                .parse::<u32>()
+                .ok()
+                .filter(|&n| n > 0)
+                .map(Persistence::Groups)
+                .ok_or_else(|| format!("`{s}`: expected auto, off or a workgroup count > 0")),
+        }
+    }
 }
 
 /// A schedule with every object created: buffers (weights uploaded, state zeroed), pipelines.
@@ -143,6 +189,9 @@ impl Loaded {
         mut options: LoadOptions<'_>,
     ) -> Result<Loaded, SessionError> {
         schedule.validate()?;
+        let groups = options.persistence.groups(device.info());
+        let schedule =
+            schedule.with_persistent(groups, device.info().max_storage_buffers_per_stage);
         let total: u64 = schedule.buffers.iter().map(|b| b.size).sum();
         device.check_fits(total)?;
         let mut buffers = Vec::with_capacity(schedule.buffers.len());

@@ -266,6 +266,12 @@ pub struct AdapterInfo {
     pub device_local_bytes: u64,
     /// Shader features the device supports.
     pub features: ShaderFeatures,
+    /// Streaming multiprocessors / compute units, where the driver says
+    /// (`VK_NV_shader_sm_builtins`, `VK_AMD_shader_core_properties`): how many workgroups a
+    /// persistent region can keep resident at once (one per unit).
+    pub compute_units: Option<u32>,
+    /// `maxPerStageDescriptorStorageBuffers`.
+    pub max_storage_buffers_per_stage: u32,
 }
 
 impl AdapterInfo {
@@ -403,6 +409,9 @@ impl fmt::Display for AdapterInfo {
             "    subgroups:  size {}, ops: {}",
             self.subgroup_size, self.subgroup_ops
         )?;
+        if let Some(units) = self.compute_units {
+            writeln!(f, "    units:      {units} compute units (SMs / CUs)")?;
+        }
         writeln!(
             f,
             "    memory:     device-local {}, max allocation {}, storage range {}, \
@@ -522,6 +531,19 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
     let mut maint3 = vk::PhysicalDeviceMaintenance3Properties::default();
     let mut driver = vk::PhysicalDeviceDriverProperties::default();
     let mut maint4 = vk::PhysicalDeviceMaintenance4Properties::default().max_buffer_size(u64::MAX);
+    // Extension structs may only be chained where the device offers the extension.
+    // SAFETY: `pd` was enumerated from this live instance.
+    let extensions =
+        unsafe { instance.enumerate_device_extension_properties(pd) }.unwrap_or_default();
+    let offers = |name: &std::ffi::CStr| {
+        extensions
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(name))
+    };
+    let mut sm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
+    let mut amd = vk::PhysicalDeviceShaderCorePropertiesAMD::default();
+    let has_sm = offers(ash::nv::shader_sm_builtins::NAME);
+    let has_amd = offers(ash::amd::shader_core_properties::NAME);
     if v1_1 {
         let mut props2 = vk::PhysicalDeviceProperties2::default()
             .push_next(&mut subgroup)
@@ -531,6 +553,12 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
         }
         if v1_3 {
             props2 = props2.push_next(&mut maint4);
+        }
+        if has_sm {
+            props2 = props2.push_next(&mut sm);
+        }
+        if has_amd {
+            props2 = props2.push_next(&mut amd);
         }
         // SAFETY: the chain holds only structs of the device's core version.
         unsafe { instance.get_physical_device_properties2(pd, &mut props2) };
@@ -569,6 +597,17 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
         .max()
         .unwrap_or(0);
 
+    let compute_units = if v1_1 && has_sm && sm.shader_sm_count > 0 {
+        Some(sm.shader_sm_count)
+    } else if v1_1 && has_amd && amd.compute_units_per_shader_array > 0 {
+        Some(
+            amd.shader_engine_count
+                * amd.shader_arrays_per_engine_count
+                * amd.compute_units_per_shader_array,
+        )
+    } else {
+        None
+    };
     let compute_subgroups = subgroup
         .supported_stages
         .contains(vk::ShaderStageFlags::COMPUTE);
@@ -614,6 +653,8 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
             storage_buffer_16bit: storage16.storage_buffer16_bit_access == vk::TRUE,
             storage_buffer_8bit: storage8.storage_buffer8_bit_access == vk::TRUE,
         },
+        compute_units,
+        max_storage_buffers_per_stage: limits.max_per_stage_descriptor_storage_buffers,
     }
 }
 
@@ -704,6 +745,8 @@ pub(crate) mod tests {
             max_buffer_size: u64::MAX,
             device_local_bytes: 1 << 30,
             features: ShaderFeatures::default(),
+            compute_units: None,
+            max_storage_buffers_per_stage: 1 << 20,
         }
     }
 

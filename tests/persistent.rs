@@ -1,0 +1,111 @@
+//! Persistent regions (fuse::persistent) against transformers and against the same schedule
+//! without them, on every fixture. On lavapipe the regions run with ONE workgroup (the runtime
+//! never turns them on there by itself: its workgroups are not all resident at once), which
+//! still runs every member body, every virtual-workgroup loop and every grid barrier of the
+//! generated kernels; `bench/h100 tests` runs this suite on the H100 too, where `auto` gives
+//! one workgroup per SM and the barriers really wait.
+//!
+//! Each member computes its rows with the source of its own kernel, its constants folded at
+//! compile time instead of specialised at pipeline creation. The driver's compiler may then
+//! contract or order a few operations differently (lavapipe: up to ~1e-7 relative on two of the
+//! four fixtures, bitwise on the others), so the logits must match the levels run one dispatch
+//! each within 1e-5 relative L2 at every position, and transformers within 5e-3, with the same
+//! greedy tokens.
+
+use vkfuse_runtime::session::{Eager, LoadOptions, Loaded, Persistence, Replay};
+use vkfuse_tests::{
+    assert_rows_close, expected, fused_schedule, rel_l2, validated_device, FIXTURES,
+};
+
+fn check(name: &str, persistence: Persistence) {
+    let (device, log) = validated_device();
+    let want = expected(name);
+    let (model, schedule, _) = fused_schedule(name);
+    assert!(
+        !schedule.persistent.is_empty(),
+        "{name}: no persistent region offered"
+    );
+    let levels = schedule.levels.len();
+    let with = schedule.levels_with_persistent();
+    let load = |p| {
+        let options = LoadOptions {
+            persistence: p,
+            ..LoadOptions::default()
+        };
+        Loaded::load(device.clone(), schedule.clone(), &model.tensors, options).unwrap()
+    };
+    let mut plain = Eager::new(load(Persistence::Off)).unwrap();
+    let mut persistent = Replay::new(load(persistence)).unwrap();
+    assert_eq!(
+        persistent.loaded().schedule.levels.len(),
+        with,
+        "{name}: regions applied"
+    );
+    eprintln!("{name}: {levels} levels, {with} with persistent regions");
+
+    let mut rows = vec![];
+    for (i, &t) in want.teacher_ids.iter().enumerate() {
+        let a = plain.step(Some(t)).unwrap();
+        let b = persistent.step(Some(t)).unwrap();
+        let d = rel_l2(&b.logits, &a.logits);
+        assert!(
+            d <= 1e-5,
+            "{name}: position {i}: persistent regions change the logits by {d:.2e} relative L2"
+        );
+        rows.push(b.logits);
+    }
+    assert_rows_close(
+        &format!("{name} persistent teacher"),
+        &rows,
+        &want.teacher_logits,
+        5e-3,
+    );
+
+    // Greedy on the device, 8 steps per submit: the grid barriers' counters must be zero
+    // again at every region of every step (a stale count would release a level early).
+    persistent.reset().unwrap();
+    let mut ids = vec![];
+    for &t in &want.prompt_ids {
+        ids = vec![persistent.step(Some(t)).unwrap().next_token];
+    }
+    let more = (want.greedy_ids.len() - ids.len()) as u32;
+    ids.extend(persistent.greedy_tokens(None, more, 8).unwrap());
+    assert_eq!(
+        ids, want.greedy_ids,
+        "{name}: persistent greedy tokens differ from transformers'"
+    );
+    assert!(
+        log.is_clean(),
+        "{name}: validation errors:\n{}",
+        log.report()
+    );
+}
+
+/// One workgroup on lavapipe; `auto` where the device reports its compute units.
+fn groups() -> Persistence {
+    let (device, _) = validated_device();
+    match device.info().compute_units {
+        Some(_) => Persistence::Auto,
+        None => Persistence::Groups(1),
+    }
+}
+
+#[test]
+fn persistent_regions_match_qwen3_tied() {
+    check(FIXTURES[0], groups());
+}
+
+#[test]
+fn persistent_regions_match_qwen3_untied_sharded() {
+    check(FIXTURES[1], groups());
+}
+
+#[test]
+fn persistent_regions_match_llama_gqa() {
+    check(FIXTURES[2], groups());
+}
+
+#[test]
+fn persistent_regions_match_qwen3_next() {
+    check(FIXTURES[3], groups());
+}
