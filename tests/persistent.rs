@@ -2,14 +2,12 @@
 //! without them, on every fixture. On lavapipe the regions run with ONE workgroup (the runtime
 //! never turns them on there by itself: its workgroups are not all resident at once), which
 //! still runs every member body, every virtual-workgroup loop and every grid barrier of the
-//! generated kernels; `bench/h100 tests` runs this suite on the H100 too, where `auto` gives
-//! one workgroup per SM and the barriers really wait.
+//! generated kernels; `bench/h100 tests` runs this suite on the H100 too, with one workgroup
+//! per SM, where the barriers really wait.
 //!
-//! Each member computes its rows with the source of its own kernel, its constants folded at
-//! compile time instead of specialised at pipeline creation. The driver's compiler may then
-//! contract or order a few operations differently (lavapipe: up to ~1e-7 relative on two of the
-//! four fixtures, bitwise on the others), so the logits must match the levels run one dispatch
-//! each within 1e-5 relative L2 at every position, and transformers within 5e-3, with the same
+//! Each level computes its rows as its own kernel does, but with a subgroup per row (a
+//! different summation order), so the logits must match the levels run one dispatch each
+//! within 1e-5 relative L2 at every position, and transformers within 5e-3, with the same
 //! greedy tokens.
 
 use vkfuse_runtime::session::{Eager, LoadOptions, Loaded, Persistence, Replay};
@@ -81,11 +79,11 @@ fn check(name: &str, persistence: Persistence) {
     );
 }
 
-/// One workgroup on lavapipe; `auto` where the device reports its compute units.
+/// One workgroup on lavapipe; one per compute unit where the device reports them.
 fn groups() -> Persistence {
     let (device, _) = validated_device();
     match device.info().compute_units {
-        Some(_) => Persistence::Auto,
+        Some(_) => Persistence::Units,
         None => Persistence::Groups(1),
     }
 }

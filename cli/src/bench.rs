@@ -39,10 +39,10 @@ pub struct BenchArgs {
     /// Profiled steps to average.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub profile_steps: u32,
-    /// Persistent regions of the fused schedule: `auto` (one workgroup per compute unit where
-    /// the device reports them), `off`, or a workgroup count. Where they run, the fused
-    /// replay rows are also measured without them.
-    #[arg(long, default_value = "auto", value_name = "auto|off|N")]
+    /// Persistent regions of the fused schedule: `off` (the default), `units` (one workgroup
+    /// per compute unit where the device reports them) or a workgroup count. Where they run,
+    /// the fused replay rows are also measured without them.
+    #[arg(long, default_value = "off", value_name = "off|units|N")]
     pub persistent: Persistence,
 }
 

@@ -68,10 +68,10 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub json: bool,
     /// Persistent regions (one dispatch for a run of matvec levels, grid barriers in device
-    /// memory between them): `auto` where the device reports its compute units (one
-    /// workgroup each), `off`, or a workgroup count (never more than the device keeps
-    /// resident at once: that deadlocks).
-    #[arg(long, default_value = "auto", value_name = "auto|off|N")]
+    /// memory between them): `off` (the default: they measured slower on the H100), `units`
+    /// (one workgroup per compute unit where the device reports them) or a workgroup count
+    /// (never more than the device keeps resident at once: that deadlocks).
+    #[arg(long, default_value = "off", value_name = "off|units|N")]
     pub persistent: Persistence,
 }
 

@@ -19,17 +19,10 @@
 // aligned), 5 = EPS (f32), 6..13 = END_k (cumulative row ends of the parts, stacked),
 // 14..21 = SHIFT_k (output offset minus row start of part k, stacked).
 // Dispatch: ceil(O / ROWS) workgroups.
-//
-// In a persistent region (fuse::persistent) one shader includes this body once per member
-// dispatch: the including source then defines MV_PERSISTENT 1, the constants above as macros,
-// MV_BINDING (the first binding), MV_MAIN (the function name), MV_GROUP (the virtual workgroup),
-// MV_COHERENT (`coherent`: other workgroups of the dispatch wrote the input) and renames every
-// file-scope name below (the mv_ / Mv / MV_ prefixed ones) per member.
 
 #include "reduce.glsl"
 #include "fused_epilogue.glsl"
 
-#ifndef MV_PERSISTENT
 layout(constant_id = 1) const uint O = 1;
 layout(constant_id = 2) const uint I = 1;
 layout(constant_id = 3) const uint ROWS = 1;
@@ -51,31 +44,26 @@ layout(constant_id = 18) const uint SHIFT4 = 0;
 layout(constant_id = 19) const uint SHIFT5 = 0;
 layout(constant_id = 20) const uint SHIFT6 = 0;
 layout(constant_id = 21) const uint SHIFT7 = 0;
-#define MV_BINDING 0
-#define MV_MAIN main
-#define MV_GROUP group_id()
-#define MV_COHERENT
-#endif
 
-layout(set = 0, binding = MV_BINDING + 0, std430) MV_COHERENT writeonly buffer MvY { float mv_y[]; };
-layout(set = 0, binding = MV_BINDING + 1, std430) readonly buffer MvW { uint mv_w[]; };
-layout(set = 0, binding = MV_BINDING + 1, std430) readonly buffer MvW4 { uvec4 mv_w4[]; };
-layout(set = 0, binding = MV_BINDING + 2, std430) MV_COHERENT readonly buffer MvX { float mv_x[]; };
-layout(set = 0, binding = MV_BINDING + 2, std430) MV_COHERENT readonly buffer MvX4 { vec4 mv_x4[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
+layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
+layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };
+layout(set = 0, binding = 2, std430) readonly buffer X { float x[]; };
+layout(set = 0, binding = 2, std430) readonly buffer X4 { vec4 x4[]; };
 #if NORM
-layout(set = 0, binding = MV_BINDING + 3, std430) readonly buffer MvNw { uint mv_nw[]; };
+layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
 #endif
 
 #if ZIPPED
-const uint MV_PER_ROW = PARTS;
+const uint PER_ROW = PARTS;
 #else
-const uint MV_PER_ROW = 1u;
+const uint PER_ROW = 1u;
 #endif
 
 // The norm weight of element i (1 without a norm).
-float mv_nw_at(uint i) {
+float nw_at(uint i) {
 #if NORM
-    float v = LOAD(NW_DTYPE, mv_nw, i);
+    float v = LOAD(NW_DTYPE, nw, i);
     return NORM_ZC != 0 ? v + 1.0 : v;
 #else
     return 1.0;
@@ -83,7 +71,7 @@ float mv_nw_at(uint i) {
 }
 
 // Where stacked weight row r goes in y.
-uint mv_out_index(uint r) {
+uint out_index(uint r) {
 #if ZIPPED
     return r;
 #else
@@ -98,28 +86,28 @@ uint mv_out_index(uint r) {
 #endif
 }
 
-void MV_MAIN() {
+void main() {
     uint t = gl_LocalInvocationID.x;
-    uint row0 = MV_GROUP * ROWS;
+    uint row0 = group_id() * ROWS;
     if (row0 >= O) {
         return;
     }
-    // Dot j is output row row0 + j / MV_PER_ROW, part j % MV_PER_ROW; rows past O repeat O - 1.
+    // Dot j is output row row0 + j / PER_ROW, part j % PER_ROW; rows past O repeat O - 1.
     uint wrow[MAX_DOTS];
     float acc[MAX_DOTS];
     for (uint j = 0u; j < MAX_DOTS; j++) {
-        uint r = min(row0 + j / MV_PER_ROW, O - 1u);
-        uint k = j % MV_PER_ROW;
+        uint r = min(row0 + j / PER_ROW, O - 1u);
+        uint k = j % PER_ROW;
         wrow[j] = k * O + r;
         acc[j] = 0.0;
     }
-    uint ndots = ROWS * MV_PER_ROW;
+    uint ndots = ROWS * PER_ROW;
 
     float scale = 1.0;
 #if NORM
     float ss = 0.0;
     for (uint i = t; i < I; i += gl_WorkGroupSize.x) {
-        float v = mv_x[i];
+        float v = x[i];
         ss += v * v;
     }
     ss = wg_sum(ss);
@@ -130,27 +118,27 @@ void MV_MAIN() {
 #if W_DTYPE == F32
         uint n4 = I / 4u;
         for (uint c = t; c < n4; c += gl_WorkGroupSize.x) {
-            vec4 xv = mv_x4[c];
+            vec4 xv = x4[c];
 #if NORM
             uint e = 4u * c;
-            xv *= vec4(mv_nw_at(e), mv_nw_at(e + 1u), mv_nw_at(e + 2u), mv_nw_at(e + 3u));
+            xv *= vec4(nw_at(e), nw_at(e + 1u), nw_at(e + 2u), nw_at(e + 3u));
 #endif
             for (uint j = 0u; j < ndots; j++) {
-                acc[j] += dot(uintBitsToFloat(mv_w4[wrow[j] * n4 + c]), xv);
+                acc[j] += dot(uintBitsToFloat(w4[wrow[j] * n4 + c]), xv);
             }
         }
 #else
         uint n8 = I / 8u;
         for (uint c = t; c < n8; c += gl_WorkGroupSize.x) {
-            vec4 xa = mv_x4[2u * c];
-            vec4 xb = mv_x4[2u * c + 1u];
+            vec4 xa = x4[2u * c];
+            vec4 xb = x4[2u * c + 1u];
 #if NORM
             uint e = 8u * c;
-            xa *= vec4(mv_nw_at(e), mv_nw_at(e + 1u), mv_nw_at(e + 2u), mv_nw_at(e + 3u));
-            xb *= vec4(mv_nw_at(e + 4u), mv_nw_at(e + 5u), mv_nw_at(e + 6u), mv_nw_at(e + 7u));
+            xa *= vec4(nw_at(e), nw_at(e + 1u), nw_at(e + 2u), nw_at(e + 3u));
+            xb *= vec4(nw_at(e + 4u), nw_at(e + 5u), nw_at(e + 6u), nw_at(e + 7u));
 #endif
             for (uint j = 0u; j < ndots; j++) {
-                uvec4 wv = mv_w4[wrow[j] * n8 + c];
+                uvec4 wv = w4[wrow[j] * n8 + c];
                 vec2 p0 = PAIR(W_DTYPE, wv.x);
                 vec2 p1 = PAIR(W_DTYPE, wv.y);
                 vec2 p2 = PAIR(W_DTYPE, wv.z);
@@ -161,20 +149,20 @@ void MV_MAIN() {
 #endif
     } else {
         for (uint c = t; c < I; c += gl_WorkGroupSize.x) {
-            float xv = mv_x[c] * mv_nw_at(c);
+            float xv = x[c] * nw_at(c);
             for (uint j = 0u; j < ndots; j++) {
-                acc[j] += LOAD(W_DTYPE, mv_w, wrow[j] * I + c) * xv;
+                acc[j] += LOAD(W_DTYPE, w, wrow[j] * I + c) * xv;
             }
         }
     }
 
     wg_share_dots(acc, ndots);
     if (t < ROWS && row0 + t < O) {
-        float a[MV_PER_ROW];
-        for (uint k = 0u; k < MV_PER_ROW; k++) {
-            a[k] = wg_dot_total(t * MV_PER_ROW + k) * scale;
+        float a[PER_ROW];
+        for (uint k = 0u; k < PER_ROW; k++) {
+            a[k] = wg_dot_total(t * PER_ROW + k) * scale;
         }
         uint r = row0 + t;
-        mv_y[mv_out_index(r)] = EPILOGUE(r, a);
+        y[out_index(r)] = EPILOGUE(r, a);
     }
 }

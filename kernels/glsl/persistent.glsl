@@ -10,8 +10,8 @@
 // Binding 0: the barrier's two counters, zero before the dispatch and zero again after each
 // barrier (sense reversal: the last to arrive resets the count and advances the generation
 // the others wait on), so nothing resets them between dispatches or steps.
-// Buffers the levels write and read are declared `coherent` (MV_COHERENT): a value written
-// by one workgroup is read by another in the same dispatch, past the caches of its unit.
+// Buffers the levels write and read are declared `coherent`: a value written by one workgroup
+// is read by another in the same dispatch, past the caches of its unit.
 
 #extension GL_KHR_memory_scope_semantics : require
 
@@ -20,8 +20,9 @@ layout(set = 0, binding = 0, std430) coherent buffer GridSync {
     uint grid_generation;
 };
 
-// The virtual workgroup the current level's body computes (MV_GROUP).
-uint mv_vgroup;
+// A level's input (times its norm weight), staged once per workgroup (persistent_matvec.glsl);
+// the including source defines PM_MAX_I, the longest input of its levels.
+shared float pm_x[PM_MAX_I];
 
 void grid_barrier() {
     // Release: every store of this workgroup's level happens before its arrival.

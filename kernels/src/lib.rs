@@ -54,6 +54,10 @@ pub const HEADERS: &[(&str, &str)] = &[
     ),
     ("persistent.glsl", include_str!("../glsl/persistent.glsl")),
     (
+        "persistent_matvec.glsl",
+        include_str!("../glsl/persistent_matvec.glsl"),
+    ),
+    (
         "fused_attention.glsl",
         include_str!("../glsl/fused_attention.glsl"),
     ),

@@ -79,8 +79,7 @@ pub struct SessionOptions {
     /// Keep the driver's compiled pipelines in a file beside the schedule (or in the user's
     /// cache folder) so the next [`Session::open`] of it skips shader compilation.
     pub pipeline_cache: bool,
-    /// Whether the schedule's persistent regions run (by default where the device says how
-    /// many workgroups it keeps resident).
+    /// Whether the schedule's persistent regions run (off by default: slower on the H100).
     pub persistence: Persistence,
 }
 
@@ -92,7 +91,7 @@ impl Default for SessionOptions {
             tokens_per_submit: 1,
             validation: false,
             pipeline_cache: true,
-            persistence: Persistence::Auto,
+            persistence: Persistence::Off,
         }
     }
 }

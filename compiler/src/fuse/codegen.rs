@@ -371,57 +371,66 @@ fn matvec_defines(s: &mut String, spec: &MatvecSpec) {
 /// The names [`matvec_defines`] and a member's own lines define, undefined after a member.
 const MATVEC_DEFINES: &[&str] = &["W_DTYPE", "NORM", "NW_DTYPE", "NORM_ZC", "PARTS", "ZIPPED"];
 
-/// fused_matvec.glsl's specialization constants by constant_id (0 is the workgroup size).
-const MATVEC_CONSTANTS: [&str; 22] = [
-    "", "O", "I", "ROWS", "VEC4", "EPS", "END0", "END1", "END2", "END3", "END4", "END5", "END6",
-    "END7", "SHIFT0", "SHIFT1", "SHIFT2", "SHIFT3", "SHIFT4", "SHIFT5", "SHIFT6", "SHIFT7",
+/// fused_matvec.glsl's specialization constants by constant_id (0 is the workgroup size) that
+/// persistent_matvec.glsl reads too, folded into its source.
+const MATVEC_CONSTANTS: [(usize, &str); 19] = [
+    (1, "O"),
+    (2, "I"),
+    (5, "EPS"),
+    (6, "END0"),
+    (7, "END1"),
+    (8, "END2"),
+    (9, "END3"),
+    (10, "END4"),
+    (11, "END5"),
+    (12, "END6"),
+    (13, "END7"),
+    (14, "SHIFT0"),
+    (15, "SHIFT1"),
+    (16, "SHIFT2"),
+    (17, "SHIFT3"),
+    (18, "SHIFT4"),
+    (19, "SHIFT5"),
+    (20, "SHIFT6"),
+    (21, "SHIFT7"),
 ];
 
-/// fused_matvec.glsl's file-scope names, renamed per member of a persistent region.
-const MATVEC_NAMES: &[&str] = &[
+/// persistent_matvec.glsl's file-scope names, renamed per level of a persistent region.
+const PERSISTENT_NAMES: &[&str] = &[
     "MvY",
-    "MvW",
     "MvW4",
     "MvX",
-    "MvX4",
     "MvNw",
     "mv_y",
-    "mv_w",
     "mv_w4",
     "mv_x",
-    "mv_x4",
     "mv_nw",
     "mv_nw_at",
     "mv_out_index",
+    "mv_lane_dots",
     "MV_PER_ROW",
 ];
 
-/// Member `m` of a persistent region: the body of the matvec `spec` (whose own kernel is
-/// `gen`), its bindings from `binding`, its entry `mv_main_<m>()` computing virtual workgroup
-/// `mv_vgroup`; every name it defines is undefined at its end. Returns the text and the
-/// member's virtual workgroups.
-pub fn persistent_member(
-    spec: &MatvecSpec,
-    gen: &Generated,
-    m: usize,
-    binding: usize,
-) -> (String, u32) {
+/// Whether persistent_matvec.glsl computes `spec`: 16-bit weights, rows of whole 16-byte
+/// chunks, an input that fits the staging buffer (`max_cols` floats).
+pub fn persistent_ok(spec: &MatvecSpec, max_cols: usize) -> bool {
+    matches!(spec.dtype, DType::F16 | DType::BF16)
+        && spec.cols.is_multiple_of(8)
+        && spec.cols <= max_cols
+        && spec.part_rows.len() <= 8
+}
+
+/// Level `m` of a persistent region: the matvec `spec` (whose own kernel is `gen`: its
+/// constants are folded in) as persistent_matvec.glsl's `mv_main_<m>()`, bindings from
+/// `binding`; every name it defines is undefined at its end.
+pub fn persistent_member(spec: &MatvecSpec, gen: &Generated, m: usize, binding: usize) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "// member {m}: {}", spec.describe());
+    let _ = writeln!(s, "// level {m}: {}", spec.describe());
     matvec_defines(&mut s, spec);
     let mut defined: Vec<String> = MATVEC_DEFINES.iter().map(|d| d.to_string()).collect();
-    // A resident workgroup computes its virtual workgroups one after another: as many rows as
-    // a workgroup can take (8 dots) keep the most weight loads in flight per invocation. Each
-    // row's dot is the same sum whatever the rows per workgroup.
-    let per_row = if spec.zipped { spec.part_rows.len() } else { 1 };
-    let rows = (8 / per_row).max(1) as u32;
-    for (id, name) in MATVEC_CONSTANTS.iter().enumerate().skip(1) {
-        let v = if *name == "ROWS" {
-            rows
-        } else {
-            gen.spec_constants[id]
-        };
-        let value = if *name == "EPS" {
+    for (id, name) in MATVEC_CONSTANTS {
+        let v = gen.spec_constants[id];
+        let value = if name == "EPS" {
             format!("uintBitsToFloat({v:#x}u)")
         } else {
             format!("{v}u")
@@ -429,15 +438,10 @@ pub fn persistent_member(
         let _ = writeln!(s, "#define {name} {value}");
         defined.push(name.to_string());
     }
-    for (macro_name, value) in [
-        ("MV_BINDING", binding.to_string()),
-        ("MV_MAIN", format!("mv_main_{m}")),
-        ("MV_GROUP", "mv_vgroup".to_string()),
-    ] {
-        let _ = writeln!(s, "#define {macro_name} {value}");
-        defined.push(macro_name.to_string());
-    }
-    for name in MATVEC_NAMES {
+    let _ = writeln!(s, "#define MV_BINDING {binding}");
+    let _ = writeln!(s, "#define MV_MAIN mv_main_{m}");
+    defined.extend(["MV_BINDING".to_string(), "MV_MAIN".to_string()]);
+    for name in PERSISTENT_NAMES {
         let _ = writeln!(s, "#define {name} {name}_{m}");
         defined.push(name.to_string());
     }
@@ -452,12 +456,11 @@ pub fn persistent_member(
     defined.extend((0..spec.extras.len()).map(|k| format!("IN{k}")));
     let _ = writeln!(s, "#define EPILOGUE(row, a) {}", spec.epi.glsl());
     defined.push("EPILOGUE".into());
-    s += "#include \"fused_matvec.glsl\"\n";
+    s += "#include \"persistent_matvec.glsl\"\n";
     for d in defined {
         let _ = writeln!(s, "#undef {d}");
     }
-    let groups = gen.spec_constants[1].div_ceil(rows);
-    (s, groups)
+    s
 }
 
 /// Bindings `first..` holding `inputs`, read by `IN<k>(row)`.

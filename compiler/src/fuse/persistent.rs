@@ -4,14 +4,14 @@
 //!
 //! The region is offered, not imposed: the schedule keeps the levels, and the runtime applies
 //! the region only where the device says how many workgroups it keeps resident at once
-//! (`Schedule::with_persistent`). Each member is the same matvec body as its own kernel
-//! (`codegen::persistent_member`), with its constants folded and its names renamed, so a row
-//! is computed by the same arithmetic either way.
+//! (`Schedule::with_persistent`). Each level is its fused matvec (the same rows, prologue and
+//! epilogue, constants folded, names renamed: `codegen::persistent_member`) in the shape that
+//! suits resident workgroups, a subgroup per row (kernels/glsl/persistent_matvec.glsl).
 //!
 //! In a dense layer the matvec levels are o_proj → gate/up → down → the next layer's q/k/v:
 //! four levels between two attention blocks become one dispatch with three grid barriers.
 
-use super::codegen::{persistent_member, Generated, MatvecSpec};
+use super::codegen::{persistent_member, persistent_ok, Generated, MatvecSpec};
 use crate::lower::SpirvCache;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -21,47 +21,47 @@ use vkfuse_runtime::schedule::{Dispatch, KernelDecl, KernelId, Persistent, Sched
 /// Bindings one region may use (the grid barrier's included): far below any GPU's
 /// `maxPerStageDescriptorStorageBuffers`; longer runs are cut.
 pub const MAX_BINDINGS: usize = 32;
+/// The longest matvec input a region stages in shared memory (16 KiB of f32: within lavapipe's
+/// 32 KiB and every GPU's); longer inputs keep their levels.
+pub const MAX_COLS: usize = 4096;
+/// Workgroup size of a region: 8 subgroups of 32 (NVIDIA), 4 of 64 (AMD).
+pub const REGION_WG: u32 = 256;
 
 /// A matvec kernel of the schedule: its spec and generated source.
 pub type MatvecKernels = HashMap<KernelId, (MatvecSpec, Generated)>;
 
-/// Runs of two or more consecutive levels whose dispatches are all matvecs of one workgroup
-/// size, cut where a run would bind more than [`MAX_BINDINGS`] buffers.
+/// Runs of two or more consecutive levels that are each ONE matvec persistent_matvec.glsl
+/// computes, cut where a run would bind more than [`MAX_BINDINGS`] buffers.
 pub fn find_in(
     dispatches: &[Dispatch],
     levels: &[Range<u32>],
     matvecs: &MatvecKernels,
 ) -> Vec<Range<u32>> {
-    let wg_of = |d: &Dispatch| matvecs.get(&d.kernel).map(|(_, g)| g.spec_constants[0]);
-    let level_wg = |l: &Range<u32>| -> Option<(u32, usize)> {
-        let ds = &dispatches[l.start as usize..l.end as usize];
-        let wg = wg_of(&ds[0])?;
-        let bindings = ds.iter().map(|d| d.bindings.len()).sum();
-        ds.iter()
-            .all(|d| wg_of(d) == Some(wg))
-            .then_some((wg, bindings))
+    // The bindings of a level that can join a region.
+    let eligible = |l: &Range<u32>| -> Option<usize> {
+        let [d] = &dispatches[l.start as usize..l.end as usize] else {
+            return None;
+        };
+        let (spec, _) = matvecs.get(&d.kernel)?;
+        persistent_ok(spec, MAX_COLS).then_some(d.bindings.len())
     };
     let mut runs = vec![];
-    let mut start: Option<(u32, u32, usize)> = None; // (first level, wg, bindings so far)
+    let mut open: Option<(u32, usize)> = None; // (first level, bindings so far)
     for (i, l) in levels.iter().enumerate() {
         let i = i as u32;
-        let this = level_wg(l);
-        start = match (start, this) {
-            (Some((first, wg, n)), Some((w, b))) if w == wg && n + b <= MAX_BINDINGS => {
-                Some((first, wg, n + b))
-            }
-            (open, next) => {
-                if let Some((first, _, _)) = open {
+        open = match (open, eligible(l)) {
+            (Some((first, n)), Some(b)) if n + b <= MAX_BINDINGS => Some((first, n + b)),
+            (before, next) => {
+                if let Some((first, _)) = before {
                     if i - first >= 2 {
                         runs.push(first..i);
                     }
                 }
-                next.filter(|&(_, b)| 1 + b <= MAX_BINDINGS)
-                    .map(|(w, b)| (i, w, 1 + b))
+                next.filter(|&b| 1 + b <= MAX_BINDINGS).map(|b| (i, 1 + b))
             }
         };
     }
-    if let Some((first, _, _)) = start {
+    if let Some((first, _)) = open {
         if levels.len() as u32 - first >= 2 {
             runs.push(first..levels.len() as u32);
         }
@@ -132,7 +132,7 @@ fn dispatches<'s>(s: &'s Schedule, run: &Range<u32>) -> impl Iterator<Item = &'s
     s.dispatches[a..b].iter()
 }
 
-/// The region's GLSL, its label, its widest level's virtual workgroups and its workgroup size.
+/// The region's GLSL, its label, its widest level's rows and its workgroup size.
 fn region_source(
     s: &Schedule,
     matvecs: &MatvecKernels,
@@ -141,48 +141,20 @@ fn region_source(
     let mut members = String::new();
     let mut body = String::new();
     let mut binding = 1;
-    let mut m = 0;
     let mut widest = 1;
-    let mut wg = 0;
+    let mut max_cols = 8;
     let mut shapes = vec![];
-    for l in run.clone() {
-        let level = s.levels[l as usize].clone();
-        if l > run.start {
+    for (m, d) in dispatches(s, run).enumerate() {
+        let (spec, gen) = &matvecs[&d.kernel];
+        if m > 0 {
             body += "    grid_barrier();\n";
         }
-        // The level's members share one range of virtual workgroups, member after member.
-        let mut calls = vec![];
-        let mut end = 0;
-        for d in &s.dispatches[level.start as usize..level.end as usize] {
-            let (spec, gen) = &matvecs[&d.kernel];
-            wg = gen.spec_constants[0];
-            let (text, groups) = persistent_member(spec, gen, m, binding);
-            members += &text;
-            calls.push((m, end, end + groups));
-            shapes.push(spec.describe());
-            end += groups;
-            binding += d.bindings.len();
-            m += 1;
-        }
-        widest = widest.max(end);
-        let _ = writeln!(
-            body,
-            "    for (uint g = gl_WorkGroupID.x; g < {end}u; g += gl_NumWorkGroups.x) {{"
-        );
-        for (i, (m, from, to)) in calls.iter().enumerate() {
-            let cond = if i + 1 == calls.len() {
-                String::new()
-            } else {
-                format!("if (g < {to}u) ")
-            };
-            let els = if i == 0 { "        " } else { " else " };
-            let _ = write!(
-                body,
-                "{els}{cond}{{ mv_vgroup = g - {from}u; mv_main_{m}(); }}"
-            );
-        }
-        // The next virtual workgroup reuses the shared memory the body's reductions filled.
-        body += "\n        barrier();\n    }\n";
+        members += &persistent_member(spec, gen, m, binding);
+        let _ = writeln!(body, "    mv_main_{m}();");
+        shapes.push(spec.describe());
+        binding += d.bindings.len();
+        widest = widest.max(spec.rows() as u32);
+        max_cols = max_cols.max(spec.cols);
     }
     let label = format!(
         "persistent[{} levels: {}]",
@@ -191,11 +163,12 @@ fn region_source(
     );
     let mut src = String::from("#version 450\n#extension GL_GOOGLE_include_directive : require\n");
     let _ = writeln!(src, "// Generated by vkfuse (fuse::persistent): {label}");
-    src += "#include \"common.glsl\"\n#define MV_PERSISTENT 1\n#define MV_COHERENT coherent\n";
+    src += "#include \"common.glsl\"\n#include \"reduce.glsl\"\n#include \"fused_epilogue.glsl\"\n";
+    let _ = writeln!(src, "#define PM_MAX_I {max_cols}");
     src += "#include \"persistent.glsl\"\n";
     src += &members;
     src += "\nvoid main() {\n";
     src += &body;
     src += "}\n";
-    (src, label, widest, wg)
+    (src, label, widest, REGION_WG)
 }

@@ -112,14 +112,17 @@ pub struct LoadOptions<'a> {
 /// Whether a schedule's persistent regions replace the levels they stand for. Their grid
 /// barrier waits for every workgroup of the dispatch, so it needs them all resident at once:
 /// more workgroups than the device holds deadlock.
+///
+/// Off by default: on the H100 the regions measured slower than the levels they replace
+/// (docs/perf.md, 2026-11-21: 696 vs 832 tokens/s), so no device turns them on by itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Persistence {
-    /// One workgroup per compute unit where the driver reports its units (NVIDIA, AMD);
-    /// off elsewhere (lavapipe runs workgroups a few at a time, not all at once).
-    #[default]
-    Auto,
     /// The levels as they are, a pipeline barrier between each.
+    #[default]
     Off,
+    /// One workgroup per compute unit where the driver reports its units (NVIDIA, AMD); off
+    /// elsewhere (lavapipe runs workgroups a few at a time, not all at once).
+    Units,
     /// Exactly this many workgroups (at most each region's widest level): tests run regions
     /// with 1 on lavapipe, measurements compare counts.
     Groups(u32),
@@ -129,8 +132,8 @@ impl Persistence {
     /// The workgroups a region gets on `info`'s device (0: regions off).
     pub fn groups(self, info: &crate::AdapterInfo) -> u32 {
         match self {
-            Persistence::Auto => info.compute_units.unwrap_or(0),
             Persistence::Off => 0,
+            Persistence::Units => info.compute_units.unwrap_or(0),
             Persistence::Groups(n) => n,
         }
     }
@@ -138,17 +141,17 @@ impl Persistence {
 
 impl std::str::FromStr for Persistence {
     type Err = String;
-    /// `auto`, `off`, or a workgroup count.
+    /// `off`, `units`, or a workgroup count.
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "auto" => Ok(Persistence::Auto),
             "off" => Ok(Persistence::Off),
+            "units" => Ok(Persistence::Units),
             n => n
                 .parse::<u32>()
                 .ok()
                 .filter(|&n| n > 0)
                 .map(Persistence::Groups)
-                .ok_or_else(|| format!("`{s}`: expected auto, off or a workgroup count > 0")),
+                .ok_or_else(|| format!("`{s}`: expected off, units or a workgroup count > 0")),
         }
     }
 }
