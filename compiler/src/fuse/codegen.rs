@@ -407,7 +407,7 @@ const PERSISTENT_NAMES: &[&str] = &[
     "mv_nw",
     "mv_nw_at",
     "mv_out_index",
-    "mv_lane_dots",
+    "mv_lane_dot",
     "MV_PER_ROW",
 ];
 

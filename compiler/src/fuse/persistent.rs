@@ -27,6 +27,17 @@ pub const MAX_COLS: usize = 4096;
 /// Workgroup size of a region: 8 subgroups of 32 (NVIDIA), 4 of 64 (AMD).
 pub const REGION_WG: u32 = 256;
 
+/// [`REGION_WG`], or `VKFUSE_REGION_WG` (a power of two in 64..=1024): the A/B knob of the
+/// H100 measurements (`bench/h100 persistent`), read at compile time like
+/// `VKFUSE_MATVEC_TUNING`. Malformed values are ignored.
+fn region_wg() -> u32 {
+    std::env::var("VKFUSE_REGION_WG")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|w| w.is_power_of_two() && (64..=1024).contains(w))
+        .unwrap_or(REGION_WG)
+}
+
 /// A matvec kernel of the schedule: its spec and generated source.
 pub type MatvecKernels = HashMap<KernelId, (MatvecSpec, Generated)>;
 
@@ -170,5 +181,5 @@ fn region_source(
     src += "\nvoid main() {\n";
     src += &body;
     src += "}\n";
-    (src, label, widest, REGION_WG)
+    (src, label, widest, region_wg())
 }
