@@ -160,6 +160,11 @@ fn stays(before: &[&str], rule: &str, reason: &str) {
             "`{b}` became `{got}`"
         );
     }
+    assert_refused(&g, rule, reason);
+}
+
+/// `rule` refused a match in `g`, saying `reason`.
+fn assert_refused(g: &FuseGraph, rule: &str, reason: &str) {
     let refusals = g.analysis.refusals.borrow();
     assert!(
         refusals
@@ -209,6 +214,15 @@ rule_test!(should_merge_two_matvecs_reading_one_input:
     ["(matvec wk x)", "(matvec wv x)"]
     => ["(rows wk (mvk acc (wcat wk wv) x nonorm nil))",
         "(rows wv (mvk acc (wcat wk wv) x nonorm nil))"]);
+// The MoE router and the shared expert's sigmoid gate: one kernel, each part its own epilogue.
+rule_test!(should_merge_matvecs_whose_parts_keep_their_own_epilogues:
+    ["(matvec wk (rms_norm x nw norm:1e-6))", "(sigmoid (matvec w1 (rms_norm x nw norm:1e-6)))"]
+    => ["(rows wk (mvk (e.parts acc (e.sigmoid acc)) (wcat wk w1) x (norm nw norm:1e-6) nil))",
+        "(rows w1 (mvk (e.parts acc (e.sigmoid acc)) (wcat wk w1) x (norm nw norm:1e-6) nil))"]);
+rule_test!(should_keep_one_epilogue_when_every_part_has_it:
+    ["(sigmoid (matvec wk x))", "(sigmoid (matvec wv x))"]
+    => ["(rows wk (mvk (e.sigmoid acc) (wcat wk wv) x nonorm nil))",
+        "(rows wv (mvk (e.sigmoid acc) (wcat wk wv) x nonorm nil))"]);
 
 #[test]
 fn should_refuse_to_pack_weights_of_different_dtypes() {
@@ -257,11 +271,12 @@ fn should_refuse_to_broadcast_a_one_row_kernel_into_a_vector() {
 
 #[test]
 fn should_refuse_to_zip_parts_of_different_heights() {
-    stays(
-        &["(mul (silu (matvec wq x)) (matvec wk x))"],
-        "zip-parts",
-        "differ in height",
-    );
+    // Stacked, each part under its own epilogue, they may still share a kernel; zipped not.
+    let (g, roots) = saturated(&["(mul (silu (matvec wq x)) (matvec wk x))"]);
+    let ex = extract(&g, &roots, &DeviceCost::default());
+    let got = chosen(&g, &ex, roots[0]);
+    assert!(!got.contains("acc0"), "zipped: `{got}`");
+    assert_refused(&g, "zip-parts", "differ in height");
 }
 
 // (d) the attention block

@@ -50,6 +50,8 @@ pub enum Epi {
     Exp(Box<Epi>),
     Neg(Box<Epi>),
     Softplus(Box<Epi>),
+    /// A stacked kernel's epilogue per packed part: the rows of part K compute item K.
+    Parts(Vec<Epi>),
 }
 
 impl Epi {
@@ -68,6 +70,36 @@ impl Epi {
             Epi::Exp(x) => format!("exp({})", x.glsl()),
             Epi::Neg(x) => format!("(-{})", x.glsl()),
             Epi::Softplus(x) => format!("fused_softplus({})", x.glsl()),
+            // Part K's rows end at the spec constant END<K> of fused_matvec.glsl (`row` is the
+            // stacked weight row): a chain of selects, the last part unconditional.
+            Epi::Parts(items) => {
+                let mut items = items.iter().rev();
+                let last = items.next().map_or_else(|| "a[0]".to_string(), Epi::glsl);
+                let n = items.len();
+                items.enumerate().fold(last, |rest, (i, e)| {
+                    format!("((row) < END{} ? {} : {rest})", n - 1 - i, e.glsl())
+                })
+            }
+        }
+    }
+
+    /// The number of parts of every per-part selection in the expression.
+    pub fn part_counts(&self) -> Vec<usize> {
+        match self {
+            Epi::Acc | Epi::Part(_) | Epi::In(_) => vec![],
+            Epi::Add(x, y) | Epi::Mul(x, y) | Epi::Div(x, y) => {
+                let mut v = x.part_counts();
+                v.extend(y.part_counts());
+                v
+            }
+            Epi::Silu(x) | Epi::Sigmoid(x) | Epi::Exp(x) | Epi::Neg(x) | Epi::Softplus(x) => {
+                x.part_counts()
+            }
+            Epi::Parts(items) => {
+                let mut v = vec![items.len()];
+                v.extend(items.iter().flat_map(Epi::part_counts));
+                v
+            }
         }
     }
 
@@ -91,6 +123,10 @@ impl fmt::Display for Epi {
             Epi::Exp(x) => write!(f, "exp({x})"),
             Epi::Neg(x) => write!(f, "neg({x})"),
             Epi::Softplus(x) => write!(f, "softplus({x})"),
+            Epi::Parts(items) => {
+                let items: Vec<String> = items.iter().map(Epi::to_string).collect();
+                write!(f, "parts({})", items.join(", "))
+            }
         }
     }
 }

@@ -8,7 +8,8 @@
 //!
 //! Three small sub-languages describe code, not tensors, and cost nothing by themselves:
 //! prologues (`norm`, `nonorm`), lists of extra per-row inputs (`cons`, `nil`) and epilogue
-//! expressions (`acc`, `acc0`.., `in0`.., `e.add`, `e.mul`, `e.silu`, `e.sigmoid`).
+//! expressions (`acc`, `acc0`.., `in0`.., `e.add`, `e.mul`, `e.silu`, `e.sigmoid`, and
+//! `e.parts`, one expression per packed part of a stacked kernel).
 
 use crate::ir::{DType, F32Attr, Shape, Type};
 use egg::{define_language, Analysis, DidMerge, EGraph, Id, Symbol};
@@ -89,6 +90,9 @@ define_language! {
         "e.exp" = EExp([Id; 1]),
         "e.neg" = ENeg([Id; 1]),
         "e.softplus" = ESoftplus([Id; 1]),
+        // (e.parts e0 e1 ..): the epilogue of a stacked kernel part by part: the rows of packed
+        // part K compute eK (each reads `acc`, the row's dot), one expression per part
+        "e.parts" = EParts(Box<[Id]>),
         // (ewk epi inputs): the elementwise kernel: element i is `epi` over element i of every
         // input (inK; a one-element input is read for every i)
         "ewk" = Ewk([Id; 2]),
@@ -171,6 +175,7 @@ impl FuseLang {
                 | EExp(_)
                 | ENeg(_)
                 | ESoftplus(_)
+                | EParts(_)
         )
     }
 
@@ -700,6 +705,12 @@ impl Analysis<FuseLang> for FuseAnalysis {
             }
             ESilu([a]) | ESigmoid([a]) | EExp([a]) | ENeg([a]) | ESoftplus([a]) => {
                 facts.epi = g[*a].data.epi
+            }
+            EParts(items) => {
+                facts.epi = items
+                    .iter()
+                    .map(|i| g[*i].data.epi.unwrap_or_default())
+                    .reduce(EpiUse::join)
             }
             WriteState(_) | ArgmaxWrite(_) | IncWrite(_) | TailStep(_) | Fx0(_) | Fx1(_)
             | Attr(_) | NoNorm | Norm(_) => {}

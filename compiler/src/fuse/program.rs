@@ -229,6 +229,12 @@ impl Builder<'_> {
             EExp([x]) => Epi::Exp(b(x)?),
             ENeg([x]) => Epi::Neg(b(x)?),
             ESoftplus([x]) => Epi::Softplus(b(x)?),
+            EParts(items) => Epi::Parts(
+                items
+                    .iter()
+                    .map(|i| self.epi(*i))
+                    .collect::<Result<_, _>>()?,
+            ),
             other => return Err(self.err(format!("`{other}` in an epilogue"))),
         })
     }
@@ -366,6 +372,14 @@ impl Builder<'_> {
                 let norm = self.prologue(*pro)?;
                 let items = list_items(self.g, *ins).ok_or_else(|| self.err("bad extras"))?;
                 let zipped = self.g[*e].data.epi.is_some_and(|u| u.zipped > 0);
+                // A per-part epilogue selects by the stacked row: one expression per part.
+                let counts = epi.part_counts();
+                if counts.iter().any(|&n| zipped || n != part_rows.len()) {
+                    return Err(self.err(format!(
+                        "epilogue `{epi}` does not select among the {} stacked parts",
+                        part_rows.len()
+                    )));
+                }
                 let mut spec = MatvecSpec {
                     dtype: wt.dtype,
                     cols: wt.shape.dims()[1],

@@ -79,7 +79,13 @@ fn reasons(u: &FusedUnit, k: &super::program::UKernel) -> Vec<String> {
                 r.push(format!(
                     "{} matvecs on one input merged (merge-matvecs{})",
                     spec.part_rows.len(),
-                    if spec.zipped { ", zip-parts" } else { "" }
+                    if spec.zipped {
+                        ", zip-parts"
+                    } else if spec.epi.part_counts().is_empty() {
+                        ""
+                    } else {
+                        ", an epilogue per part"
+                    }
                 ));
             }
             if !spec.epi.is_identity() {

@@ -2,7 +2,9 @@
 //! kernel over their weights packed side by side at compile time (q/k/v; gate/up; the
 //! linear-attention input projections; the router with the shared expert's projections). The
 //! packed kernel's output is stacked, each part at an aligned offset, so every original result
-//! is a view (`rows`) of it. Parts of equal height can instead be zipped row by row, which
+//! is a view (`rows`) of it. Each part keeps its own epilogue (`e.parts`, selected by row), so a
+//! matvec whose result only passes through a sigmoid (the shared expert's gate) merges with one
+//! that has none (the router). Parts of equal height can instead be zipped row by row, which
 //! lets one epilogue combine them (SwiGLU).
 
 use super::{leaf_class, leaves_of, var, Rule};
@@ -11,15 +13,17 @@ use egg::{Applier, Id, MultiPattern, Pattern, PatternAst, Rewrite, Subst, Symbol
 
 /// The rules of this family.
 pub fn rules() -> Vec<Rule> {
-    let merge: MultiPattern<FuseLang> = "?a = (mvk acc ?p ?x ?n nil), ?b = (mvk acc ?w ?x ?n nil)"
+    let merge: MultiPattern<FuseLang> = "?a = (mvk ?ea ?p ?x ?n nil), ?b = (mvk ?eb ?w ?x ?n nil)"
         .parse()
         .expect("a valid multipattern");
     let zip: Pattern<FuseLang> = "(rows ?w (mvk acc ?p ?x ?n nil))"
         .parse()
         .expect("a valid pattern");
     vec![
-        // matvec(P, x), matvec(W, x) == rows(P, mvk(wcat(P, W), x)), rows(W, mvk(wcat(P, W), x)):
-        // two kernels reading the same input and prologue become one over the packed weights
+        // mvk(ea, P, x), mvk(eb, W, x) == rows(P, mvk(parts(ea, eb), wcat(P, W), x)),
+        // rows(W, mvk(parts(ea, eb), wcat(P, W), x)): two kernels reading the same input and
+        // prologue become one over the packed weights, each part's rows under its own epilogue
+        // (plain matvecs: ea = eb = acc, the epilogue stays `acc`)
         Rewrite::new("merge-matvecs", merge, MergeMatvecs::new()).expect("valid rule"),
         // rows(Wk, mvk(acc, wcat(W0..Wn), x)) == mvk(accK, wcat(W0..Wn), x) when all parts have
         // the same height: part K's rows, computed with the other parts' rows zipped alongside
@@ -27,10 +31,13 @@ pub fn rules() -> Vec<Rule> {
     ]
 }
 
-/// The applier of `merge-matvecs`: appends weight leaf `?w` to the packed weights `?p`.
+/// The applier of `merge-matvecs`: appends weight leaf `?w` to the packed weights `?p`, and
+/// epilogue `?eb` to `?ea`'s parts.
 pub struct MergeMatvecs {
     a: Var,
     b: Var,
+    ea: Var,
+    eb: Var,
     p: Var,
     w: Var,
     x: Var,
@@ -42,6 +49,8 @@ impl MergeMatvecs {
         MergeMatvecs {
             a: var("?a"),
             b: var("?b"),
+            ea: var("?ea"),
+            eb: var("?eb"),
             p: var("?p"),
             w: var("?w"),
             x: var("?x"),
@@ -101,11 +110,13 @@ impl Applier<FuseLang, FuseAnalysis> for MergeMatvecs {
             );
             return vec![];
         }
+        let Some(epi) = per_part_epilogue(g, s[self.ea], packed.len(), s[self.eb]) else {
+            return vec![];
+        };
         let (x, n) = (s[self.x], s[self.n]);
         let cat = g.add(FuseLang::WCat([p, w]));
-        let acc = g.add(FuseLang::Acc);
         let nil = g.add(FuseLang::Nil);
-        let k = g.add(FuseLang::Mvk([acc, cat, x, n, nil]));
+        let k = g.add(FuseLang::Mvk([epi, cat, x, n, nil]));
         let mut changed = vec![];
         // Every earlier part stays available as rows of the bigger kernel.
         if packed.len() == 1 {
@@ -131,6 +142,38 @@ impl Applier<FuseLang, FuseAnalysis> for MergeMatvecs {
         }
         changed
     }
+}
+
+/// The epilogue of `parts` packed parts under `ea` (one expression for all, or `e.parts`) and
+/// one more under `eb`: the same expression when all parts agree, else `e.parts`. None when
+/// either reads anything but the row's stacked dot (zipped parts are a different kernel, and
+/// extra inputs index the rows of the whole output).
+fn per_part_epilogue(g: &mut FuseGraph, ea: Id, parts: usize, eb: Id) -> Option<Id> {
+    let stacked_only = |e: Id| {
+        g[e].data
+            .epi
+            .is_some_and(|u| u.stacked && u.zipped == 0 && u.extras == 0)
+    };
+    if !stacked_only(ea) || !stacked_only(eb) {
+        return None;
+    }
+    let (ea, eb) = (g.find(ea), g.find(eb));
+    let mut items = g[ea]
+        .nodes
+        .iter()
+        .find_map(|node| match node {
+            FuseLang::EParts(items) => Some(items.to_vec()),
+            _ => None,
+        })
+        .unwrap_or_else(|| vec![ea; parts]);
+    if items.len() != parts {
+        return None;
+    }
+    items.push(eb);
+    if items.iter().all(|&e| g.find(e) == g.find(items[0])) {
+        return Some(items[0]);
+    }
+    Some(g.add(FuseLang::EParts(items.into())))
 }
 
 /// The applier of `zip-parts`.
