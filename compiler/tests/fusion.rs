@@ -1002,9 +1002,9 @@ fn should_match_unfused_with_a_vocabulary_past_the_unrolled_argmax() {
 
 #[test]
 fn should_match_unfused_past_one_attention_tile() {
-    // The attention block scores 256 slots per tile (1024 invocations, 4 per slot): 300
-    // positions take it through the running max and sum carried from one tile to the next,
-    // which the fixtures' ~30 positions never reach.
+    // 300 positions take the attention block through the running max and sum carried from one
+    // score tile to the next (16 slots at this head of 8), which the fixtures' ~30 positions
+    // barely reach. Unsplit: this head's cache is far below a split's worth of bytes.
     fused_equals_unfused(&Shapes {
         dtype: DType::BF16,
         hidden: 32,
@@ -1020,6 +1020,86 @@ fn should_match_unfused_past_one_attention_tile() {
         capacity: 320,
         tokens: 300,
     });
+}
+
+/// Two small layers over a 100-slot cache, `tokens` steps: enough positions for three splits
+/// of 32+ slots.
+fn split_shapes(tokens: usize) -> Shapes {
+    Shapes {
+        dtype: DType::BF16,
+        hidden: 32,
+        hq: 4,
+        hkv: 2,
+        d: 8,
+        rot: 8,
+        inter: 48,
+        vocab: 60,
+        layers: 2,
+        qk_norm: true,
+        zero_centered: false,
+        capacity: 100,
+        tokens,
+    }
+}
+
+#[test]
+fn should_match_unfused_with_the_attention_split_over_the_context() {
+    // Three splits forced, 100 steps on the same state buffer: one split up to 32 positions, two,
+    // then three; chunks past the 16-slot tiles of a head of 8. Every step is checked, so a
+    // counter left non-zero by a step (combining too early in the next) fails here.
+    let opts = FuseOptions {
+        attention_splits: Some(3),
+        ..FuseOptions::default()
+    };
+    let shapes = split_shapes(100);
+    fused_equals_unfused_with(&shapes, &opts, Some(5 * shapes.layers + 3));
+}
+
+#[test]
+fn should_replay_a_split_attention_block_as_eager_and_chain_alike() {
+    // Replay records the split block once: its logits are eager's bit for bit over 90 steps
+    // (the combine's order does not depend on which split arrives last), and greedy chains of
+    // K = 8 steps per submit give K = 1's tokens (counters stay clean inside one submit).
+    use vkfuse_runtime::session::Replay;
+    use vkfuse_runtime::{Device, Instance, InstanceOptions, Requirements};
+    let shapes = split_shapes(90);
+    let opts = FuseOptions {
+        attention_splits: Some(3),
+        ..FuseOptions::default()
+    };
+    let mut weights = Weights::default();
+    let p = dense(&shapes, &mut weights);
+    let (fused, _) = lower_fused(&p, &meta(), &mut SpirvCache::default(), &opts).unwrap();
+    let instance = Instance::new(&InstanceOptions::validated()).unwrap();
+    let log = instance.validation_log();
+    {
+        let adapter = instance.select_adapter(None).unwrap();
+        let device = Device::new(&instance, &adapter, &Requirements::none()).unwrap();
+        let load = |s| Loaded::new(device.clone(), s, &weights).unwrap();
+        let mut eager = Eager::new(load(fused.clone())).unwrap();
+        let mut replay = Replay::new(load(fused)).unwrap();
+        for i in 0..shapes.tokens {
+            let t = (i * 7 + 3) as u32 % shapes.vocab as u32;
+            let e = eager.step(Some(t)).unwrap();
+            let r = replay.step(Some(t)).unwrap();
+            assert_eq!(
+                r.logits, e.logits,
+                "position {i}: replay differs from eager"
+            );
+        }
+        let greedy = |replay: &mut Replay, k: u32| {
+            replay.reset().unwrap();
+            let first = replay.step(Some(5)).unwrap().next_token;
+            replay.greedy_tokens(Some(first), 80, k).unwrap()
+        };
+        let one = greedy(&mut replay, 1);
+        assert_eq!(
+            greedy(&mut replay, 8),
+            one,
+            "K = 8 tokens differ from K = 1"
+        );
+    }
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
 }
 
 #[test]

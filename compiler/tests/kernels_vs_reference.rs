@@ -10,6 +10,8 @@
 //! Every buffer carries a guard tail after its bound range, checked after each run: a kernel
 //! writing past its range fails the test.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -1052,7 +1054,6 @@ fn time_op(
     }
     let mut gpu = gpu();
     let device = gpu.device.clone();
-    let pool_ts = device.create_timestamp_pool(2 * ITERS).expect("pool")?;
     let op = p.op(id);
     let types: Vec<Type> = std::iter::once(p.ty(op.result?).clone())
         .chain(op.args.iter().map(|a| p.ty(*a).clone()))
@@ -1086,45 +1087,10 @@ fn time_op(
         rec.finish().expect("finish");
     }
     device.submit_and_wait(&mut cmd, WAIT).expect("fill");
-    let dpool = device
-        .create_descriptor_pool(copies as u32, (copies * call.bindings) as u32)
-        .expect("descriptor pool");
-    let sets: Vec<_> = buffers
-        .iter()
-        .map(|bufs| {
-            let set = dpool.allocate(&pipeline).expect("set");
-            let writes: Vec<BufferBinding> = bufs
-                .iter()
-                .enumerate()
-                .map(|(b, buf)| BufferBinding::whole(b as u32, buf))
-                .collect();
-            device.write_descriptors(&set, &writes).expect("writes");
-            set
-        })
-        .collect();
-    {
-        let mut rec = cmd.begin().expect("begin");
-        rec.reset_timestamps(&pool_ts).expect("reset");
-        rec.bind_pipeline(&pipeline).expect("bind");
-        for i in 0..ITERS {
-            rec.bind_descriptor_set(&sets[i as usize % copies])
-                .expect("set");
-            rec.write_timestamp(&pool_ts, 2 * i).expect("ts");
-            let [x, y, z] = call.workgroups;
-            rec.dispatch(x, y, z).expect("dispatch");
-            rec.write_timestamp(&pool_ts, 2 * i + 1).expect("ts");
-            rec.compute_barrier();
-        }
-        rec.finish().expect("finish");
-    }
-    device.submit_and_wait(&mut cmd, WAIT).expect("run");
-    let mut times: Vec<f64> = (0..ITERS)
-        .filter_map(|i| pool_ts.elapsed_ns(2 * i, 2 * i + 1).expect("ticks"))
-        .collect();
-    times.sort_by(f64::total_cmp);
+    let us = common::median_dispatch_us(&device, &pipeline, &buffers, call.workgroups, ITERS, WAIT);
     let errors = gpu.log.take_errors();
     assert!(errors.is_empty(), "validation errors: {errors:?}");
-    Some((times[times.len() / 2] / 1e3, bytes))
+    Some((us?, bytes))
 }
 
 #[test]

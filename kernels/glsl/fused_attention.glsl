@@ -1,23 +1,36 @@
 // The attention-block anchor (vkfuse fuse::codegen generates the including source): per query
-// head h (one workgroup), of kv head g = h / (HQ / HKV): optional rms norm over the head
-// (QK_NORM) and rope of the first ROT dims at the position read from its buffer, for h's q row
-// and g's fresh k row; the first query head of each group writes K and V at that position of the
-// caches; then decode attention of h over slots 0..=pos, exactly as attention.comp computes it.
+// head h, of kv head g = h / (HQ / HKV): optional rms norm over the head (QK_NORM) and rope of
+// the first ROT dims at the position read from its buffer, for h's q row and g's fresh k row;
+// the first query head of each group writes K and V at that position of the caches; then
+// decode attention of h over slots 0..=pos, split over the context (flash-decoding).
 //
-// One workgroup per query head (not per kv head) puts HQ workgroups to work instead of HKV. The
-// query heads of a group share the fresh row without sharing memory: each computes it (the same
-// code on the same inputs, so the same bits) and attends to slot pos from that copy in shared
-// memory, never from the cache another workgroup of this dispatch is writing; slots before pos
-// were written by earlier dispatches.
+// Workgroups: HQ x SPLITS, (h, s) at h * SPLITS + s. The slots 0..n-1 (n = pos + 1, at most CAP)
+// are cut into chunks of max(MIN_CHUNK, ceil(n / SPLITS)) slots; split s attends its chunk,
+// splits past the last chunk exit at once (the chunk adapts to the position: at short
+// positions few splits work, none of them on a sliver). With one chunk, split 0 writes the
+// output itself, exactly as an unsplit kernel does. Otherwise each split writes its partial
+// (running max m, weight sum l, unnormalised output o[D]) to scratch and adds one to its head's
+// arrival counter; the split that arrives last combines the partials in split order (so the
+// result does not depend on which one is last) and sets the counter back to 0, so the counter
+// is zero at the next dispatch without any host or in-between work.
+//
+// The fresh row is shared without sharing memory: every workgroup that needs it (split 0 of
+// the group's first query head writes it; the split holding slot pos attends to it) computes
+// it (the same code on the same inputs, so the same bits) into shared memory and attends to
+// slot pos from that copy, never from the cache another workgroup of this dispatch is
+// writing; slots before pos were written by earlier dispatches.
 //
 // The including source defines QK_NORM (0/1), QN_DTYPE and KN_DTYPE (norm weights' dtypes),
-// NORM_ZC, ROT (rotary dims, even) and `float inv_freq(uint i)` for i < ROT/2.
+// NORM_ZC, ROT (rotary dims, even), SPLITS (>= 1), MIN_CHUNK (>= 1), `float inv_freq(uint i)`
+// for i < ROT/2 and, when SPLITS > 1, PART_BINDING and COUNT_BINDING.
 // Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D], 2 = k f32[HKV, D], 3 = v f32[HKV, D],
 // 4 = k cache f32[HKV, CAP, D], 5 = v cache f32[HKV, CAP, D], 6 = pos i32[1],
-// 7 = q norm weight [D], 8 = k norm weight [D] (when QK_NORM).
+// 7 = q norm weight [D], 8 = k norm weight [D] (when QK_NORM); when SPLITS > 1:
+// PART_BINDING = partials f32[HQ, SPLITS, D + 2] (scratch), COUNT_BINDING = arrival counters
+// u32[HQ] (zero before the dispatch, zero again after it).
 // Spec constants: 0 = workgroup size (power of two, >= 4 and >= D), 1 = HQ, 2 = HKV, 3 = CAP,
 // 4 = D, 5 = SCALE (f32), 6 = EPS (f32).
-// Dispatch: HQ workgroups.
+// Dispatch: HQ * SPLITS workgroups.
 
 #include "reduce.glsl"
 #include "fused_rope.glsl"
@@ -41,7 +54,15 @@ layout(set = 0, binding = 6, std430) readonly buffer Pos { int pos[]; };
 layout(set = 0, binding = 7, std430) readonly buffer QN { uint qn[]; };
 layout(set = 0, binding = 8, std430) readonly buffer KN { uint kn[]; };
 #endif
+#if SPLITS > 1
+// Coherent: the last split reads what other workgroups wrote in this dispatch.
+layout(set = 0, binding = PART_BINDING, std430) coherent buffer Part { float partial[]; };
+layout(set = 0, binding = COUNT_BINDING, std430) coherent buffer Count { uint arrived[]; };
+shared uint last_s;
+#endif
 
+// Splits per head as an unsigned constant (SPLITS is a plain integer for #if).
+const uint NSPLITS = uint(SPLITS);
 // Invocations per position in the score phase.
 const uint P = 4u;
 const uint T = gl_WorkGroupSize.x / P;
@@ -90,25 +111,28 @@ float v_at(uint kv_base, uint j, uint c, uint fresh) {
     return j == fresh ? vf_s[c] : v[kv_base + j * D + c];
 }
 
-// Decode attention of query head h (its row in q_s) over slots 0..n-1 of kv head base kv_base;
-// slot `fresh` comes from kf_s / vf_s (see the top).
-void attend(uint h, uint kv_base, uint n, uint fresh) {
+// Decode attention of the query row in q_s over slots lo..hi-1 of kv head base kv_base; slot
+// `fresh` comes from kf_s / vf_s (see the top). Leaves the running max in `m` (the same in
+// every invocation) and, in invocations t < D, the unnormalised output element t in `total`
+// and the sum of the weights in `lsum`.
+void attend(uint kv_base, uint lo, uint hi, uint fresh, out float m, out float total,
+            out float lsum) {
     uint t = gl_LocalInvocationID.x;
     uint lane = t % P;
     uint slot = t / P;
     uint g = t / D;
     uint c = t - g * D;
-    float m = NEG_BIG;
+    m = NEG_BIG;
     float l = 0.0;
     float acc = 0.0;
-    for (uint tile = 0u; tile < n; tile += T) {
+    for (uint tile = lo; tile < hi; tile += T) {
         uint j = tile + slot;
         float d = 0.0;
-        if (j < n && j == fresh) {
+        if (j < hi && j == fresh) {
             for (uint e = lane; e < D; e += P) {
                 d += q_s[e] * kf_s[e];
             }
-        } else if (j < n) {
+        } else if (j < hi) {
             uint row = kv_base + j * D;
             if (D % 4u == 0u) {
                 for (uint c4 = lane; c4 < D / 4u; c4 += P) {
@@ -125,7 +149,7 @@ void attend(uint h, uint kv_base, uint n, uint fresh) {
         barrier();
         float s = NEG_BIG;
         if (t < T) {
-            if (tile + t < n) {
+            if (tile + t < hi) {
                 float sum = 0.0;
                 for (uint i = 0u; i < P; i++) {
                     sum += part[t * P + i];
@@ -139,11 +163,11 @@ void attend(uint h, uint kv_base, uint n, uint fresh) {
         float alpha = exp(m - m_new);
         m = m_new;
         if (t < T) {
-            w_s[t] = tile + t < n ? exp(w_s[t] - m_new) : 0.0;
+            w_s[t] = tile + t < hi ? exp(w_s[t] - m_new) : 0.0;
         }
         barrier();
         if (g < G) {
-            uint count = min(T, n - tile);
+            uint count = min(T, hi - tile);
             float a = acc * alpha;
             float ws = 0.0;
             // Four independent loads in flight per step: this loop is latency-bound.
@@ -175,7 +199,7 @@ void attend(uint h, uint kv_base, uint n, uint fresh) {
     }
     part[t] = g < G ? acc : 0.0;
     barrier();
-    float total = 0.0;
+    total = 0.0;
     if (t < D) {
         for (uint i = 0u; i < G; i++) {
             total += part[i * D + t];
@@ -186,39 +210,100 @@ void attend(uint h, uint kv_base, uint n, uint fresh) {
         part[g] = l;
     }
     barrier();
+    lsum = 0.0;
     if (t < D) {
-        float lsum = 0.0;
         for (uint i = 0u; i < G; i++) {
             lsum += part[i];
         }
-        y[h * D + t] = total / lsum;
     }
     barrier();
 }
 
-void main() {
-    uint h = group_id();
-    if (h >= HQ) {
+#if SPLITS > 1
+// Split `split` of query head h publishes its partial; the last of the `used` splits to arrive
+// combines all of them into y and resets the head's counter.
+void combine(uint h, uint split, uint used, float m, float total, float lsum) {
+    uint t = gl_LocalInvocationID.x;
+    const uint stride = D + 2u;
+    uint head = h * NSPLITS * stride;
+    uint mine = head + split * stride;
+    if (t < D) {
+        partial[mine + 2u + t] = total;
+    }
+    if (t == 0u) {
+        partial[mine] = m;
+        partial[mine + 1u] = lsum;
+    }
+    // Every invocation's partial is visible device-wide before the arrival is counted.
+    memoryBarrierBuffer();
+    barrier();
+    if (t == 0u) {
+        last_s = atomicAdd(arrived[h], 1u) == used - 1u ? 1u : 0u;
+    }
+    barrier();
+    if (last_s == 0u) {
         return;
     }
+    memoryBarrierBuffer();
+    if (t < D) {
+        float mm = NEG_BIG;
+        for (uint s = 0u; s < used; s++) {
+            mm = max(mm, partial[head + s * stride]);
+        }
+        float o = 0.0;
+        float l = 0.0;
+        for (uint s = 0u; s < used; s++) {
+            uint b = head + s * stride;
+            float w = exp(partial[b] - mm);
+            l += partial[b + 1u] * w;
+            o += partial[b + 2u + t] * w;
+        }
+        y[h * D + t] = o / l;
+    }
+    // Self-cleaning: every split of this head has arrived, none reads the counter again.
+    if (t == 0u) {
+        arrived[h] = 0u;
+    }
+}
+#endif
+
+void main() {
+    uint wid = group_id();
+    if (wid >= HQ * NSPLITS) {
+        return;
+    }
+    uint h = wid / NSPLITS;
+    uint split = wid - h * NSPLITS;
     uint t = gl_LocalInvocationID.x;
     uint group = HQ / HKV;
     uint g = h / group;
     int p = pos[0];
+    uint n = uint(clamp(p, 0, int(CAP) - 1)) + 1u;
+    uint chunk = max(MIN_CHUNK, (n + NSPLITS - 1u) / NSPLITS);
+    uint used = (n + chunk - 1u) / chunk;
+    // Uniform in the workgroup: an empty split leaves before any barrier.
+    if (split >= used) {
+        return;
+    }
+    uint lo = split * chunk;
+    uint hi = min(n, lo + chunk);
     float angle_pos = float(p);
     uint kv_base = g * CAP * D;
     bool in_cache = p >= 0 && uint(p) < CAP;
+    uint fresh = in_cache ? uint(p) : 0xffffffffu;
+    bool writer = split == 0u && h % group == 0u;
 
-    // The fresh K and V rows of the group: kept in shared memory, and written at the position
-    // by the group's first query head.
-    float kv = prepare(t < D ? k_new[g * D + t] : 0.0, false, angle_pos);
-    if (t < D) {
-        float vv = v_new[g * D + t];
-        kf_s[t] = kv;
-        vf_s[t] = vv;
-        if (in_cache && h % group == 0u) {
-            k[kv_base + uint(p) * D + t] = kv;
-            v[kv_base + uint(p) * D + t] = vv;
+    // The fresh K and V rows of the group, where this split writes or attends to them.
+    if (writer || (fresh >= lo && fresh < hi)) {
+        float kv = prepare(t < D ? k_new[g * D + t] : 0.0, false, angle_pos);
+        if (t < D) {
+            float vv = v_new[g * D + t];
+            kf_s[t] = kv;
+            vf_s[t] = vv;
+            if (in_cache && writer) {
+                k[kv_base + uint(p) * D + t] = kv;
+                v[kv_base + uint(p) * D + t] = vv;
+            }
         }
     }
     float qv = prepare(t < D ? q[h * D + t] : 0.0, true, angle_pos);
@@ -226,6 +311,15 @@ void main() {
         q_s[t] = qv;
     }
     barrier();
-    uint n = uint(clamp(p, 0, int(CAP) - 1)) + 1u;
-    attend(h, kv_base, n, in_cache ? uint(p) : 0xffffffffu);
+    float m, total, lsum;
+    attend(kv_base, lo, hi, fresh, m, total, lsum);
+    if (used == 1u) {
+        if (t < D) {
+            y[h * D + t] = total / lsum;
+        }
+        return;
+    }
+#if SPLITS > 1
+    combine(h, split, used, m, total, lsum);
+#endif
 }

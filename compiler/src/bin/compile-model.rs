@@ -36,6 +36,16 @@ struct Args {
     /// Give every transient value its own arena slot instead of planning reuse from liveness.
     #[arg(long)]
     no_plan: bool,
+    /// Workgroups per query head of the fused attention block, each over a chunk of the context
+    /// (1: one workgroup walks the whole context). Default: chosen from the shapes for the
+    /// device class (132 compute units, an H100).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    attention_splits: Option<u32>,
+    /// Workgroup size of the fused attention block (a power of two up to 1024, raised to the
+    /// head dim where smaller). Default: 8 invocations per head element (64..1024), 4 when the
+    /// block is split. A tuning knob.
+    #[arg(long)]
+    attention_wg: Option<u32>,
     /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.
     #[arg(long)]
     explain: bool,
@@ -76,6 +86,11 @@ fn run(args: Args) -> Result<()> {
         bail!(
             "nothing to do: pass -o FILE to write a schedule, or --emit-trace to print the trace"
         );
+    }
+    if let Some(wg) = args.attention_wg {
+        if !wg.is_power_of_two() || !(4..=1024).contains(&wg) {
+            bail!("--attention-wg {wg}: a power of two from 4 to 1024");
+        }
     }
     let mut st = Stages { times: vec![] };
     let model = st.run("import", || {
@@ -131,6 +146,8 @@ fn run(args: Args) -> Result<()> {
     } else {
         let opts = fuse::FuseOptions {
             plan_memory: !args.no_plan,
+            attention_splits: args.attention_splits.map(|n| n as usize),
+            attention_wg: args.attention_wg,
             ..Default::default()
         };
         let (s, r) = st.run("fuse", || {

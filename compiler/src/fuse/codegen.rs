@@ -21,6 +21,47 @@ pub const ELEMENTWISE_WG: u32 = 128;
 pub fn attention_wg(head_dim: usize) -> u32 {
     (8 * head_dim).next_power_of_two().clamp(64, 1024) as u32
 }
+/// Most splits per query head of the attention block ([`attention_splits`]).
+pub const MAX_ATTENTION_SPLITS: usize = 16;
+/// Fewest slots a split of the attention block attends (unless the context is shorter): a
+/// split costs a fixed prologue (norms, rope, a few barriers) and a share of the combine, so
+/// slivers of a few slots cost more than they save.
+pub const ATTENTION_MIN_CHUNK: usize = 32;
+/// Fewest bytes of K and V per split at a full cache: a head whose whole cache is smaller is
+/// one workgroup's short walk, and every split past the first is a workgroup launched for
+/// nothing at short positions (on lavapipe an empty workgroup costs ~75 µs: the fixtures,
+/// heads of 16 and 32 over 512 slots, stay unsplit).
+pub const ATTENTION_MIN_SPLIT_BYTES: usize = 256 << 10;
+
+/// Splits per query head of the attention block (flash-decoding): enough that `hq` heads x
+/// splits workgroups are two per compute unit (`compute_units`: the device class's streaming
+/// multiprocessors or compute units, [`super::cost::DeviceCost`]; split workgroups of
+/// [`attention_split_wg`] fit two per SM), at most [`MAX_ATTENTION_SPLITS`], and no more than
+/// the f32 K and V of a full cache (`capacity` slots of `head_dim`) hold
+/// [`ATTENTION_MIN_SPLIT_BYTES`] each. A compile-time choice from the shapes and the device
+/// class the schedule is made for; the kernel adapts the chunk to the position (at short
+/// positions few splits work, the rest exit at once). Qwen3-0.6B at 4096 slots on an H100: 16
+/// (docs/perf.md: 16 x 512 invocations beat 8 x 1024 and 16 x 256 over 256 and 1024 tokens).
+pub fn attention_splits(
+    hq: usize,
+    head_dim: usize,
+    capacity: usize,
+    compute_units: usize,
+) -> usize {
+    let by_bytes = capacity * head_dim * 2 * 4 / ATTENTION_MIN_SPLIT_BYTES;
+    (2 * compute_units / hq.max(1))
+        .clamp(1, MAX_ATTENTION_SPLITS)
+        .min(by_bytes)
+        .max(1)
+}
+
+/// Workgroup size of a split attention block: 4 invocations per head element (a 128-slot score
+/// tile at head_dim 128), 64..1024. A split walks a chunk, not the whole context: half the
+/// unsplit workgroup keeps its barriers cheaper and two of them resident per SM.
+pub fn attention_split_wg(head_dim: usize) -> u32 {
+    (4 * head_dim).next_power_of_two().clamp(64, 1024) as u32
+}
+
 /// Workgroup size of the Gated DeltaNet step (one workgroup per key head).
 pub const GDN_WG: u32 = 256;
 
@@ -222,6 +263,32 @@ pub struct AttnSpec {
     pub qk_norm: Option<(NormSpec, DType)>,
     pub theta: F32Attr,
     pub rotary_dim: usize,
+    /// Workgroups per query head, each over a chunk of the context (1: no split, no scratch).
+    pub splits: usize,
+    /// Fewest slots a split attends.
+    pub min_chunk: usize,
+    /// Workgroup size (a power of two, at least `head_dim`): [`attention_wg`] unless tuned.
+    pub workgroup: u32,
+}
+
+impl AttnSpec {
+    /// Bytes of the partials' scratch (m, l, o[head_dim] per head and split); 0 without splits.
+    pub fn partial_bytes(&self) -> u64 {
+        if self.splits > 1 {
+            (self.hq * self.splits * (self.head_dim + 2) * 4) as u64
+        } else {
+            0
+        }
+    }
+
+    /// Bytes of the per-head arrival counters; 0 without splits.
+    pub fn counter_bytes(&self) -> u64 {
+        if self.splits > 1 {
+            (self.hq * 4) as u64
+        } else {
+            0
+        }
+    }
 }
 
 /// The Gated DeltaNet step.
@@ -574,6 +641,16 @@ pub fn attention(spec: &AttnSpec) -> Generated {
         u8::from(norm.is_some_and(|n| n.zero_centered))
     );
     let _ = writeln!(s, "#define ROT {}u", spec.rotary_dim);
+    let splits = spec.splits.max(1);
+    let _ = writeln!(s, "#define SPLITS {splits}");
+    let _ = writeln!(s, "#define MIN_CHUNK {}u", spec.min_chunk.max(1));
+    // The scratch and the counters follow the other bindings.
+    let mut bindings = if norm.is_some() { 9 } else { 7 };
+    if splits > 1 {
+        let _ = writeln!(s, "#define PART_BINDING {bindings}");
+        let _ = writeln!(s, "#define COUNT_BINDING {}", bindings + 1);
+        bindings += 2;
+    }
     s += "#include \"common.glsl\"\n";
     // inv_freq exactly as the rope kernel's spec constants carry it (bit patterns).
     let table: Vec<String> = inv_freq
@@ -588,7 +665,7 @@ pub fn attention(spec: &AttnSpec) -> Generated {
     );
     s += "#include \"fused_attention.glsl\"\n";
     let spec_constants = vec![
-        attention_wg(spec.head_dim),
+        spec.workgroup,
         u(spec.hq),
         u(spec.hkv),
         u(spec.capacity),
@@ -598,7 +675,7 @@ pub fn attention(spec: &AttnSpec) -> Generated {
     ];
     Generated {
         label: format!(
-            "fused_attention[hq={},hkv={},d={},rot={}{}]",
+            "fused_attention[hq={},hkv={},d={},rot={}{},splits={splits}]",
             spec.hq,
             spec.hkv,
             spec.head_dim,
@@ -607,8 +684,8 @@ pub fn attention(spec: &AttnSpec) -> Generated {
         ),
         source: s,
         spec_constants,
-        workgroups: workgroups(spec.hq),
-        bindings: if norm.is_some() { 9 } else { 7 },
+        workgroups: workgroups(spec.hq * splits),
+        bindings,
     }
 }
 

@@ -19,10 +19,14 @@ pub struct DeviceCost {
     pub bytes_per_us: f64,
     /// Positions the KV cache holds in the estimate of attention's traffic.
     pub nominal_context: usize,
+    /// Workgroups the device runs side by side (its SMs or compute units): the attention
+    /// block splits the context until its heads x splits cover them
+    /// ([`super::codegen::attention_splits`]).
+    pub compute_units: usize,
 }
 
 impl DeviceCost {
-    /// An H100 (DESIGN.md's measurements): barrier ~2.3 µs, dispatch ~0.2 µs, ~3 TB/s.
+    /// An H100 (DESIGN.md's measurements): barrier ~2.3 µs, dispatch ~0.2 µs, ~3 TB/s, 132 SMs.
     pub fn h100() -> DeviceCost {
         DeviceCost {
             name: "h100",
@@ -30,6 +34,7 @@ impl DeviceCost {
             barrier_us: 2.3,
             bytes_per_us: 3.0e6,
             nominal_context: 512,
+            compute_units: 132,
         }
     }
 }

@@ -133,6 +133,7 @@ pub enum ProgramError {
 
 struct Builder<'a> {
     p: &'a Program,
+    opts: &'a super::schedule::FuseOptions,
     unit: &'a Unit,
     ex: &'a Extraction,
     g: &'a FuseGraph,
@@ -436,15 +437,32 @@ impl Builder<'_> {
                     (None, None) => None,
                     _ => return Err(self.err("attention block with one of two norms")),
                 };
+                let (hq, head_dim) = (tq.shape.dims()[0], tq.shape.dims()[1]);
+                let capacity = tc.shape.dims()[1];
+                let splits = self.opts.attention_splits.unwrap_or_else(|| {
+                    let units = self.opts.device.compute_units;
+                    codegen::attention_splits(hq, head_dim, capacity, units)
+                });
                 let spec = AttnSpec {
-                    hq: tq.shape.dims()[0],
+                    hq,
                     hkv: tk.shape.dims()[0],
-                    head_dim: tq.shape.dims()[1],
-                    capacity: tc.shape.dims()[1],
+                    head_dim,
+                    capacity,
                     scale,
                     qk_norm,
                     theta,
                     rotary_dim,
+                    splits: splits.max(1),
+                    min_chunk: codegen::ATTENTION_MIN_CHUNK,
+                    // At least the head (one invocation per element in the prologue).
+                    workgroup: self
+                        .opts
+                        .attention_wg
+                        .unwrap_or_else(|| match splits {
+                            0 | 1 => codegen::attention_wg(head_dim),
+                            _ => codegen::attention_split_wg(head_dim),
+                        })
+                        .max(head_dim.next_power_of_two() as u32),
                 };
                 let generated = codegen::attention(&spec);
                 let ty = self.ty(c)?;
@@ -737,11 +755,13 @@ impl FusedUnit {
         label: &str,
         saturation: Saturation,
         unfused: Cost,
-        dev: &super::cost::DeviceCost,
+        opts: &super::schedule::FuseOptions,
     ) -> Result<FusedUnit, ProgramError> {
+        let dev = &opts.device;
         let g = &unit.egraph;
         let mut b = Builder {
             p,
+            opts,
             unit,
             ex,
             g,
@@ -983,7 +1003,7 @@ impl UKernel {
             KernelKind::Matvec(spec) => format!("matvec {}", spec.describe()),
             KernelKind::Elementwise(spec) => format!("elementwise {}", spec.epi),
             KernelKind::Attention(a) => format!(
-                "attention block: {} q heads per kv head, head_dim {}, rope {}{}",
+                "attention block: {} q heads per kv head, head_dim {}, rope {}{}{}",
                 a.hq / a.hkv,
                 a.head_dim,
                 a.rotary_dim,
@@ -991,6 +1011,11 @@ impl UKernel {
                     Some((n, _)) if n.zero_centered => ", q/k norm1p",
                     Some(_) => ", q/k norm",
                     None => "",
+                },
+                if a.splits > 1 {
+                    format!(", context in {} splits", a.splits)
+                } else {
+                    String::new()
                 }
             ),
             KernelKind::Tail(TailSpec::Argmax { .. }) => "argmax -> token".to_string(),

@@ -42,6 +42,12 @@ pub struct FuseOptions {
     /// Offer persistent regions over runs of matvec levels (`fuse::persistent`); the runtime
     /// applies them only where the device keeps every workgroup resident.
     pub persistent: bool,
+    /// Splits per query head of the attention block; `None` chooses from the shapes and
+    /// `device` ([`super::codegen::attention_splits`]). `Some(1)` is the unsplit kernel.
+    pub attention_splits: Option<usize>,
+    /// Workgroup size of the attention block (a power of two up to 1024, raised to the head
+    /// dim where smaller); `None`: [`super::codegen::attention_wg`]. A tuning knob.
+    pub attention_wg: Option<u32>,
 }
 
 impl Default for FuseOptions {
@@ -53,6 +59,8 @@ impl Default for FuseOptions {
             time_limit: Duration::from_secs(10),
             plan_memory: true,
             persistent: true,
+            attention_splits: None,
+            attention_wg: None,
         }
     }
 }
@@ -141,13 +149,7 @@ pub fn fuse_unit(
         };
     }
     Ok(FusedUnit::new(
-        p,
-        &unit,
-        &ex,
-        label,
-        saturation,
-        unfused,
-        &opts.device,
+        p, &unit, &ex, label, saturation, unfused, opts,
     )?)
 }
 
@@ -217,6 +219,9 @@ struct Lowering<'a> {
     accesses: Vec<Access>,
     /// Arena allocations (base slices), for the buffer plan.
     arena_allocs: Vec<Slice>,
+    /// The split attention blocks' arrival counters: one zeroed slice of the state buffer
+    /// shared by every layer (each dispatch leaves it zero, and layers run one after another).
+    attention_counters: Option<Slice>,
 }
 
 const WEIGHTS: usize = 0;
@@ -423,6 +428,24 @@ impl Lowering<'_> {
                     (kernel, vec![], gen.workgroups, label)
                 }
             };
+            // A split attention block's scratch (transient: placed in the arena like a value
+            // live in this dispatch's level only) and its counters, after its other bindings.
+            let mut writes = k.writes.clone();
+            if let KernelKind::Attention(spec) = &k.kind {
+                if spec.splits > 1 {
+                    let partials = self.bufs[ARENA].alloc(spec.partial_bytes());
+                    self.arena_allocs.push(partials);
+                    let counters = self.attention_counters.ok_or_else(|| {
+                        FuseError::Internal("a split attention block without counters".into())
+                    })?;
+                    writes.extend([bindings.len(), bindings.len() + 1]);
+                    bindings.push(partials);
+                    bindings.push(Slice {
+                        size: spec.counter_bytes(),
+                        ..counters
+                    });
+                }
+            }
             if bindings.len() != self.kernels[kernel.index()].bindings as usize {
                 return Err(FuseError::Internal(format!(
                     "`{label}` binds {} buffers, its kernel declares {}",
@@ -432,7 +455,7 @@ impl Lowering<'_> {
             }
             let mut access = Access::default();
             for (i, s) in bindings.iter().enumerate() {
-                if k.writes.contains(&i) {
+                if writes.contains(&i) {
                     access.writes.push(*s);
                 } else {
                     access.reads.push(*s);
@@ -571,6 +594,17 @@ pub fn lower_units_planned(
         })
         .collect();
     let io_logits = bufs[IO].alloc(p.ty(logits).bytes() as u64);
+    let counter_bytes = fused
+        .units
+        .iter()
+        .flat_map(|u| &u.kernels)
+        .filter_map(|k| match &k.kind {
+            KernelKind::Attention(spec) => Some(spec.counter_bytes()),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let attention_counters = (counter_bytes > 0).then(|| bufs[STATE].alloc(counter_bytes));
     let mut l = Lowering {
         p,
         bufs,
@@ -586,6 +620,7 @@ pub fn lower_units_planned(
         dispatches: vec![],
         accesses: vec![],
         arena_allocs: vec![],
+        attention_counters,
     };
     for &(u, start) in &fused.sequence {
         l.instance(&fused.units[u], start, spirv)?;

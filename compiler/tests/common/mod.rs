@@ -1,0 +1,58 @@
+//! What the compiler's GPU test binaries share: timing a kernel on the device.
+
+use std::time::Duration;
+use vkfuse_runtime::{Buffer, BufferBinding, Device, Pipeline};
+
+/// Median GPU time (µs) of `iters` dispatches of `pipeline` over `workgroups`, each alone
+/// between two timestamps with a barrier after it; dispatch i binds `sets[i % sets.len()]`
+/// (buffer b at binding b), so operands rotated over copies larger than the L2 come from DRAM.
+/// `None` where the device has no timestamps.
+pub fn median_dispatch_us(
+    device: &Device,
+    pipeline: &Pipeline,
+    sets: &[Vec<Buffer>],
+    workgroups: [u32; 3],
+    iters: u32,
+    wait: Duration,
+) -> Option<f64> {
+    let pool_ts = device.create_timestamp_pool(2 * iters).expect("pool")?;
+    let bindings: usize = sets.iter().map(Vec::len).sum();
+    let dpool = device
+        .create_descriptor_pool(sets.len() as u32, bindings as u32)
+        .expect("descriptor pool");
+    let dsets: Vec<_> = sets
+        .iter()
+        .map(|bufs| {
+            let set = dpool.allocate(pipeline).expect("set");
+            let writes: Vec<BufferBinding> = bufs
+                .iter()
+                .enumerate()
+                .map(|(b, buf)| BufferBinding::whole(b as u32, buf))
+                .collect();
+            device.write_descriptors(&set, &writes).expect("writes");
+            set
+        })
+        .collect();
+    let mut cmd = device.create_command_buffer().expect("cmd");
+    {
+        let mut rec = cmd.begin().expect("begin");
+        rec.reset_timestamps(&pool_ts).expect("reset");
+        rec.bind_pipeline(pipeline).expect("bind");
+        for i in 0..iters {
+            rec.bind_descriptor_set(&dsets[i as usize % dsets.len()])
+                .expect("set");
+            rec.write_timestamp(&pool_ts, 2 * i).expect("ts");
+            let [x, y, z] = workgroups;
+            rec.dispatch(x, y, z).expect("dispatch");
+            rec.write_timestamp(&pool_ts, 2 * i + 1).expect("ts");
+            rec.compute_barrier();
+        }
+        rec.finish().expect("finish");
+    }
+    device.submit_and_wait(&mut cmd, wait).expect("run");
+    let mut times: Vec<f64> = (0..iters)
+        .filter_map(|i| pool_ts.elapsed_ns(2 * i, 2 * i + 1).expect("ticks"))
+        .collect();
+    times.sort_by(f64::total_cmp);
+    Some(times.get(times.len() / 2)? / 1e3)
+}
