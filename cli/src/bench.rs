@@ -11,6 +11,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 use vkfuse_compiler::lower::{self, SpirvCache};
+use vkfuse_compiler::quant::{self, EncodedWeights};
 use vkfuse_compiler::{fuse, import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::{
@@ -36,6 +37,11 @@ pub struct BenchArgs {
     /// timestamp after each level) and print where the step's GPU time goes.
     #[arg(long)]
     pub profile: bool,
+    /// For a model directory: store the matvec weights as f16, bf16, q8_0 or q4_0 (as
+    /// `compile-model --weights` does; q8_0/q4_0 keep matrices whose input size is not a
+    /// multiple of 32 and expert stacks as stored). Default: the checkpoint's dtypes.
+    #[arg(long, value_name = "FORMAT")]
+    pub weights: Option<vkfuse_compiler::quant::WeightFormat>,
     /// Profiled steps to average.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub profile_steps: u32,
@@ -183,6 +189,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // file runs as it was compiled (fused unless compile-model had --no-fuse).
     let mut schedules: Vec<(bool, Schedule)> = vec![];
     let weights: Box<dyn TensorBytes> = if args.model.is_file() {
+        if args.weights.is_some() {
+            bail!("--weights is fixed when the schedule is compiled (compile-model --weights)");
+        }
         let (s, w) = ScheduleFile::open(&args.model)?.into_parts();
         let fused = s.kernels.iter().any(|k| k.label.starts_with("fused_"));
         schedules.push((fused, s));
@@ -190,14 +199,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         let model = import::load(&args.model)
             .with_context(|| format!("loading {}", args.model.display()))?;
-        let program = trace::trace(&model, &trace::TraceOptions::default())?;
+        let mut program = trace::trace(&model, &trace::TraceOptions::default())?;
+        if let Some(format) = args.weights {
+            quant::convert(&mut program, format).context("converting the weights' format")?;
+        }
         let meta = lower::Meta::of(&model);
         let mut spirv = SpirvCache::default();
         schedules.push((false, lower::lower(&program, &meta, &mut spirv)?));
         let (fused, _) =
             fuse::lower_fused(&program, &meta, &mut spirv, &fuse::FuseOptions::default())?;
         schedules.push((true, fused));
-        Box::new(model.tensors)
+        Box::new(EncodedWeights::new(model.tensors, &program)?)
     };
     let device = crate::decode::open_device(args.device)?;
     let mut out = std::io::stdout().lock();

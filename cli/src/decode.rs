@@ -10,6 +10,7 @@ use vkfuse_compiler::import::Model;
 use vkfuse_compiler::ir::Program;
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::npy::{self, Array2};
+use vkfuse_compiler::quant::{self, EncodedWeights};
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
@@ -158,6 +159,9 @@ enum Source {
 impl Source {
     fn open(args: &RunArgs) -> Result<Source> {
         if args.model.is_file() {
+            if args.weights.is_some() {
+                bail!("--weights is fixed when the schedule is compiled (compile-model --weights)");
+            }
             if args.max_context.is_some() {
                 bail!("--max-context is fixed when the schedule is compiled (compile-model --max-context)");
             }
@@ -168,7 +172,10 @@ impl Source {
         let opts = trace::TraceOptions {
             max_context: args.max_context,
         };
-        let program = trace::trace(&model, &opts).context("tracing the decode step")?;
+        let mut program = trace::trace(&model, &opts).context("tracing the decode step")?;
+        if let Some(format) = args.weights {
+            quant::convert(&mut program, format).context("converting the weights' format")?;
+        }
         let capacity = trace::max_context(&model, &opts)?;
         Ok(Source::Model {
             model: Box::new(model),
@@ -197,17 +204,18 @@ impl Source {
         persistence: Persistence,
     ) -> Result<Box<dyn Engine + '_>> {
         Ok(match (self, backend) {
-            (Source::Model { model, program, .. }, Backend::Reference) => {
-                Box::new(Reference::new(program, &model.tensors))
-            }
+            (Source::Model { model, program, .. }, Backend::Reference) => Box::new(
+                Reference::owning(program, EncodedWeights::new(&model.tensors, program)?),
+            ),
             (Source::Model { model, program, .. }, backend) => {
                 let meta = lower::Meta::of(model);
                 let schedule = lower::lower(program, &meta, &mut SpirvCache::default())
                     .context("lowering the trace")?;
+                let weights = EncodedWeights::new(&model.tensors, program)?;
                 vulkan_engine(
                     backend,
                     schedule,
-                    &model.tensors,
+                    &weights,
                     device,
                     chains,
                     None,

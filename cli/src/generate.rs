@@ -11,6 +11,7 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
 use vkfuse_compiler::lower::{self, SpirvCache};
+use vkfuse_compiler::quant::{self, EncodedWeights};
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::TensorBytes;
@@ -63,6 +64,11 @@ pub struct GenerateArgs {
     /// max_position_embeddings, at most 4096).
     #[arg(long, value_name = "N")]
     pub max_context: Option<usize>,
+    /// For a model directory: store the matvec weights as f16, bf16, q8_0 or q4_0 (as
+    /// `compile-model --weights` does; q8_0/q4_0 keep matrices whose input size is not a
+    /// multiple of 32 and expert stacks as stored). Default: the checkpoint's dtypes.
+    #[arg(long, value_name = "FORMAT")]
+    pub weights: Option<vkfuse_compiler::quant::WeightFormat>,
     /// Print one JSON object (prompt ids, generated ids and text, per-token counters) as the
     /// last stdout line.
     #[arg(long)]
@@ -231,6 +237,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)> {
     let origin = args.model.display().to_string();
     if args.model.is_file() {
+        if args.weights.is_some() {
+            bail!("--weights is fixed when the schedule is compiled (compile-model --weights)");
+        }
         if args.max_context.is_some() {
             bail!(
                 "--max-context is fixed when the schedule is compiled (compile-model --max-context)"
@@ -243,12 +252,16 @@ fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)>
     let opts = trace::TraceOptions {
         max_context: args.max_context,
     };
-    let program = trace::trace(&model, &opts).context("tracing the decode step")?;
+    let mut program = trace::trace(&model, &opts).context("tracing the decode step")?;
+    if let Some(format) = args.weights {
+        quant::convert(&mut program, format).context("converting the weights' format")?;
+    }
     let schedule = lower::lower(
         &program,
         &lower::Meta::of(&model),
         &mut SpirvCache::default(),
     )
     .context("lowering the trace")?;
-    Ok((schedule, Box::new(model.tensors), origin))
+    let weights = EncodedWeights::new(model.tensors, &program)?;
+    Ok((schedule, Box::new(weights), origin))
 }

@@ -85,6 +85,11 @@ pub struct RunArgs {
     /// KV-cache capacity in tokens (default: the model's max_position_embeddings, at most 4096).
     #[arg(long, value_name = "N")]
     pub max_context: Option<usize>,
+    /// For a model directory: store the matvec weights as f16, bf16, q8_0 or q4_0 (as
+    /// `compile-model --weights` does; q8_0/q4_0 keep matrices whose input size is not a
+    /// multiple of 32 and expert stacks as stored). Default: the checkpoint's dtypes.
+    #[arg(long, value_name = "FORMAT")]
+    pub weights: Option<vkfuse_compiler::quant::WeightFormat>,
     /// The Vulkan device, by index in `vkfuse devices` (default: VKFUSE_DEVICE, else the
     /// first discrete GPU, then integrated, then CPU).
     #[arg(long, value_name = "N")]

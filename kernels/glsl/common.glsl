@@ -24,6 +24,9 @@ layout(local_size_x_id = 0) in;
 #define F16 2
 #define BF16 3
 #define I32 4
+// ggml's block formats (quant.glsl reads them; LOAD and PAIR do not).
+#define Q8_0 5
+#define Q4_0 6
 
 float f16_at(uint word, uint i) {
     vec2 v = unpackHalf2x16(word);

@@ -1,10 +1,12 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // embedding: y[i] = table[token, i] (the token is clamped into 0..V).
-// Bindings: 0 = y f32[H], 1 = table [V, H] of DTYPE_1, 2 = token i32[1].
+// Bindings: 0 = y f32[H], 1 = table [V, H] of DTYPE_1 (a block format: rows as quant.glsl
+// lays them out, the row's element dequantised), 2 = token i32[1].
 // Spec constants: 0 = workgroup size, 1 = V, 2 = H.
 // Dispatch: ceil(H / workgroup size).
 #include "common.glsl"
+#include "quant.glsl"
 
 layout(constant_id = 1) const uint V = 1;
 layout(constant_id = 2) const uint H = 1;
@@ -19,5 +21,9 @@ void main() {
         return;
     }
     uint t = uint(clamp(token[0], 0, int(V) - 1));
+#if DTYPE_1 == Q8_0 || DTYPE_1 == Q4_0
+    y[i] = Q_LOAD(DTYPE_1, table, t, i, H);
+#else
     y[i] = LOAD(DTYPE_1, table, t * H + i);
+#endif
 }

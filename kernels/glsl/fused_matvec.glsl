@@ -3,8 +3,9 @@
 // optional rms-norm prologue, then a generated epilogue expression.
 //
 // Weights: PARTS matrices [rows_k, I] of W_DTYPE packed side by side (row after row) at compile
-// time. Stacked (ZIPPED 0): output row r is weight row r, written at r + SHIFT_k (each part
-// starts at an aligned offset); O = all rows. Zipped (ZIPPED 1): all parts have O rows and
+// time; block formats (Q8_0, Q4_0) are rows of codes and scales (quant.glsl), dequantised in
+// the inner loop, 8 weights per row and step. Stacked (ZIPPED 0): output row r is weight row
+// r, written at r + SHIFT_k (each part starts at an aligned offset); O = all rows. Zipped (ZIPPED 1): all parts have O rows and
 // output row r combines weight rows k*O + r of every part k.
 // Prologue (NORM 1): x̂ = x / sqrt(mean(x²) + EPS) · nw (· (1 + nw) when NORM_ZC): every
 // workgroup reduces x² itself (x is small) and scales its dots; x̂ never reaches memory.
@@ -21,6 +22,7 @@
 // Dispatch: ceil(O / ROWS) workgroups.
 
 #include "reduce.glsl"
+#include "quant.glsl"
 #include "fused_epilogue.glsl"
 
 layout(constant_id = 1) const uint O = 1;
@@ -114,6 +116,25 @@ void main() {
     scale = inversesqrt(ss / float(I) + EPS);
 #endif
 
+#if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
+    uint rb = q_row_bytes(W_DTYPE, I);
+    for (uint c = t; c < I / 8u; c += gl_WorkGroupSize.x) {
+        uvec2 xi = q_x4(W_DTYPE, c);
+        vec4 xa = mv_x4[xi.x];
+        vec4 xb = mv_x4[xi.y];
+#if NORM
+        uint ea = 4u * xi.x;
+        uint eb = 4u * xi.y;
+        xa *= vec4(mv_nw_at(ea), mv_nw_at(ea + 1u), mv_nw_at(ea + 2u), mv_nw_at(ea + 3u));
+        xb *= vec4(mv_nw_at(eb), mv_nw_at(eb + 1u), mv_nw_at(eb + 2u), mv_nw_at(eb + 3u));
+#endif
+        for (uint j = 0u; j < ndots; j++) {
+            uint at = wrow[j] * rb;
+            acc[j] += Q_SCALE(W_DTYPE, mv_w, at, I, c / 4u) *
+                      Q_STEP_DOT(W_DTYPE, mv_w, at / 4u, c, xa, xb);
+        }
+    }
+#else
     if (VEC4 != 0u) {
 #if W_DTYPE == F32
         uint n4 = I / 4u;
@@ -155,6 +176,7 @@ void main() {
             }
         }
     }
+#endif
 
     wg_share_dots(acc, ndots);
     if (t < ROWS && row0 + t < O) {

@@ -7,7 +7,10 @@
 //   X  (float x[]) and X4 (vec4 x4[]) on the input binding.
 // Spec constants declared here: 1 = O (rows per matrix), 2 = I (row length), 3 = ROWS (rows
 // per workgroup, 1..=8), 4 = VEC4 (1 when rows and the input are 16-byte aligned: I % 4 == 0
-// for f32 weights, I % 8 == 0 for f16/bf16).
+// for f32 weights, I % 8 == 0 for f16/bf16; always 1 for the block formats).
+// Block formats (DTYPE_1 Q8_0 or Q4_0, quant.glsl): each step of the loop takes 8 weights of
+// each row (two words of q8_0 codes, one of q4_0) and their block's f16 scale; I is a
+// multiple of 32.
 
 layout(constant_id = 1) const uint O = 1;
 layout(constant_id = 2) const uint I = 1;
@@ -15,6 +18,7 @@ layout(constant_id = 3) const uint ROWS = 1;
 layout(constant_id = 4) const uint VEC4 = 0;
 
 #include "reduce.glsl"
+#include "quant.glsl"
 
 const uint MAX_ROWS = MAX_DOTS;
 
@@ -28,6 +32,19 @@ float matvec_rows(uint wrow, uint last, uint xoff) {
         acc[r] = 0.0;
         row[r] = min(wrow + r, last);
     }
+#if DTYPE_1 == Q8_0 || DTYPE_1 == Q4_0
+    uint rb = q_row_bytes(DTYPE_1, I);
+    for (uint c = t; c < I / 8u; c += gl_WorkGroupSize.x) {
+        uvec2 xi = q_x4(DTYPE_1, c) + xoff / 4u;
+        vec4 xa = x4[xi.x];
+        vec4 xb = x4[xi.y];
+        for (uint r = 0u; r < ROWS; r++) {
+            uint at = row[r] * rb;
+            acc[r] += Q_SCALE(DTYPE_1, w, at, I, c / 4u) *
+                      Q_STEP_DOT(DTYPE_1, w, at / 4u, c, xa, xb);
+        }
+    }
+#else
     if (VEC4 != 0u) {
 #if DTYPE_1 == F32
         uint n4 = I / 4u;
@@ -60,6 +77,7 @@ float matvec_rows(uint wrow, uint last, uint xoff) {
             }
         }
     }
+#endif
     wg_share_dots(acc, ROWS);
     return wg_dot_total(min(t, ROWS - 1u));
 }

@@ -47,6 +47,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("reduce.glsl", include_str!("../glsl/reduce.glsl")),
     ("argbest.glsl", include_str!("../glsl/argbest.glsl")),
     ("matvec_core.glsl", include_str!("../glsl/matvec_core.glsl")),
+    ("quant.glsl", include_str!("../glsl/quant.glsl")),
     // Anchors of the fused kernels: the compiler generates the sources that include them.
     (
         "fused_matvec.glsl",

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 use vkfuse_compiler::lower::{self, SpirvCache};
-use vkfuse_compiler::{fuse, import, trace};
+use vkfuse_compiler::{fuse, import, quant, trace};
 use vkfuse_runtime::schedule::BufferRole;
 
 /// Compile a Hugging Face model (config.json + *.safetensors) into a vkfuse schedule.
@@ -49,6 +49,14 @@ struct Args {
     /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.
     #[arg(long)]
     explain: bool,
+    /// Store the matvec weights (projections, lm_head; the embedding table when lm_head shares
+    /// it) as f16, bf16, or ggml's block formats q8_0 / q4_0 (32 weights and an f16 scale per
+    /// block, quantised here, dequantised in the matvec's inner loop). Norm weights and other
+    /// vectors stay as stored; so do, for q8_0/q4_0, matrices whose input size is not a
+    /// multiple of 32, and Qwen3-Next's expert stacks in every format (the expert kernels read
+    /// f32/f16/bf16 only). Default: the checkpoint's dtypes.
+    #[arg(long, value_name = "FORMAT")]
+    weights: Option<quant::WeightFormat>,
 }
 
 fn main() {
@@ -99,9 +107,15 @@ fn run(args: Args) -> Result<()> {
     let opts = trace::TraceOptions {
         max_context: args.max_context,
     };
-    let program = st.run("trace", || {
+    let mut program = st.run("trace", || {
         trace::trace(&model, &opts).context("tracing the decode step")
     })?;
+    let conversion = match args.weights {
+        Some(format) => {
+            Some(quant::convert(&mut program, format).context("converting the weights' format")?)
+        }
+        None => None,
+    };
     if args.emit_trace {
         let mut out = std::io::stdout().lock();
         write!(out, "{program}")?;
@@ -157,8 +171,10 @@ fn run(args: Args) -> Result<()> {
         (s, Some(r), plan)
     };
     let bytes = st.run("write", || {
+        let weights = quant::EncodedWeights::new(&model.tensors, &program)
+            .context("converting the weights")?;
         schedule
-            .write_file(path, &model.tensors)
+            .write_file(path, &weights)
             .with_context(|| format!("writing {}", path.display()))
     })?;
 
@@ -217,6 +233,9 @@ fn run(args: Args) -> Result<()> {
         }
     }
     println!("kernels:     {} pipelines", schedule.kernels.len());
+    if let Some(c) = &conversion {
+        println!("weights:     {}", c.summary());
+    }
     let times: Vec<String> = st
         .times
         .iter()
@@ -225,6 +244,9 @@ fn run(args: Args) -> Result<()> {
     println!("time:        {}", times.join(", "));
     if let (true, Some(r)) = (args.explain, &fusion) {
         println!("\n{r}");
+    }
+    if let (true, Some(c)) = (args.explain, &conversion) {
+        println!("\n{c}");
     }
     Ok(())
 }

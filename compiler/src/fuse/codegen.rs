@@ -384,6 +384,8 @@ fn dtype_code(d: DType) -> &'static str {
         DType::F16 => "F16",
         DType::BF16 => "BF16",
         DType::I32 => "I32",
+        DType::Q8_0 => "Q8_0",
+        DType::Q4_0 => "Q4_0",
     }
 }
 
@@ -406,7 +408,7 @@ pub fn matvec(spec: &MatvecSpec) -> Generated {
     let o = spec.rows();
     let (wg, rows) = crate::kernels::matvec_tuning(o);
     let rows_per_wg = (rows as usize).min(8 / per_row).max(1);
-    let vec4 = spec.cols.is_multiple_of(16 / spec.dtype.size());
+    let vec4 = crate::kernels::vec4(spec.dtype, spec.cols) != 0;
     let (offsets, _) = spec.layout();
     let mut ends = vec![0u32; 8];
     let mut shifts = vec![0u32; 8];

@@ -14,7 +14,6 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
@@ -332,24 +331,17 @@ impl TensorStore {
         let (_, info) = self.entry(name)?;
         let bytes = self.bytes(name)?;
         let values = match info.dtype {
-            DType::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            DType::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            DType::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
+            DType::F32 | DType::F16 | DType::BF16 => crate::quant::blocks::decode(
+                info.dtype,
+                bytes,
+                info.shape.last().copied().unwrap_or(1),
+            ),
             // Not produced by `readable`; kept total rather than panicking.
-            DType::I32 => {
+            DType::I32 | DType::Q8_0 | DType::Q4_0 => {
                 return Err(ImportError::UnsupportedDtype {
                     file: info.file.clone(),
                     tensor: name.to_string(),
-                    dtype: "I32".into(),
+                    dtype: info.dtype.name().to_uppercase(),
                 })
             }
         };

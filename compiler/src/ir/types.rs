@@ -3,28 +3,78 @@
 use std::fmt;
 
 /// Element type of a value. Activations are always `F32`; weights keep the dtype they were
-/// stored in (the kernels read it directly), `I32` holds token ids, positions and indices.
+/// stored in (the kernels read it directly) or the one `compile-model --weights` converted
+/// them to, `I32` holds token ids, positions and indices.
+///
+/// `Q8_0` and `Q4_0` are ggml's block-quantised formats (32 weights per block with an f16
+/// scale; `crate::quant`), only for the weight of a `matvec` or an `embedding`. They have no
+/// size per element: a value of them is rows of [`DType::row_bytes`] each (the layout in
+/// docs/schedule-format.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F32,
     F16,
     BF16,
     I32,
+    Q8_0,
+    Q4_0,
 }
 
 impl DType {
-    pub const ALL: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I32];
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::Q8_0,
+        DType::Q4_0,
+    ];
 
-    /// Bytes per element.
+    /// Weights per block of the block-quantised formats.
+    pub const BLOCK: usize = 32;
+
+    /// Bytes per element. Block formats have none: [`DType::row_bytes`] says how big their
+    /// rows are.
     pub fn size(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::Q8_0 | DType::Q4_0 => {
+                unreachable!("{self} has no size per element (use DType::row_bytes)")
+            }
         }
     }
 
+    /// Bytes of a row of `cols` elements: `cols * size` for element dtypes; for the block
+    /// formats the row's codes, then its f16 scales, padded to 16 bytes (`cols` is a multiple
+    /// of [`DType::BLOCK`]).
+    pub fn row_bytes(self, cols: usize) -> usize {
+        match self.quant_bits() {
+            None => cols * self.size(),
+            Some(bits) => {
+                let blocks = cols.div_ceil(Self::BLOCK);
+                (blocks * (Self::BLOCK * bits / 8 + 2)).div_ceil(16) * 16
+            }
+        }
+    }
+
+    /// Bits per code of the block formats (None for element dtypes).
+    pub fn quant_bits(self) -> Option<usize> {
+        match self {
+            DType::Q8_0 => Some(8),
+            DType::Q4_0 => Some(4),
+            _ => None,
+        }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        self.quant_bits().is_some()
+    }
+
+    /// Element dtypes holding real numbers (the block formats are not: only matvec and
+    /// embedding read them).
     pub fn is_float(self) -> bool {
-        !matches!(self, DType::I32)
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
     }
 
     pub fn name(self) -> &'static str {
@@ -33,6 +83,8 @@ impl DType {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::I32 => "i32",
+            DType::Q8_0 => "q8_0",
+            DType::Q4_0 => "q4_0",
         }
     }
 
@@ -103,8 +155,10 @@ impl Type {
     pub fn i32(dims: impl Into<Vec<usize>>) -> Type {
         Type::new(DType::I32, dims)
     }
+    /// Bytes of a value of this type (block formats: rows of [`DType::row_bytes`]).
     pub fn bytes(&self) -> usize {
-        self.shape.numel() * self.dtype.size()
+        let cols = self.shape.last();
+        (self.shape.numel() / cols.max(1)) * self.dtype.row_bytes(cols)
     }
 }
 

@@ -115,6 +115,15 @@ pub fn infer(
     }
     let t: Vec<&Type> = args.iter().map(|a| p.ty(*a)).collect();
     let float = |i: usize| expect(t[i].dtype.is_float(), i, t[i], || "a float type".into());
+    // The weight of a matvec or an embedding: float, or rows of a block-quantised format.
+    let matrix = |i: usize| {
+        expect(
+            t[i].dtype.is_float() || t[i].dtype.is_quantized(),
+            i,
+            t[i],
+            || "a float or block-quantised type".into(),
+        )
+    };
     let f32_ = |i: usize| expect(t[i].dtype == DType::F32, i, t[i], || "f32".into());
     let rank = |i: usize, r: usize| expect(t[i].shape.rank() == r, i, t[i], || format!("rank {r}"));
     let scalar_i32 = |i: usize| {
@@ -140,9 +149,24 @@ pub fn infer(
     let out = match kind {
         Weight { .. } | WeightStack { .. } => {
             let ty = declared.ok_or(VerifyErrorKind::MissingWeightType)?.clone();
-            attr(ty.dtype.is_float(), || {
-                format!("weights are float, not {}", ty.dtype)
+            attr(ty.dtype.is_float() || ty.dtype.is_quantized(), || {
+                format!("weights are float or block-quantised, not {}", ty.dtype)
             })?;
+            if ty.dtype.is_quantized() {
+                attr(
+                    matches!(kind, Weight { .. })
+                        && ty.shape.rank() == 2
+                        && ty.shape.last().is_multiple_of(DType::BLOCK),
+                    || {
+                        format!(
+                            "{} weights are matrices whose rows are whole blocks of {}, not {}",
+                            ty.dtype,
+                            DType::BLOCK,
+                            ty.shape
+                        )
+                    },
+                )?;
+            }
             if let WeightStack { pattern, count } = kind {
                 attr(pattern.contains("{}"), || {
                     format!("pattern `{pattern}` has no `{{}}`")
@@ -183,7 +207,7 @@ pub fn infer(
             decl.ty.clone()
         }
         Embedding => {
-            float(0)?;
+            matrix(0)?;
             rank(0, 2)?;
             scalar_i32(1)?;
             Type::f32([dims(0)[1]])
@@ -203,7 +227,7 @@ pub fn infer(
             t[0].clone()
         }
         Matvec => {
-            float(0)?;
+            matrix(0)?;
             rank(0, 2)?;
             f32_(1)?;
             let (o, i) = (dims(0)[0], dims(0)[1]);

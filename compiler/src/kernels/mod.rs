@@ -5,7 +5,8 @@
 //! binding 0 is the op's result and bindings 1..=arity its operands in IR order, except
 //! `kv_write` (0 = the KV cache state, updated in place; 1 = x, 2 = pos) and `write_state`
 //! (0 = the state buffer, 1 = the value). Every binding is indexed from 0. f32 and i32 are 4-byte
-//! elements; f16 and bf16 are packed two per word, the even element in the low half. Positions
+//! elements; f16 and bf16 are packed two per word, the even element in the low half; q8_0 and q4_0
+//! are rows of codes then f16 scales (`kernels/glsl/quant.glsl`). Positions
 //! are always read from their buffer on the device, so one recorded command buffer serves every
 //! step. `weight`, `weight_stack`, `read_state` and `reshape` alias existing buffers and have
 //! no kernel. Specialization constant 0 is always the workgroup size.

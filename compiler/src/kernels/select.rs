@@ -332,6 +332,8 @@ fn dtype(t: &Type) -> String {
         DType::F16 => "F16",
         DType::BF16 => "BF16",
         DType::I32 => "I32",
+        DType::Q8_0 => "Q8_0",
+        DType::Q4_0 => "Q4_0",
     }
     .to_string()
 }
@@ -385,8 +387,12 @@ fn tuning_override() -> Option<(u32, u32, u32)> {
     }
 }
 
-/// Whether matvec rows and the input are 16-byte aligned (f32: I % 4, 16-bit: I % 8).
+/// Whether matvec rows and the input are 16-byte aligned (f32: I % 4, 16-bit: I % 8; the
+/// block formats' rows always are, and their I is a multiple of 32).
 pub(crate) fn vec4(w: DType, i: usize) -> u32 {
+    if w.is_quantized() {
+        return 1;
+    }
     let per_16_bytes = 16 / w.size();
     u32::from(i.is_multiple_of(per_16_bytes))
 }

@@ -18,6 +18,12 @@ pub trait WeightSource {
     fn f32(&self, name: &str) -> Result<Vec<f32>, ImportError>;
 }
 
+impl<T: WeightSource + ?Sized> WeightSource for &T {
+    fn f32(&self, name: &str) -> Result<Vec<f32>, ImportError> {
+        (**self).f32(name)
+    }
+}
+
 impl WeightSource for TensorStore {
     fn f32(&self, name: &str) -> Result<Vec<f32>, ImportError> {
         self.to_f32(name)
@@ -57,7 +63,7 @@ pub struct StepOutput {
 
 pub struct Reference<'a> {
     program: &'a Program,
-    tensors: &'a dyn WeightSource,
+    tensors: Box<dyn WeightSource + 'a>,
     /// Weights converted to f32, by op index, loaded on first use.
     weights: Vec<Option<Tensor>>,
     state: Vec<Tensor>,
@@ -65,6 +71,12 @@ pub struct Reference<'a> {
 
 impl<'a> Reference<'a> {
     pub fn new(program: &'a Program, tensors: &'a dyn WeightSource) -> Reference<'a> {
+        Reference::owning(program, tensors)
+    }
+
+    /// Like [`Reference::new`], keeping `tensors` (e.g. weights converted for this program).
+    pub fn owning(program: &'a Program, tensors: impl WeightSource + 'a) -> Reference<'a> {
+        let tensors = Box::new(tensors);
         let state = program
             .states
             .iter()

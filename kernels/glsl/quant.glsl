@@ -1,0 +1,87 @@
+// ggml's block-quantised weights (q8_0, q4_0) as vkfuse lays them out: the dequantising loads
+// of the matvec inner loops and of the embedding gather.
+//
+// A matrix is rows of q_row_bytes each (docs/schedule-format.md): the row's codes, then its
+// f16 scales (one per block of 32 weights), then zeros up to a multiple of 16 bytes, so every
+// row starts 16-byte aligned.
+//   q8_0: code i of the row is the signed byte i; weight i = code · d[i / 32].
+//   q4_0: block b is 16 bytes; byte j holds element 32b + j in its low nibble and
+//         32b + 16 + j in its high nibble (ggml's qs); weight = (nibble - 8) · d[b].
+// The includer defines the dtype codes (common.glsl) and names the dtype in the macro
+// arguments; `cols` (the row length) is a multiple of 32. Guarded: persistent regions include
+// several matvec bodies in one shader.
+#ifndef VKFUSE_QUANT_GLSL
+#define VKFUSE_QUANT_GLSL
+
+// Bytes of a row's codes, and of a whole row (codes, scales, padding to 16 bytes).
+uint q_code_bytes(uint dt, uint cols) {
+    return dt == Q8_0 ? cols : cols / 2u;
+}
+uint q_row_bytes(uint dt, uint cols) {
+    return (q_code_bytes(dt, cols) + cols / 16u + 15u) & ~15u;
+}
+
+// The four signed bytes of a word, as floats (byte 0 first).
+vec4 q8_codes(uint w) {
+    int s = int(w);
+    return vec4(bitfieldExtract(s, 0, 8), bitfieldExtract(s, 8, 8), bitfieldExtract(s, 16, 8),
+                bitfieldExtract(s, 24, 8));
+}
+
+// Low and high nibbles of the four bytes of a word, minus 8.
+vec4 q4_low(uint w) {
+    return vec4(uvec4(w, w >> 8, w >> 16, w >> 24) & 15u) - 8.0;
+}
+vec4 q4_high(uint w) {
+    return vec4(uvec4(w >> 4, w >> 12, w >> 20, w >> 28) & 15u) - 8.0;
+}
+
+// The matvec loops take 8 weights of a row per invocation and step, as the 16-bit dtypes do
+// (a 1024-wide row is 128 steps: one per invocation of a 128-wide workgroup): step c is two
+// words of q8_0 codes (elements 8c..8c+7) or one word of q4_0 codes (block b = c/4, word
+// k = c%4: elements 32b+4k..+3 in the low nibbles, 32b+16+4k..+3 in the high ones), all of
+// block c/4. Neighbouring invocations read neighbouring words, so a subgroup's loads coalesce.
+// (One uvec4 of codes per step, 16 or 32 weights, measured slower on the H200: a quarter of
+// the invocations per row, each with 4x the arithmetic; docs/perf.md.)
+
+// The vec4s of the input (indices into it as vec4) that step c's weights meet.
+uvec2 q_x4(uint dt, uint c) {
+    if (dt == Q8_0) {
+        return uvec2(2u * c, 2u * c + 1u);
+    }
+    uint b = c / 4u;
+    uint k = c & 3u;
+    return uvec2(8u * b + k, 8u * b + 4u + k);
+}
+
+// The dot of step c's codes (the row's codes start at word `aw` of the uint array A) with
+// the inputs xa, xb, before the block's scale.
+#define Q_STEP_DOT(dt, A, aw, c, xa, xb) \
+    ((dt) == Q8_0 \
+         ? dot(q8_codes(A[(aw) + 2u * (c)]), xa) + dot(q8_codes(A[(aw) + 2u * (c) + 1u]), xb) \
+         : dot(q4_low(A[(aw) + (c)]), xa) + dot(q4_high(A[(aw) + (c)]), xb))
+
+// The f16 scale of block b of the row whose codes start at byte `row_at` (A: uint array).
+#define Q_SCALE(dt, A, row_at, cols, b) \
+    unpackHalf2x16(A[((row_at) + q_code_bytes(dt, cols)) / 4u + (b) / 2u])[(b) & 1u]
+
+// Byte of the row holding element i's code.
+uint q_byte(uint dt, uint i) {
+    return dt == Q8_0 ? i : 16u * (i / 32u) + (i & 15u);
+}
+
+// The code of element i from the word holding it, as a float (q4_0: minus 8).
+float q_code(uint dt, uint word, uint byte_in_word, bool high) {
+    if (dt == Q8_0) {
+        return float(bitfieldExtract(int(word), int(8u * byte_in_word), 8));
+    }
+    return float((word >> (8u * byte_in_word + (high ? 4u : 0u))) & 15u) - 8.0;
+}
+
+// Element i of row `row` (A: uint array of rows of `cols`), dequantised.
+#define Q_LOAD(dt, A, row, i, cols) \
+    (q_code(dt, A[((row) * q_row_bytes(dt, cols) + q_byte(dt, i)) / 4u], \
+            q_byte(dt, i) & 3u, dt == Q4_0 && ((i) & 31u) >= 16u) * \
+     Q_SCALE(dt, A, (row) * q_row_bytes(dt, cols), cols, (i) / 32u))
+
+#endif
