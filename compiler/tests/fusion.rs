@@ -838,7 +838,9 @@ impl Weights {
                 DType::F32 => bytes.extend(v.to_le_bytes()),
                 DType::F16 => bytes.extend(half::f16::from_f32(v).to_le_bytes()),
                 DType::BF16 => bytes.extend(half::bf16::from_f32(v).to_le_bytes()),
-                DType::I32 => unreachable!("weights are floats"),
+                DType::I32 | DType::Q8_0 | DType::Q4_0 => {
+                    unreachable!("checkpoint weights are floats")
+                }
             }
         }
         self.0.insert(name.to_string(), bytes);

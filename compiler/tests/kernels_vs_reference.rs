@@ -23,6 +23,7 @@ use vkfuse_compiler::ir::{
     DType, F32Attr, OpId, OpKind, Program, Shape, StateId, StateKind, Type, ValueId,
 };
 use vkfuse_compiler::kernels::{self, KernelCall};
+use vkfuse_compiler::quant;
 use vkfuse_compiler::reference::{Data, Reference, Tensor};
 use vkfuse_runtime::{
     Buffer, BufferBinding, BufferKind, Device, Instance, InstanceOptions, Pipeline, Requirements,
@@ -143,6 +144,7 @@ fn round(dtype: DType, v: f32) -> f32 {
         DType::F16 => f16::from_f32(v).to_f32(),
         DType::BF16 => bf16::from_f32(v).to_f32(),
         DType::I32 => unreachable!("weights are float"),
+        DType::Q8_0 | DType::Q4_0 => unreachable!("block formats are encoded by rows"),
     }
 }
 
@@ -150,6 +152,8 @@ fn round(dtype: DType, v: f32) -> f32 {
 struct Case {
     p: Program,
     weights: HashMap<String, Vec<f32>>,
+    /// The bytes of block-quantised weights (`weights` holds them dequantised).
+    encoded: HashMap<String, Vec<u8>>,
     states: Vec<(StateId, Tensor)>,
     rng: Rng,
 }
@@ -159,19 +163,28 @@ impl Case {
         Case {
             p: Program::new(),
             weights: HashMap::new(),
+            encoded: HashMap::new(),
             states: vec![],
             rng: Rng(seed),
         }
     }
 
-    /// A weight with the given values (rounded to `dtype`).
+    /// A weight with the given values (rounded to `dtype`; block formats quantised, and the
+    /// reference reads them dequantised from the bytes the device gets).
     fn weight_data(&mut self, dtype: DType, dims: &[usize], data: Vec<f32>) -> ValueId {
         assert_eq!(data.len(), dims.iter().product::<usize>());
         let name = format!("w{}", self.weights.len());
-        self.weights.insert(
-            name.clone(),
-            data.into_iter().map(|v| round(dtype, v)).collect(),
-        );
+        let values = if dtype.is_quantized() {
+            let cols = *dims.last().expect("rank >= 1");
+            let mut bytes = vec![];
+            quant::blocks::encode(dtype, &data, cols, &mut bytes);
+            let values = quant::blocks::decode(dtype, &bytes, cols);
+            self.encoded.insert(name.clone(), bytes);
+            values
+        } else {
+            data.into_iter().map(|v| round(dtype, v)).collect()
+        };
+        self.weights.insert(name.clone(), values);
         let kind = OpKind::Weight { name };
         self.p
             .push(kind, vec![], Some(Type::new(dtype, dims)))
@@ -295,6 +308,9 @@ fn encode(dtype: DType, t: &Tensor) -> Vec<u8> {
             .flat_map(|x| bf16::from_f32(*x).to_bits().to_le_bytes())
             .collect(),
         (Data::F32(_), DType::I32) => unreachable!("float data of an i32 value"),
+        (Data::F32(_), DType::Q8_0 | DType::Q4_0) => {
+            unreachable!("block-quantised weights upload their encoded bytes")
+        }
     };
     bytes.resize(bytes.len().div_ceil(4) * 4, 0);
     bytes
@@ -317,6 +333,7 @@ fn decode(ty: &Type, bytes: &[u8]) -> Vec<f32> {
             .chunks(2)
             .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
+        DType::Q8_0 | DType::Q4_0 => unreachable!("kernels compute f32 and i32 values"),
     }
 }
 
@@ -355,7 +372,11 @@ fn buffer(device: &Device, range: u64, bytes: &[u8]) -> Buffer {
 /// every state written. `tol` gives the tolerance of each op kind by name.
 fn check(case: Case, tol: impl Fn(&str) -> Tol) -> Result<(), TestCaseError> {
     let Case {
-        p, weights, states, ..
+        p,
+        weights,
+        encoded,
+        states,
+        ..
     } = case;
     p.verify()
         .map_err(|e| TestCaseError::fail(format!("test program: {e}")))?;
@@ -398,7 +419,11 @@ fn check(case: Case, tol: impl Fn(&str) -> Tol) -> Result<(), TestCaseError> {
                     .as_ref()
                     .expect("weight value");
                 let range = range_of(ty);
-                buffers.push((buffer(&device, range, &encode(ty.dtype, t)), range));
+                let bytes = match &op.kind {
+                    OpKind::Weight { name } if ty.dtype.is_quantized() => encoded[name].clone(),
+                    _ => encode(ty.dtype, t),
+                };
+                buffers.push((buffer(&device, range, &bytes), range));
                 Some(buffers.len() - 1)
             }
             OpKind::ReadState { state } | OpKind::KvWrite { state } => state_buf[state.index()],
@@ -538,6 +563,10 @@ fn config(cases: u32) -> Config {
 
 fn float_dtype() -> impl Strategy<Value = DType> {
     prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16)]
+}
+
+fn quant_dtype() -> impl Strategy<Value = DType> {
+    prop_oneof![Just(DType::Q8_0), Just(DType::Q4_0)]
 }
 
 /// Sizes that are and are not multiples of 8 (the vector width of 16-bit loads).
@@ -690,9 +719,12 @@ fn every_kernel_variant_compiles() {
     };
     for (name, _) in vkfuse_kernels::KERNELS {
         let variants: Vec<Vec<(String, String)>> = match *name {
-            "embedding" | "matvec" | "expert_matvec" => {
-                dtypes.iter().map(|t| d(&[("DTYPE_1", t)])).collect()
-            }
+            "embedding" | "matvec" => dtypes
+                .iter()
+                .chain(&["Q8_0", "Q4_0"])
+                .map(|t| d(&[("DTYPE_1", t)]))
+                .collect(),
+            "expert_matvec" => dtypes.iter().map(|t| d(&[("DTYPE_1", t)])).collect(),
             "rms_norm" => dtypes.iter().map(|t| d(&[("DTYPE_2", t)])).collect(),
             "gated_rms_norm" | "causal_conv1d" => {
                 dtypes.iter().map(|t| d(&[("DTYPE_3", t)])).collect()
@@ -794,6 +826,26 @@ proptest! {
         let x = c.f32(&[i]);
         c.op(OpKind::Matvec, vec![w, x]);
         check(c, |_| DEFAULT)?;
+    }
+
+    #[test]
+    fn quantised_matvec_matches(dt in quant_dtype(), o in prop_oneof![1usize..300, 4096usize..4200], blocks in prop_oneof![1usize..40, Just(32), Just(96)], seed in any::<u64>()) {
+        let mut c = Case::new(seed);
+        let i = 32 * blocks;
+        let w = c.weight(dt, &[o, i]);
+        let x = c.f32(&[i]);
+        c.op(OpKind::Matvec, vec![w, x]);
+        check(c, |_| DEFAULT)?;
+    }
+
+    #[test]
+    fn embedding_dequantises_the_token_row(dt in quant_dtype(), v in 1usize..300, blocks in 1usize..20, tok_frac in 0.0f64..1.0, seed in any::<u64>()) {
+        let mut c = Case::new(seed);
+        let tok = ((v as f64 * tok_frac) as usize).min(v - 1) as i32;
+        let table = c.weight(dt, &[v, 32 * blocks]);
+        let (_, t) = c.state(StateKind::Token, Tensor::i32(&[1], vec![tok]));
+        c.op(OpKind::Embedding, vec![table, t]);
+        check(c, |_| Tol::Exact)?;
     }
 
     #[test]
