@@ -38,11 +38,15 @@ fn quantised(name: &str, format: WeightFormat) -> (import::Model, Program, Conve
     (model, program, report)
 }
 
-/// Worst relative L2 bound against transformers, per format (loose, see the module doc).
-fn accuracy_bound(format: WeightFormat) -> f64 {
-    match format {
-        WeightFormat::Q8_0 => 5e-2,
-        _ => 5e-1,
+/// Bounds on the relative L2 against transformers (mean over positions, worst position),
+/// per format; the hybrid fixture (Gated DeltaNet state carried across positions, experts
+/// unquantised) drifts more. Loose: measured values are in docs/perf.md.
+fn accuracy_bounds(format: WeightFormat, hybrid: bool) -> (f64, f64) {
+    match (format, hybrid) {
+        (WeightFormat::Q8_0, false) => (3e-2, 5e-2),
+        (WeightFormat::Q8_0, true) => (1.5e-1, 5e-1),
+        (_, false) => (5e-1, 1.0),
+        (_, true) => (1.0, 2.0),
     }
 }
 
@@ -130,10 +134,19 @@ fn check(name: &str, format: WeightFormat) {
             ref_rows.len(),
             want.greedy_ids.len()
         );
+        let (mean_bound, worst_bound) = accuracy_bounds(format, name == "qwen3-next");
         assert!(
-            worst <= accuracy_bound(format),
-            "{name} {format}: worst relative L2 {worst:.2e} vs transformers"
+            mean <= mean_bound && worst <= worst_bound,
+            "{name} {format}: relative L2 vs transformers mean {mean:.2e} (bound {mean_bound:.0e}), \
+             worst {worst:.2e} (bound {worst_bound:.0e})"
         );
+        if format == WeightFormat::Q8_0 {
+            assert!(
+                10 * top1 >= 9 * ref_rows.len(),
+                "{name} q8_0: top-1 agreement {top1}/{} below 90%",
+                ref_rows.len()
+            );
+        }
     }
     assert!(
         log.is_clean(),

@@ -112,7 +112,7 @@ impl ConversionReport {
 
 impl fmt::Display for ConversionReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "weights --weights {}: {}", self.format, self.summary())?;
+        writeln!(f, "weights: {}", self.summary())?;
         for (name, ty) in &self.converted {
             writeln!(f, "  converted {name}: {ty} -> {}", self.format)?;
         }
