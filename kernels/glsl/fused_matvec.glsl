@@ -120,18 +120,18 @@ void main() {
     uint rb = q_row_bytes(W_DTYPE, I);
     for (uint c = t; c < I / 8u; c += gl_WorkGroupSize.x) {
         uvec2 xi = q_x4(W_DTYPE, c);
-        vec4 xa = mv_x4[xi.x];
-        vec4 xb = mv_x4[xi.y];
+        vec4 xa = x4[xi.x];
+        vec4 xb = x4[xi.y];
 #if NORM
         uint ea = 4u * xi.x;
         uint eb = 4u * xi.y;
-        xa *= vec4(mv_nw_at(ea), mv_nw_at(ea + 1u), mv_nw_at(ea + 2u), mv_nw_at(ea + 3u));
-        xb *= vec4(mv_nw_at(eb), mv_nw_at(eb + 1u), mv_nw_at(eb + 2u), mv_nw_at(eb + 3u));
+        xa *= vec4(nw_at(ea), nw_at(ea + 1u), nw_at(ea + 2u), nw_at(ea + 3u));
+        xb *= vec4(nw_at(eb), nw_at(eb + 1u), nw_at(eb + 2u), nw_at(eb + 3u));
 #endif
         for (uint j = 0u; j < ndots; j++) {
             uint at = wrow[j] * rb;
-            acc[j] += Q_SCALE(W_DTYPE, mv_w, at, I, c / 4u) *
-                      Q_STEP_DOT(W_DTYPE, mv_w, at / 4u, c, xa, xb);
+            acc[j] += Q_SCALE(W_DTYPE, w, at, I, c / 4u) *
+                      Q_STEP_DOT(W_DTYPE, w, at / 4u, c, xa, xb);
         }
     }
 #else
