@@ -5,8 +5,8 @@
 // Weights: PARTS matrices [rows_k, I] of W_DTYPE packed side by side (row after row) at compile
 // time; block formats (Q8_0, Q4_0) are rows of codes and scales (quant.glsl), dequantised in
 // the inner loop, 8 weights per row and step. Stacked (ZIPPED 0): output row r is weight row
-// r, written at r + SHIFT_k (each part starts at an aligned offset); O = all rows. Zipped (ZIPPED 1): all parts have O rows and
-// output row r combines weight rows k*O + r of every part k.
+// r, written at r + SHIFT_k (each part starts at an aligned offset); O = all rows. Zipped
+// (ZIPPED 1): all parts have O rows and output row r combines weight rows k*O + r of every part k.
 // Prologue (NORM 1): x̂ = x / sqrt(mean(x²) + EPS) · nw (· (1 + nw) when NORM_ZC): every
 // workgroup reduces x² itself (x is small) and scales its dots; x̂ never reaches memory.
 // Epilogue: EPILOGUE(row, a) with a[k] the dot of part k (a[0] when stacked); the including
