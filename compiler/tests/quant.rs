@@ -180,3 +180,34 @@ fn row_layout_is_codes_then_scales_then_padding() {
     assert_eq!(DType::Q8_0.row_bytes(1024), 1024 + 64);
     assert_eq!(DType::Q4_0.row_bytes(3072), 1536 + 192);
 }
+
+#[test]
+fn only_matvec_and_embedding_read_block_quantised_values() {
+    use vkfuse_compiler::ir::{OpKind, Program, Shape};
+    let mut p = Program::new();
+    let w = p
+        .push(
+            OpKind::Weight { name: "w".into() },
+            vec![],
+            Some(Type::new(DType::Q8_0, [4, 64])),
+        )
+        .unwrap()
+        .unwrap();
+    let reshape = OpKind::Reshape {
+        shape: Shape::new([8, 32]),
+    };
+    assert!(p.value(reshape, vec![w]).is_err(), "reshape of q8_0 rows");
+    let slice = OpKind::Slice {
+        axis: 1,
+        start: 0,
+        end: 32,
+    };
+    assert!(p.value(slice, vec![w]).is_err(), "slice of q8_0 rows");
+    // Rows must be whole blocks.
+    let bad = p.push(
+        OpKind::Weight { name: "v".into() },
+        vec![],
+        Some(Type::new(DType::Q4_0, [4, 48])),
+    );
+    assert!(bad.is_err(), "q4_0 rows of 48");
+}

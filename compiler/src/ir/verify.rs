@@ -114,6 +114,19 @@ pub fn infer(
         });
     }
     let t: Vec<&Type> = args.iter().map(|a| p.ty(*a)).collect();
+    // Block-quantised values have no elements to index, slice or reshape: only a matvec or an
+    // embedding reads them, as its operand 0 (checked there).
+    if let Some(i) = t.iter().position(|ty| ty.dtype.is_quantized()) {
+        if i != 0 || !matches!(kind, Matvec | Embedding) {
+            return Err(VerifyErrorKind::OperandType {
+                index: i,
+                got: t[i].clone(),
+                expected: "a value that is not block-quantised (only matvec and embedding \
+                           read q8_0 and q4_0, as operand 0)"
+                    .into(),
+            });
+        }
+    }
     let float = |i: usize| expect(t[i].dtype.is_float(), i, t[i], || "a float type".into());
     // The weight of a matvec or an embedding: float, or rows of a block-quantised format.
     let matrix = |i: usize| {
