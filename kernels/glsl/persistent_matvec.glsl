@@ -10,45 +10,18 @@
 // The including source defines, per inclusion: W_DTYPE (F16 or BF16), NORM, NW_DTYPE, NORM_ZC,
 // PARTS, ZIPPED, O, I (a multiple of 8, at most PM_MAX_I), EPS, END0..7, SHIFT0..7 (as in
 // fused_matvec.glsl), EPILOGUE(row, a) and IN<k>(row), MV_BINDING (the first binding), MV_MAIN
-// (the level's function) and renames every mv_/Mv/MV_ name below per inclusion. persistent.glsl
+// (the level's function) and renames every file-scope name below and in matvec_rows.glsl
+// per inclusion. persistent.glsl
 // declares pm_x (PM_MAX_I floats of shared memory).
 
 layout(set = 0, binding = MV_BINDING + 0, std430) coherent writeonly buffer MvY { float mv_y[]; };
 layout(set = 0, binding = MV_BINDING + 1, std430) readonly buffer MvW4 { uvec4 mv_w4[]; };
 layout(set = 0, binding = MV_BINDING + 2, std430) coherent readonly buffer MvX { float mv_x[]; };
 #if NORM
-layout(set = 0, binding = MV_BINDING + 3, std430) readonly buffer MvNw { uint mv_nw[]; };
+layout(set = 0, binding = MV_BINDING + 3, std430) readonly buffer NW { uint nw[]; };
 #endif
 
-#if ZIPPED
-const uint MV_PER_ROW = PARTS;
-#else
-const uint MV_PER_ROW = 1u;
-#endif
-
-float mv_nw_at(uint i) {
-#if NORM
-    float v = LOAD(NW_DTYPE, mv_nw, i);
-    return NORM_ZC != 0 ? v + 1.0 : v;
-#else
-    return 1.0;
-#endif
-}
-
-uint mv_out_index(uint r) {
-#if ZIPPED
-    return r;
-#else
-    if (PARTS <= 1 || r < END0) return r + SHIFT0;
-    if (PARTS <= 2 || r < END1) return r + SHIFT1;
-    if (PARTS <= 3 || r < END2) return r + SHIFT2;
-    if (PARTS <= 4 || r < END3) return r + SHIFT3;
-    if (PARTS <= 5 || r < END4) return r + SHIFT4;
-    if (PARTS <= 6 || r < END5) return r + SHIFT5;
-    if (PARTS <= 7 || r < END6) return r + SHIFT6;
-    return r + SHIFT7;
-#endif
-}
+#include "matvec_rows.glsl"
 
 // This lane's share of the dot of weight row `wrow` with the staged input. (Measured on the
 // H100, regions at 132 workgroups: this loop, one row after the other, 696 tokens/s; both rows
@@ -80,7 +53,7 @@ void MV_MAIN() {
     scale = inversesqrt(ss / float(I) + EPS);
 #endif
     for (uint i = t; i < I; i += gl_WorkGroupSize.x) {
-        pm_x[i] = mv_x[i] * mv_nw_at(i);
+        pm_x[i] = mv_x[i] * nw_at(i);
     }
     barrier();
 
@@ -91,18 +64,18 @@ void MV_MAIN() {
     // Rows r and r + nsg by one subgroup, one after the other.
     for (uint r = sg; r < O; r += 2u * nsg) {
         bool two = r + nsg < O;
-        float a[MV_PER_ROW];
-        float b[MV_PER_ROW];
-        for (uint k = 0u; k < MV_PER_ROW; k++) {
+        float a[PER_ROW];
+        float b[PER_ROW];
+        for (uint k = 0u; k < PER_ROW; k++) {
             a[k] = subgroupAdd(mv_lane_dot(k * O + r, lane, S)) * scale;
             b[k] = two ? subgroupAdd(mv_lane_dot(k * O + r + nsg, lane, S)) * scale : 0.0;
         }
         if (subgroupElect()) {
             uint row = r;
-            mv_y[mv_out_index(row)] = EPILOGUE(row, a);
+            mv_y[out_index(row)] = EPILOGUE(row, a);
             if (two) {
                 row = r + nsg;
-                mv_y[mv_out_index(row)] = EPILOGUE(row, b);
+                mv_y[out_index(row)] = EPILOGUE(row, b);
             }
         }
     }

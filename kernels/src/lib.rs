@@ -53,6 +53,7 @@ pub const HEADERS: &[(&str, &str)] = &[
         "fused_matvec.glsl",
         include_str!("../glsl/fused_matvec.glsl"),
     ),
+    ("matvec_rows.glsl", include_str!("../glsl/matvec_rows.glsl")),
     ("persistent.glsl", include_str!("../glsl/persistent.glsl")),
     (
         "persistent_matvec.glsl",

@@ -500,20 +500,21 @@ const MATVEC_CONSTANTS: [(usize, &str); 19] = [
     (21, "SHIFT7"),
 ];
 
-/// persistent_matvec.glsl's file-scope names, renamed per level of a persistent region.
+/// persistent_matvec.glsl's and matvec_rows.glsl's file-scope names, renamed per level of a
+/// persistent region.
 const PERSISTENT_NAMES: &[&str] = &[
     "MvY",
     "MvW4",
     "MvX",
-    "MvNw",
+    "NW",
     "mv_y",
     "mv_w4",
     "mv_x",
-    "mv_nw",
-    "mv_nw_at",
-    "mv_out_index",
+    "nw",
+    "nw_at",
+    "out_index",
     "mv_lane_dot",
-    "MV_PER_ROW",
+    "PER_ROW",
 ];
 
 /// Whether persistent_matvec.glsl computes `spec`: 16-bit weights, rows of whole 16-byte
