@@ -21,8 +21,9 @@
 // writing; slots before pos were written by earlier dispatches.
 //
 // The including source defines QK_NORM (0/1), QN_DTYPE and KN_DTYPE (norm weights' dtypes),
-// NORM_ZC, ROT (rotary dims, even), SPLITS (>= 1), MIN_CHUNK (>= 1), `float inv_freq(uint i)`
-// for i < ROT/2 and, when SPLITS > 1, PART_BINDING and COUNT_BINDING.
+// NORM_ZC, ROT (rotary dims, even), SPLITS (>= 1), MIN_CHUNK (>= 1), PREFETCH (0/1: D % 16 == 0,
+// the first tile's K and V rows loaded before the norms and rope, which they do not depend on),
+// `float inv_freq(uint i)` for i < ROT/2 and, when SPLITS > 1, PART_BINDING and COUNT_BINDING.
 // Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D], 2 = k f32[HKV, D], 3 = v f32[HKV, D],
 // 4 = k cache f32[HKV, CAP, D], 5 = v cache f32[HKV, CAP, D], 6 = pos i32[1],
 // 7 = q norm weight [D], 8 = k norm weight [D] (when QK_NORM); when SPLITS > 1:
@@ -76,6 +77,18 @@ shared float vf_s[D];
 shared float part[gl_WorkGroupSize.x];
 shared float w_s[T];
 
+#if PREFETCH
+// Per invocation, the first tile's share: 16-byte chunks lane + i * P of its slot's K row, and
+// the V elements of slots g + i * G for i < VP (see attend()). VP covers the first 8 G slots
+// only, a short position's whole chunk: prefetching a whole tile's V (32 registers more) made
+// long contexts slower on the H100 (1024 tokens: 819.7 -> 776.1 tokens/s), likely fewer
+// resident workgroups. As it is: 256 tokens 854.0 -> 873.0, 1024 819.3 -> 826.0, 4000
+// 710.9 -> 701.3 (docs/perf.md).
+const uint KP = D / 16u;
+const uint VP_TILE = (T + G - 1u) / G;
+const uint VP = VP_TILE < 8u ? VP_TILE : 8u;
+#endif
+
 // Element t (< D) of a head row after the norm and rope; every invocation must call it
 // (uniform control flow). `is_q` picks the norm weight.
 float prepare(float v, bool is_q, float angle_pos) {
@@ -115,8 +128,11 @@ float v_at(uint kv_base, uint j, uint c, uint fresh) {
 // `fresh` comes from kf_s / vf_s (see the top). Leaves the running max in `m` (the same in
 // every invocation) and, in invocations t < D, the unnormalised output element t in `total`
 // and the sum of the weights in `lsum`.
-void attend(uint kv_base, uint lo, uint hi, uint fresh, out float m, out float total,
-            out float lsum) {
+void attend(uint kv_base, uint lo, uint hi, uint fresh,
+#if PREFETCH
+            in vec4 kp[KP], in float vp[VP],
+#endif
+            out float m, out float total, out float lsum) {
     uint t = gl_LocalInvocationID.x;
     uint lane = t % P;
     uint slot = t / P;
@@ -134,6 +150,14 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh, out float m, out float t
             }
         } else if (j < hi) {
             uint row = kv_base + j * D;
+#if PREFETCH
+            if (tile == lo) {
+                for (uint i = 0u; i < KP; i++) {
+                    uint e = 4u * (lane + i * P);
+                    d += dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]), kp[i]);
+                }
+            } else
+#endif
             if (D % 4u == 0u) {
                 for (uint c4 = lane; c4 < D / 4u; c4 += P) {
                     uint e = 4u * c4;
@@ -172,6 +196,20 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh, out float m, out float t
             float ws = 0.0;
             // Four independent loads in flight per step: this loop is latency-bound.
             uint jj = g;
+#if PREFETCH
+            if (tile == lo) {
+                // The first tile's V, loaded at the start (same order of the sums).
+                for (uint i = 0u; i < VP; i++) {
+                    uint at = g + i * G;
+                    if (at < count) {
+                        float w = w_s[at];
+                        a += w * (tile + at == fresh ? vf_s[c] : vp[i]);
+                        ws += w;
+                    }
+                }
+                jj = g + VP * G;
+            }
+#endif
             for (; jj + 3u * G < count; jj += 4u * G) {
                 float v0 = v_at(kv_base, tile + jj, c, fresh);
                 float v1 = v_at(kv_base, tile + jj + G, c, fresh);
@@ -293,6 +331,27 @@ void main() {
     uint fresh = in_cache ? uint(p) : 0xffffffffu;
     bool writer = split == 0u && h % group == 0u;
 
+#if PREFETCH
+    // The first tile's K and V rows do not depend on q or on the fresh row: loaded now, their
+    // latency overlaps the loads, norms and rope below. The fresh slot's entries are never
+    // used (attend() takes that slot from shared memory), so reading it while the writer
+    // stores it does not matter; slots past the chunk are clamped into it and never used.
+    vec4 kp[KP];
+    float vp[VP];
+    {
+        uint slot = t / P;
+        uint row = kv_base + min(lo + slot, hi - 1u) * D;
+        for (uint i = 0u; i < KP; i++) {
+            kp[i] = k4[row / 4u + t % P + i * P];
+        }
+        uint gg = t / D;
+        uint c = t - gg * D;
+        for (uint i = 0u; i < VP; i++) {
+            uint j = min(lo + gg + i * G, hi - 1u);
+            vp[i] = gg < G ? v[kv_base + j * D + c] : 0.0;
+        }
+    }
+#endif
     // The fresh K and V rows of the group, where this split writes or attends to them.
     if (writer || (fresh >= lo && fresh < hi)) {
         float kv = prepare(t < D ? k_new[g * D + t] : 0.0, false, angle_pos);
@@ -312,7 +371,11 @@ void main() {
     }
     barrier();
     float m, total, lsum;
-    attend(kv_base, lo, hi, fresh, m, total, lsum);
+    attend(kv_base, lo, hi, fresh,
+#if PREFETCH
+           kp, vp,
+#endif
+           m, total, lsum);
     if (used == 1u) {
         if (t < D) {
             y[h * D + t] = total / lsum;

@@ -647,6 +647,12 @@ pub fn attention(spec: &AttnSpec) -> Generated {
     let splits = spec.splits.max(1);
     let _ = writeln!(s, "#define SPLITS {splits}");
     let _ = writeln!(s, "#define MIN_CHUNK {}u", spec.min_chunk.max(1));
+    // The first tile's K and V loaded before the norms and rope (whole 16-byte chunks per lane).
+    let _ = writeln!(
+        s,
+        "#define PREFETCH {}",
+        u8::from(spec.head_dim.is_multiple_of(16))
+    );
     // The scratch and the counters follow the other bindings.
     let mut bindings = if norm.is_some() { 9 } else { 7 };
     if splits > 1 {
