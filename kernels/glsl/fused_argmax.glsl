@@ -1,17 +1,23 @@
 // The tail anchor (vkfuse fuse::codegen generates the including source): the argmax of the
 // logits (ties to the lower index, total_cmp order, as argmax.comp) written straight into the
-// token state, and/or the position advanced in its state, in one single-workgroup dispatch.
+// token state, and/or the position advanced in its state, in one dispatch.
 //
-// The including source defines WRITE_TOKEN (0/1) and ADVANCE (0/1).
+// The including source defines WRITE_TOKEN (0/1), ADVANCE (0/1) and GROUPS (>= 1, 1 without
+// WRITE_TOKEN), and with GROUPS > 1 PART_BINDING and COUNT_BINDING.
 // Bindings with WRITE_TOKEN and ADVANCE: 0 = token state i32[1], 1 = x f32[N],
 // 2 = position state i32[1], 3 = position i32[1]; with only WRITE_TOKEN: 0 and 1; with only
-// ADVANCE: 0 = position state, 1 = position.
+// ADVANCE: 0 = position state, 1 = position; with GROUPS > 1 then PART_BINDING = scratch
+// u32[GROUPS] (each slice's best index) and COUNT_BINDING = an arrival counter u32[1] (zero
+// before the dispatch, zero again after it: the last workgroup to arrive resets it).
 // Spec constants: 0 = workgroup size (power of two), 1 = N.
-// Dispatch: one workgroup.
+// Dispatch: GROUPS workgroups, each over a slice of the logits; the last to arrive combines
+// the slices' bests, writes the token and advances the position.
 
 #include "argbest.glsl"
 
 layout(constant_id = 1) const uint N = 1;
+// GROUPS is a plain integer (for #if).
+const uint NGROUPS = uint(GROUPS);
 
 #if WRITE_TOKEN
 layout(set = 0, binding = 0, std430) writeonly buffer Tok { int token[]; };
@@ -21,6 +27,12 @@ layout(set = 0, binding = 1, std430) readonly buffer X4 { vec4 x4[]; };
 #if ADVANCE
 layout(set = 0, binding = 2 * WRITE_TOKEN, std430) writeonly buffer PosOut { int pos_out[]; };
 layout(set = 0, binding = 2 * WRITE_TOKEN + 1, std430) readonly buffer PosIn { int pos_in[]; };
+#endif
+#if GROUPS > 1
+// Coherent: the last workgroup reads what the others wrote in this dispatch.
+layout(set = 0, binding = PART_BINDING, std430) coherent buffer Part { uint partial[]; };
+layout(set = 0, binding = COUNT_BINDING, std430) coherent buffer Count { uint arrived[]; };
+shared uint last_g;
 #endif
 
 #if WRITE_TOKEN
@@ -35,23 +47,20 @@ void consider(float v, uint i, inout uint bk, inout uint bi) {
 
 void main() {
     uint t = gl_LocalInvocationID.x;
-#if ADVANCE
-    // Only invocation 0 reads and writes the position (the state and the value may be one
-    // buffer), in that order.
-    int p = 0;
-    if (t == 0u) {
-        p = pos_in[0];
-    }
-#endif
 #if WRITE_TOKEN
+    // This workgroup's slice of the logits (all of them with one group); a multiple of 4 long
+    // so the 16-byte loads stay aligned.
+    uint chunk = ((N + NGROUPS - 1u) / NGROUPS + 3u) & ~3u;
+    uint lo = min(N, group_id() * chunk);
+    uint hi = min(N, lo + chunk);
     uint wg = gl_WorkGroupSize.x;
     uint bk = 0u;
     uint bi = NONE;
     if (N % 4u == 0u) {
         // 16-byte loads, eight in flight per invocation: the loop is latency-bound, and the
         // order candidates are considered in does not matter (`before` is a total order).
-        uint n4 = N / 4u;
-        uint j = t;
+        uint n4 = hi / 4u;
+        uint j = lo / 4u + t;
         for (; j + 7u * wg < n4; j += 8u * wg) {
             vec4 v[8];
             for (uint u = 0u; u < 8u; u++) {
@@ -73,8 +82,8 @@ void main() {
             consider(v.w, 4u * j + 3u, bk, bi);
         }
     } else {
-        uint i = t;
-        for (; i + 3u * wg < N; i += 4u * wg) {
+        uint i = lo + t;
+        for (; i + 3u * wg < hi; i += 4u * wg) {
             float a = x[i];
             float b = x[i + wg];
             float c = x[i + 2u * wg];
@@ -84,18 +93,49 @@ void main() {
             consider(c, i + 2u * wg, bk, bi);
             consider(d, i + 3u * wg, bk, bi);
         }
-        for (; i < N; i += wg) {
+        for (; i < hi; i += wg) {
             consider(x[i], i, bk, bi);
         }
     }
     uint best = wg_argbest(bk, bi);
+#if GROUPS > 1
+    // Publish this slice's best; the last workgroup to arrive picks the best of all slices
+    // (keys read back from the logits) and resets the counter for the next step.
+    if (t == 0u) {
+        partial[group_id()] = best;
+    }
+    memoryBarrierBuffer();
+    barrier();
+    if (t == 0u) {
+        last_g = atomicAdd(arrived[0], 1u) == NGROUPS - 1u ? 1u : 0u;
+    }
+    barrier();
+    if (last_g == 0u) {
+        return;
+    }
+    memoryBarrierBuffer();
+    bk = 0u;
+    bi = NONE;
+    for (uint g = t; g < NGROUPS; g += wg) {
+        uint i = partial[g];
+        if (i != NONE) {
+            consider(x[i], i, bk, bi);
+        }
+    }
+    best = wg_argbest(bk, bi);
+    if (t == 0u) {
+        arrived[0] = 0u;
+    }
+#endif
     if (t == 0u) {
         token[0] = int(best);
     }
 #endif
 #if ADVANCE
+    // Only invocation 0 (of the last workgroup) reads and writes the position (the state and
+    // the value may be one buffer), in that order.
     if (t == 0u) {
-        pos_out[0] = p + 1;
+        pos_out[0] = pos_in[0] + 1;
     }
 #endif
 }

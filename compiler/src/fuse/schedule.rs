@@ -6,6 +6,7 @@
 //! into one slice), `state`, `io` (token, position, logits) and `arena`, whose values are placed
 //! from level-based liveness by the buffer planner.
 
+use super::codegen;
 use super::cost::{Cost, DeviceCost};
 use super::discover::{discover, Segmentation};
 use super::extract::extract;
@@ -222,6 +223,8 @@ struct Lowering<'a> {
     /// The split attention blocks' arrival counters: one zeroed slice of the state buffer
     /// shared by every layer (each dispatch leaves it zero, and layers run one after another).
     attention_counters: Option<Slice>,
+    /// The multi-workgroup tail's arrival counter (a zeroed state slice).
+    tail_counter: Option<Slice>,
 }
 
 const WEIGHTS: usize = 0;
@@ -446,6 +449,19 @@ impl Lowering<'_> {
                     });
                 }
             }
+            // A multi-workgroup tail's scratch (arena, this level only) and arrival counter.
+            if let KernelKind::Tail(spec) = &k.kind {
+                if codegen::tail_groups(spec) > 1 {
+                    let partials = self.bufs[ARENA].alloc(codegen::tail_partial_bytes(spec));
+                    self.arena_allocs.push(partials);
+                    let counter = self.tail_counter.ok_or_else(|| {
+                        FuseError::Internal("a multi-workgroup tail without a counter".into())
+                    })?;
+                    writes.extend([bindings.len(), bindings.len() + 1]);
+                    bindings.push(partials);
+                    bindings.push(counter);
+                }
+            }
             if bindings.len() != self.kernels[kernel.index()].bindings as usize {
                 return Err(FuseError::Internal(format!(
                     "`{label}` binds {} buffers, its kernel declares {}",
@@ -605,6 +621,13 @@ pub fn lower_units_planned(
         .max()
         .unwrap_or(0);
     let attention_counters = (counter_bytes > 0).then(|| bufs[STATE].alloc(counter_bytes));
+    let multi_tail = fused
+        .units
+        .iter()
+        .flat_map(|u| &u.kernels)
+        .any(|k| matches!(&k.kind, KernelKind::Tail(spec) if codegen::tail_groups(spec) > 1));
+    // The multi-workgroup tail's arrival counter: zero like all state, left zero by the tail.
+    let tail_counter = multi_tail.then(|| bufs[STATE].alloc(4));
     let mut l = Lowering {
         p,
         bufs,
@@ -621,6 +644,7 @@ pub fn lower_units_planned(
         accesses: vec![],
         arena_allocs: vec![],
         attention_counters,
+        tail_counter,
     };
     for &(u, start) in &fused.sequence {
         l.instance(&fused.units[u], start, spirv)?;
