@@ -582,6 +582,19 @@ fn eps(v: f32) -> F32Attr {
 // The tests, one per op kind (a few share a test).
 
 #[test]
+fn quantised_vocabulary_sized_matvec_matches() {
+    // 65536 rows and more (an lm_head) take 8 rows per workgroup with block-quantised weights
+    // (`kernels::matvec_tuning`); 37 rows past a multiple of 8 exercise the last workgroup.
+    for (dt, seed) in [(DType::Q8_0, 11), (DType::Q4_0, 12)] {
+        let mut c = Case::new(seed);
+        let w = c.weight(dt, &[65536 + 37, 64]);
+        let x = c.f32(&[64]);
+        c.op(OpKind::Matvec, vec![w, x]);
+        check(c, |_| DEFAULT).unwrap_or_else(|e| panic!("{dt}: {e}"));
+    }
+}
+
+#[test]
 fn every_op_kind_has_a_kernel_or_is_an_alias() {
     let aliases = ["weight", "weight_stack", "read_state", "reshape"];
     // One program holding every op kind, so `select` is asked about each.

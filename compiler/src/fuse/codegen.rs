@@ -406,7 +406,7 @@ pub fn matvec(spec: &MatvecSpec) -> Generated {
     assert!((1..=8).contains(&parts), "1..=8 packed parts");
     let per_row = if spec.zipped { parts } else { 1 };
     let o = spec.rows();
-    let (wg, rows) = crate::kernels::matvec_tuning(o);
+    let (wg, rows) = crate::kernels::matvec_tuning(o, spec.dtype);
     let rows_per_wg = (rows as usize).min(8 / per_row).max(1);
     let vec4 = crate::kernels::vec4(spec.dtype, spec.cols) != 0;
     let (offsets, _) = spec.layout();
@@ -811,7 +811,7 @@ fn expert_kernel(
     groups_per_block: usize,
     bindings: usize,
 ) -> Generated {
-    let (wg, rows) = crate::kernels::matvec_tuning(spec.o);
+    let (wg, rows) = crate::kernels::matvec_tuning(spec.o, spec.dtype);
     let mut s = String::from(HEADER);
     let _ = writeln!(
         s,

@@ -120,7 +120,7 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
         Matvec => {
             let w = arg(0);
             let (o, i) = (w.shape.dims()[0], w.shape.dims()[1]);
-            let (wg, rows) = matvec_tuning(o);
+            let (wg, rows) = matvec_tuning(o, w.dtype);
             let spec = vec![wg, u(o), u(i), rows, vec4(w.dtype, i)];
             call(
                 "matvec",
@@ -134,7 +134,7 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
             let (e, o, i) = (w.shape.dims()[0], w.shape.dims()[1], w.shape.dims()[2]);
             let k = arg(1).shape.dims()[0];
             let per_row = arg(2).shape.rank() == 2;
-            let (wg, rows) = matvec_tuning(o);
+            let (wg, rows) = matvec_tuning(o, w.dtype);
             let spec = vec![
                 wg,
                 u(o),
@@ -354,16 +354,32 @@ fn row_wg(n: usize) -> u32 {
 }
 
 /// Workgroup size and rows per workgroup of a matvec (plain, expert or fused) of `o` rows.
-pub(crate) fn matvec_tuning(o: usize) -> (u32, u32) {
+pub(crate) fn matvec_tuning(o: usize, w: DType) -> (u32, u32) {
     // Rows per workgroup trade loads in flight per invocation (more rows) against workgroups
     // to spread over the device (fewer rows): 2 below 4096 output rows, 4 from there.
     let (wg, small, large) = tuning_override().unwrap_or((128, 2, 4));
+    // Vocabulary-sized (lm_head, ~38k workgroups in waves): 8 rows for block-quantised
+    // weights, whose rows are short (H100: lm_head q8_0 92.7 -> 84.4 µs, q4_0 101.9 -> 85.8
+    // µs); 16-bit ones already stream at the copy bandwidth and lose with 8 (105.7 -> 108.2).
+    let huge = huge_rows().unwrap_or(if w.is_quantized() { 8 } else { large });
     let rows = match o {
         0..=1 => 1,
         2..=4095 => small,
-        _ => large,
+        4096..=65535 => large,
+        _ => huge,
     };
     (wg, rows)
+}
+
+/// `VKFUSE_MATVEC_HUGE_ROWS=r` (1..=8): rows per workgroup of matvecs of 65536 rows or more
+/// (lm_head), the A/B knob of their H100 measurement, read at compile time.
+fn huge_rows() -> Option<u32> {
+    std::env::var("VKFUSE_MATVEC_HUGE_ROWS")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|r| (1..=8).contains(r))
 }
 
 /// `VKFUSE_MATVEC_TUNING=wg,rows_below_4096,rows_from_4096` (wg a power of two in 32..=512,
