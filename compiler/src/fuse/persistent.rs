@@ -68,7 +68,8 @@ pub fn find_in(
                         runs.push(first..i);
                     }
                 }
-                next.filter(|&b| 1 + b <= MAX_BINDINGS).map(|b| (i, 1 + b))
+                // A run starts with the grid barrier's binding and this level's.
+                next.filter(|&b| b < MAX_BINDINGS).map(|b| (i, 1 + b))
             }
         };
     }
