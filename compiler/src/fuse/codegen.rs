@@ -855,11 +855,6 @@ pub fn tail_groups(spec: &TailSpec) -> usize {
     }
 }
 
-/// Bytes of the per-group scratch of a tail of [`tail_groups`] > 1 (one index per group).
-pub fn tail_partial_bytes(spec: &TailSpec) -> u64 {
-    4 * tail_groups(spec) as u64
-}
-
 pub fn tail(spec: &TailSpec) -> Generated {
     let (token, advance, n) = match *spec {
         TailSpec::Argmax { n } => (true, false, n),

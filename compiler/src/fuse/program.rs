@@ -59,6 +59,36 @@ pub enum KernelKind {
     ExpertGlu(ExpertSpec),
 }
 
+/// The extra buffers of a kernel whose workgroups combine by last arrival (the split attention
+/// block, the multi-workgroup tail): each workgroup writes its partial to the scratch and
+/// counts itself; the last combines and sets the counters back to zero. Both are bound after
+/// the kernel's other bindings, the scratch first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arrival {
+    /// Bytes of the partials (transient: placed in the arena, live in the kernel's level).
+    pub scratch_bytes: u64,
+    /// Bytes of the arrival counters (a zeroed state slice every such kernel may share: each
+    /// leaves it zero, and they run in different levels).
+    pub counter_bytes: u64,
+}
+
+impl KernelKind {
+    /// The scratch and counters the kernel binds, if it combines by last arrival.
+    pub fn arrival(&self) -> Option<Arrival> {
+        match self {
+            KernelKind::Attention(spec) if spec.splits > 1 => Some(Arrival {
+                scratch_bytes: spec.partial_bytes(),
+                counter_bytes: spec.counter_bytes(),
+            }),
+            KernelKind::Tail(spec) if codegen::tail_groups(spec) > 1 => Some(Arrival {
+                scratch_bytes: 4 * codegen::tail_groups(spec) as u64,
+                counter_bytes: 4,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// One kernel of the fused program.
 #[derive(Clone, Debug, PartialEq)]
 pub struct UKernel {

@@ -6,7 +6,6 @@
 //! into one slice), `state`, `io` (token, position, logits) and `arena`, whose values are placed
 //! from level-based liveness by the buffer planner.
 
-use super::codegen;
 use super::cost::{Cost, DeviceCost};
 use super::discover::{discover, Segmentation};
 use super::extract::extract;
@@ -220,11 +219,10 @@ struct Lowering<'a> {
     accesses: Vec<Access>,
     /// Arena allocations (base slices), for the buffer plan.
     arena_allocs: Vec<Slice>,
-    /// The split attention blocks' arrival counters: one zeroed slice of the state buffer
-    /// shared by every layer (each dispatch leaves it zero, and layers run one after another).
-    attention_counters: Option<Slice>,
-    /// The multi-workgroup tail's arrival counter (a zeroed state slice).
-    tail_counter: Option<Slice>,
+    /// The arrival counters ([`super::program::Arrival`]): one zeroed slice of the state
+    /// buffer shared by every such kernel (each dispatch leaves it zero, and they run in
+    /// different levels).
+    arrival_counters: Option<Slice>,
 }
 
 const WEIGHTS: usize = 0;
@@ -431,36 +429,21 @@ impl Lowering<'_> {
                     (kernel, vec![], gen.workgroups, label)
                 }
             };
-            // A split attention block's scratch (transient: placed in the arena like a value
+            // A kernel combining by last arrival: its scratch (placed in the arena like a value
             // live in this dispatch's level only) and its counters, after its other bindings.
             let mut writes = k.writes.clone();
-            if let KernelKind::Attention(spec) = &k.kind {
-                if spec.splits > 1 {
-                    let partials = self.bufs[ARENA].alloc(spec.partial_bytes());
-                    self.arena_allocs.push(partials);
-                    let counters = self.attention_counters.ok_or_else(|| {
-                        FuseError::Internal("a split attention block without counters".into())
-                    })?;
-                    writes.extend([bindings.len(), bindings.len() + 1]);
-                    bindings.push(partials);
-                    bindings.push(Slice {
-                        size: spec.counter_bytes(),
-                        ..counters
-                    });
-                }
-            }
-            // A multi-workgroup tail's scratch (arena, this level only) and arrival counter.
-            if let KernelKind::Tail(spec) = &k.kind {
-                if codegen::tail_groups(spec) > 1 {
-                    let partials = self.bufs[ARENA].alloc(codegen::tail_partial_bytes(spec));
-                    self.arena_allocs.push(partials);
-                    let counter = self.tail_counter.ok_or_else(|| {
-                        FuseError::Internal("a multi-workgroup tail without a counter".into())
-                    })?;
-                    writes.extend([bindings.len(), bindings.len() + 1]);
-                    bindings.push(partials);
-                    bindings.push(counter);
-                }
+            if let Some(arrival) = k.kind.arrival() {
+                let scratch = self.bufs[ARENA].alloc(arrival.scratch_bytes);
+                self.arena_allocs.push(scratch);
+                let counters = self.arrival_counters.ok_or_else(|| {
+                    FuseError::Internal(format!("`{label}` has no arrival counters"))
+                })?;
+                writes.extend([bindings.len(), bindings.len() + 1]);
+                bindings.push(scratch);
+                bindings.push(Slice {
+                    size: arrival.counter_bytes,
+                    ..counters
+                });
             }
             if bindings.len() != self.kernels[kernel.index()].bindings as usize {
                 return Err(FuseError::Internal(format!(
@@ -610,24 +593,14 @@ pub fn lower_units_planned(
         })
         .collect();
     let io_logits = bufs[IO].alloc(p.ty(logits).bytes() as u64);
+    // The arrival counters: one zeroed state slice for every kernel combining by last arrival.
     let counter_bytes = fused
         .units
         .iter()
         .flat_map(|u| &u.kernels)
-        .filter_map(|k| match &k.kind {
-            KernelKind::Attention(spec) => Some(spec.counter_bytes()),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0);
-    let attention_counters = (counter_bytes > 0).then(|| bufs[STATE].alloc(counter_bytes));
-    let multi_tail = fused
-        .units
-        .iter()
-        .flat_map(|u| &u.kernels)
-        .any(|k| matches!(&k.kind, KernelKind::Tail(spec) if codegen::tail_groups(spec) > 1));
-    // The multi-workgroup tail's arrival counter: zero like all state, left zero by the tail.
-    let tail_counter = multi_tail.then(|| bufs[STATE].alloc(4));
+        .filter_map(|k| k.kind.arrival().map(|a| a.counter_bytes))
+        .max();
+    let arrival_counters = counter_bytes.map(|bytes| bufs[STATE].alloc(bytes));
     let mut l = Lowering {
         p,
         bufs,
@@ -643,8 +616,7 @@ pub fn lower_units_planned(
         dispatches: vec![],
         accesses: vec![],
         arena_allocs: vec![],
-        attention_counters,
-        tail_counter,
+        arrival_counters,
     };
     for &(u, start) in &fused.sequence {
         l.instance(&fused.units[u], start, spirv)?;
