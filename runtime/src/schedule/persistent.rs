@@ -11,50 +11,36 @@ impl Schedule {
     /// never scheduled deadlocks the dispatch. Regions binding more than `max_bindings`
     /// buffers stay as levels. Without regions (or with `groups` 0), the schedule is returned
     /// as it is, regions dropped.
-    pub fn with_persistent(&self, groups: u32, max_bindings: u32) -> Schedule {
-        if self.persistent.is_empty() || groups == 0 {
-            return Schedule {
-                persistent: vec![],
-                ..self.clone()
-            };
+    pub fn with_persistent(mut self, groups: u32, max_bindings: u32) -> Schedule {
+        let regions = std::mem::take(&mut self.persistent);
+        if regions.is_empty() || groups == 0 {
+            return self;
         }
-        let mut out = Schedule {
-            dispatches: vec![],
-            levels: vec![],
-            persistent: vec![],
-            ..self.clone()
-        };
-        let mut regions = self.persistent.iter().peekable();
+        let dispatches = std::mem::take(&mut self.dispatches);
+        let levels = std::mem::take(&mut self.levels);
+        let mut regions = regions.into_iter().peekable();
         let mut level = 0u32;
-        while (level as usize) < self.levels.len() {
-            let start = out.dispatches.len() as u32;
-            match regions.peek() {
-                Some(r)
-                    if r.levels.start == level
-                        && r.dispatch.bindings.len() as u32 <= max_bindings =>
-                {
-                    let mut d: Dispatch = r.dispatch.clone();
+        while (level as usize) < levels.len() {
+            let start = self.dispatches.len() as u32;
+            match regions.next_if(|r| r.levels.start == level) {
+                Some(r) if r.dispatch.bindings.len() as u32 <= max_bindings => {
+                    let mut d: Dispatch = r.dispatch;
                     d.workgroups = [d.workgroups[0].clamp(1, groups), 1, 1];
-                    out.dispatches.push(d);
+                    self.dispatches.push(d);
                     level = r.levels.end;
-                    regions.next();
                 }
-                Some(r) if r.levels.start == level => {
-                    // Too many bindings for the device: its levels run as they are.
-                    regions.next();
-                    continue;
-                }
-                _ => {
-                    let range = self.levels[level as usize].clone();
-                    out.dispatches.extend_from_slice(
-                        &self.dispatches[range.start as usize..range.end as usize],
-                    );
+                // Too many bindings for the device: its levels run as they are.
+                Some(_) => continue,
+                None => {
+                    let range = levels[level as usize].clone();
+                    self.dispatches
+                        .extend_from_slice(&dispatches[range.start as usize..range.end as usize]);
                     level += 1;
                 }
             }
-            out.levels.push(start..out.dispatches.len() as u32);
+            self.levels.push(start..self.dispatches.len() as u32);
         }
-        out
+        self
     }
 
     /// Dependency levels per step once the regions are applied (pipeline barriers + 1).
@@ -151,19 +137,25 @@ mod tests {
         let s = schedule(9);
         s.validate().unwrap();
         assert_eq!(s.levels_with_persistent(), 3);
-        let p = s.with_persistent(132, 64);
+        let p = s.clone().with_persistent(132, 64);
         p.validate().unwrap();
         assert_eq!(labels(&p), [vec!["d0"], vec!["region"], vec!["d5"]]);
         // At most the widest level's workgroups, at most the device's.
         assert_eq!(p.dispatches[1].workgroups, [40, 1, 1]);
-        assert_eq!(s.with_persistent(8, 64).dispatches[1].workgroups, [8, 1, 1]);
+        assert_eq!(
+            s.clone().with_persistent(8, 64).dispatches[1].workgroups,
+            [8, 1, 1]
+        );
         assert!(p.persistent.is_empty());
     }
 
     #[test]
     fn off_or_too_many_bindings_keeps_the_levels() {
         let s = schedule(9);
-        for p in [s.with_persistent(0, 64), s.with_persistent(132, 8)] {
+        for p in [
+            s.clone().with_persistent(0, 64),
+            s.clone().with_persistent(132, 8),
+        ] {
             assert_eq!(p.dispatches, s.dispatches);
             assert_eq!(p.levels, s.levels);
             assert!(p.persistent.is_empty());
