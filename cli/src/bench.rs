@@ -5,13 +5,14 @@
 //! others. Figures are per processed token; resetting between sequences is not counted.
 
 use crate::metrics::RunReport;
+use crate::options::RunOptions;
 use crate::upload::UploadDisplay;
 use anyhow::{bail, Context, Result};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 use vkfuse_compiler::lower::{self, SpirvCache};
-use vkfuse_compiler::quant::{self, EncodedWeights};
+use vkfuse_compiler::quant::EncodedWeights;
 use vkfuse_compiler::{fuse, import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::{
@@ -37,19 +38,11 @@ pub struct BenchArgs {
     /// timestamp after each level) and print where the step's GPU time goes.
     #[arg(long)]
     pub profile: bool,
-    /// For a model directory: store the matvec weights as f16, bf16, q8_0 or q4_0 (as
-    /// `compile-model --weights` does; q8_0/q4_0 keep matrices whose input size is not a
-    /// multiple of 32 and expert stacks as stored). Default: the checkpoint's dtypes.
-    #[arg(long, value_name = "FORMAT")]
-    pub weights: Option<vkfuse_compiler::quant::WeightFormat>,
     /// Profiled steps to average.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub profile_steps: u32,
-    /// Persistent regions of the fused schedule: `off` (the default), `units` (one workgroup
-    /// per compute unit where the device reports them) or a workgroup count. Where they run,
-    /// the fused replay rows are also measured without them.
-    #[arg(long, default_value = "off", value_name = "off|units|N")]
-    pub persistent: Persistence,
+    #[command(flatten)]
+    pub run: RunOptions,
 }
 
 #[derive(serde::Serialize)]
@@ -189,9 +182,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // file runs as it was compiled (fused unless compile-model had --no-fuse).
     let mut schedules: Vec<(bool, Schedule)> = vec![];
     let weights: Box<dyn TensorBytes> = if args.model.is_file() {
-        if args.weights.is_some() {
-            bail!("--weights is fixed when the schedule is compiled (compile-model --weights)");
-        }
+        args.run.check_file()?;
         let (s, w) = ScheduleFile::open(&args.model)?.into_parts();
         let fused = s.kernels.iter().any(|k| k.label.starts_with("fused_"));
         schedules.push((fused, s));
@@ -200,9 +191,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let model = import::load(&args.model)
             .with_context(|| format!("loading {}", args.model.display()))?;
         let mut program = trace::trace(&model, &trace::TraceOptions::default())?;
-        if let Some(format) = args.weights {
-            quant::convert(&mut program, format).context("converting the weights' format")?;
-        }
+        args.run.convert(&mut program)?;
         let meta = lower::Meta::of(&model);
         let mut spirv = SpirvCache::default();
         schedules.push((false, lower::lower(&program, &meta, &mut spirv)?));
@@ -226,7 +215,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .map(|k| Config {
                 k,
                 write_back: WriteBack::default(),
-                persistence: args.persistent,
+                persistence: args.run.persistent,
             })
             .to_vec();
         // With persistent regions running, the replay rows without them too.
@@ -237,7 +226,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 p.groups(device.info())
             }
         };
-        if groups(args.persistent) > 0 {
+        if groups(args.run.persistent) > 0 {
             configs.extend([1u32, 8].map(|k| Config {
                 k,
                 write_back: WriteBack::default(),
@@ -253,7 +242,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             configs.extend([1u32, 8].map(|k| Config {
                 k,
                 write_back: other,
-                persistence: args.persistent,
+                persistence: args.run.persistent,
             }));
         }
         for config in configs {
@@ -323,7 +312,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .iter()
             .find(|(fused, _)| *fused)
             .unwrap_or(&schedules[0]);
-        let loaded = load(&device, schedule, weights.as_ref(), args.persistent)?;
+        let loaded = load(&device, schedule, weights.as_ref(), args.run.persistent)?;
         let mut replay = Replay::new(loaded)?;
         crate::profile::print(&mut out, &mut replay, args.profile_steps)?;
     }

@@ -10,7 +10,7 @@ use vkfuse_compiler::import::Model;
 use vkfuse_compiler::ir::Program;
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::npy::{self, Array2};
-use vkfuse_compiler::quant::{self, EncodedWeights};
+use vkfuse_compiler::quant::EncodedWeights;
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
@@ -159,9 +159,7 @@ enum Source {
 impl Source {
     fn open(args: &RunArgs) -> Result<Source> {
         if args.model.is_file() {
-            if args.weights.is_some() {
-                bail!("--weights is fixed when the schedule is compiled (compile-model --weights)");
-            }
+            args.run.check_file()?;
             if args.max_context.is_some() {
                 bail!("--max-context is fixed when the schedule is compiled (compile-model --max-context)");
             }
@@ -173,9 +171,7 @@ impl Source {
             max_context: args.max_context,
         };
         let mut program = trace::trace(&model, &opts).context("tracing the decode step")?;
-        if let Some(format) = args.weights {
-            quant::convert(&mut program, format).context("converting the weights' format")?;
-        }
+        args.run.convert(&mut program)?;
         let capacity = trace::max_context(&model, &opts)?;
         Ok(Source::Model {
             model: Box::new(model),
@@ -274,7 +270,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     // The chain lengths the greedy loop will submit, recorded before timing starts.
     let k = args.tokens_per_submit as usize;
     let chains = [k, args.max_new_tokens.saturating_sub(1) % k].map(|c| c as u32);
-    let mut engine = source.engine(backend_kind, args.device, &chains, args.persistent)?;
+    let mut engine = source.engine(backend_kind, args.device, &chains, args.run.persistent)?;
     let backend = format!("{backend_kind:?}").to_lowercase();
 
     let mut logits = Vec::with_capacity(steps * vocab);

@@ -3,6 +3,7 @@
 //! API (`vkfuse_runtime::Session`) and their text printed as each arrives.
 
 use crate::metrics::RunReport;
+use crate::options::RunOptions;
 use crate::text::Text;
 use crate::upload::UploadDisplay;
 use anyhow::{bail, Context, Result};
@@ -11,12 +12,12 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
 use vkfuse_compiler::lower::{self, SpirvCache};
-use vkfuse_compiler::quant::{self, EncodedWeights};
+use vkfuse_compiler::quant::EncodedWeights;
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::TensorBytes;
 use vkfuse_runtime::session::{pipeline_cache, CacheFile, LoadOptions};
-use vkfuse_runtime::{Backend, Persistence, Session, SessionOptions};
+use vkfuse_runtime::{Backend, Session, SessionOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GenerateBackend {
@@ -64,21 +65,12 @@ pub struct GenerateArgs {
     /// max_position_embeddings, at most 4096).
     #[arg(long, value_name = "N")]
     pub max_context: Option<usize>,
-    /// For a model directory: store the matvec weights as f16, bf16, q8_0 or q4_0 (as
-    /// `compile-model --weights` does; q8_0/q4_0 keep matrices whose input size is not a
-    /// multiple of 32 and expert stacks as stored). Default: the checkpoint's dtypes.
-    #[arg(long, value_name = "FORMAT")]
-    pub weights: Option<vkfuse_compiler::quant::WeightFormat>,
     /// Print one JSON object (prompt ids, generated ids and text, per-token counters) as the
     /// last stdout line.
     #[arg(long)]
     pub json: bool,
-    /// Persistent regions (one dispatch for a run of matvec levels, grid barriers in device
-    /// memory between them): `off` (the default: they measured slower on the H100), `units`
-    /// (one workgroup per compute unit where the device reports them) or a workgroup count
-    /// (never more than the device keeps resident at once: that deadlocks).
-    #[arg(long, default_value = "off", value_name = "off|units|N")]
-    pub persistent: Persistence,
+    #[command(flatten)]
+    pub run: RunOptions,
 }
 
 /// `vkfuse generate --json`: the keys of `vkfuse run --json`, and the prompt and text.
@@ -104,7 +96,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         tokens_per_submit: args.tokens_per_submit,
         validation: false,
         pipeline_cache: true,
-        persistence: args.persistent,
+        persistence: args.run.persistent,
     };
     if args.tokens_per_submit == 0 || args.tokens_per_submit > 64 {
         bail!("--tokens-per-submit must be between 1 and 64");
@@ -163,7 +155,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let load = LoadOptions {
         pipeline_cache: cache,
         progress: Some(&mut |p| upload.update(p)),
-        persistence: args.persistent,
+        persistence: args.run.persistent,
     };
     let mut session = Session::load_with(schedule, weights.as_ref(), &opts, load)
         .context("loading the schedule on the device")?;
@@ -237,9 +229,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)> {
     let origin = args.model.display().to_string();
     if args.model.is_file() {
-        if args.weights.is_some() {
-            bail!("--weights is fixed when the schedule is compiled (compile-model --weights)");
-        }
+        args.run.check_file()?;
         if args.max_context.is_some() {
             bail!(
                 "--max-context is fixed when the schedule is compiled (compile-model --max-context)"
@@ -253,9 +243,7 @@ fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)>
         max_context: args.max_context,
     };
     let mut program = trace::trace(&model, &opts).context("tracing the decode step")?;
-    if let Some(format) = args.weights {
-        quant::convert(&mut program, format).context("converting the weights' format")?;
-    }
+    args.run.convert(&mut program)?;
     let schedule = lower::lower(
         &program,
         &lower::Meta::of(&model),

@@ -6,15 +6,16 @@ mod decode;
 mod devices;
 mod generate;
 mod metrics;
+mod options;
 mod profile;
 mod text;
 mod upload;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
+use options::RunOptions;
 use std::io::Write;
 use std::path::PathBuf;
-use vkfuse_runtime::Persistence;
 
 /// vkfuse: LLM decode with the host out of the way.
 ///
@@ -85,21 +86,12 @@ pub struct RunArgs {
     /// KV-cache capacity in tokens (default: the model's max_position_embeddings, at most 4096).
     #[arg(long, value_name = "N")]
     pub max_context: Option<usize>,
-    /// For a model directory: store the matvec weights as f16, bf16, q8_0 or q4_0 (as
-    /// `compile-model --weights` does; q8_0/q4_0 keep matrices whose input size is not a
-    /// multiple of 32 and expert stacks as stored). Default: the checkpoint's dtypes.
-    #[arg(long, value_name = "FORMAT")]
-    pub weights: Option<vkfuse_compiler::quant::WeightFormat>,
     /// The Vulkan device, by index in `vkfuse devices` (default: VKFUSE_DEVICE, else the
     /// first discrete GPU, then integrated, then CPU).
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
-    /// Persistent regions (one dispatch for a run of matvec levels, grid barriers in device
-    /// memory between them): `off` (the default: they measured slower on the H100), `units`
-    /// (one workgroup per compute unit where the device reports them) or a workgroup count
-    /// (never more than the device keeps resident at once: that deadlocks).
-    #[arg(long, default_value = "off", value_name = "off|units|N")]
-    pub persistent: Persistence,
+    #[command(flatten)]
+    pub run: RunOptions,
 }
 
 fn inspect(file: &std::path::Path) -> Result<()> {

@@ -1,0 +1,41 @@
+//! Options shared by the commands that run a model (`run`, `generate`, `bench`): how a model
+//! directory's weights are stored, and whether persistent regions run.
+
+use anyhow::{bail, Context, Result};
+use vkfuse_compiler::ir::Program;
+use vkfuse_compiler::quant::{self, WeightFormat};
+use vkfuse_runtime::Persistence;
+
+#[derive(clap::Args)]
+pub struct RunOptions {
+    /// For a model directory: store the matvec weights as f16, bf16, q8_0 or q4_0 (as
+    /// `compile-model --weights` does; q8_0/q4_0 keep matrices whose input size is not a
+    /// multiple of 32 and expert stacks as stored). Default: the checkpoint's dtypes.
+    #[arg(long, value_name = "FORMAT")]
+    pub weights: Option<WeightFormat>,
+    /// Persistent regions (one dispatch for a run of matvec levels, grid barriers in device
+    /// memory between them): `off` (the default: they measured slower on the H100), `units`
+    /// (one workgroup per compute unit where the device reports them) or a workgroup count
+    /// (never more than the device keeps resident at once: that deadlocks). `bench` also
+    /// measures the fused replay rows without them where they run.
+    #[arg(long, default_value = "off", value_name = "off|units|N")]
+    pub persistent: Persistence,
+}
+
+impl RunOptions {
+    /// Refuses what a schedule file fixed at compile time.
+    pub fn check_file(&self) -> Result<()> {
+        if self.weights.is_some() {
+            bail!("--weights is fixed when the schedule is compiled (compile-model --weights)");
+        }
+        Ok(())
+    }
+
+    /// Stores a traced model directory's weights as `--weights` asks.
+    pub fn convert(&self, program: &mut Program) -> Result<()> {
+        if let Some(format) = self.weights {
+            quant::convert(program, format).context("converting the weights' format")?;
+        }
+        Ok(())
+    }
+}
