@@ -15,8 +15,13 @@ use vkfuse_tests::{
     assert_rows_close, expected, fused_schedule, rel_l2, validated_device, FIXTURES,
 };
 
-fn check(name: &str, persistence: Persistence) {
+fn check(name: &str) {
     let (device, log) = validated_device();
+    // One workgroup on lavapipe; one per compute unit where the device reports them.
+    let persistence = match device.info().compute_units {
+        Some(_) => Persistence::Units,
+        None => Persistence::Groups(1),
+    };
     let want = expected(name);
     let (model, schedule, _) = fused_schedule(name);
     assert!(
@@ -79,31 +84,22 @@ fn check(name: &str, persistence: Persistence) {
     );
 }
 
-/// One workgroup on lavapipe; one per compute unit where the device reports them.
-fn groups() -> Persistence {
-    let (device, _) = validated_device();
-    match device.info().compute_units {
-        Some(_) => Persistence::Units,
-        None => Persistence::Groups(1),
-    }
-}
-
 #[test]
 fn persistent_regions_match_qwen3_tied() {
-    check(FIXTURES[0], groups());
+    check(FIXTURES[0]);
 }
 
 #[test]
 fn persistent_regions_match_qwen3_untied_sharded() {
-    check(FIXTURES[1], groups());
+    check(FIXTURES[1]);
 }
 
 #[test]
 fn persistent_regions_match_llama_gqa() {
-    check(FIXTURES[2], groups());
+    check(FIXTURES[2]);
 }
 
 #[test]
 fn persistent_regions_match_qwen3_next() {
-    check(FIXTURES[3], groups());
+    check(FIXTURES[3]);
 }
