@@ -523,7 +523,6 @@ pub fn persistent_ok(spec: &MatvecSpec, max_cols: usize) -> bool {
     matches!(spec.dtype, DType::F16 | DType::BF16)
         && spec.cols.is_multiple_of(8)
         && spec.cols <= max_cols
-        && spec.part_rows.len() <= 8
 }
 
 /// Level `m` of a persistent region: the matvec `spec` (whose own kernel is `gen`: its
