@@ -513,16 +513,30 @@ const PERSISTENT_NAMES: &[&str] = &[
     "nw",
     "nw_at",
     "out_index",
-    "mv_lane_dot",
     "PER_ROW",
+    "N8",
+    "ROW_CHUNKS",
+    "mv_rows",
+    "mv_sw",
+    "mv_pass_rows",
+    "mv_chunk",
+    "mv_j",
+    "mv_load",
 ];
 
+/// The most 16-byte chunks one output row of a persistent level may have (all its parts):
+/// a pass of persistent_matvec.glsl holds at least one row.
+pub const PERSISTENT_ROW_CHUNKS: usize = 512;
+
 /// Whether persistent_matvec.glsl computes `spec`: 16-bit weights, rows of whole 16-byte
-/// chunks, an input that fits the staging buffer (`max_cols` floats).
+/// chunks, an input that fits the staging buffer (`max_cols` floats), output rows of at most
+/// [`PERSISTENT_ROW_CHUNKS`] chunks.
 pub fn persistent_ok(spec: &MatvecSpec, max_cols: usize) -> bool {
+    let parts = if spec.zipped { spec.part_rows.len() } else { 1 };
     matches!(spec.dtype, DType::F16 | DType::BF16)
         && spec.cols.is_multiple_of(8)
         && spec.cols <= max_cols
+        && parts * spec.cols / 8 <= PERSISTENT_ROW_CHUNKS
 }
 
 /// Level `m` of a persistent region: the matvec `spec` (whose own kernel is `gen`: its
@@ -545,7 +559,8 @@ pub fn persistent_member(spec: &MatvecSpec, gen: &Generated, m: usize, binding: 
     }
     let _ = writeln!(s, "#define MV_BINDING {binding}");
     let _ = writeln!(s, "#define MV_MAIN mv_main_{m}");
-    defined.extend(["MV_BINDING".to_string(), "MV_MAIN".to_string()]);
+    let _ = writeln!(s, "#define MV_PREFETCH mv_prefetch_{m}");
+    defined.extend(["MV_BINDING", "MV_MAIN", "MV_PREFETCH"].map(String::from));
     for name in PERSISTENT_NAMES {
         let _ = writeln!(s, "#define {name} {name}_{m}");
         defined.push(name.to_string());
