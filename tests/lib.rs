@@ -158,7 +158,19 @@ pub fn fused_schedule(
     vkfuse_runtime::schedule::Schedule,
     vkfuse_compiler::fuse::FusionReport,
 ) {
-    use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
+    fused_schedule_with(name, &vkfuse_compiler::fuse::FuseOptions::default())
+}
+
+/// [`fused_schedule`] with fusion options `opts`.
+pub fn fused_schedule_with(
+    name: &str,
+    opts: &vkfuse_compiler::fuse::FuseOptions,
+) -> (
+    vkfuse_compiler::import::Model,
+    vkfuse_runtime::schedule::Schedule,
+    vkfuse_compiler::fuse::FusionReport,
+) {
+    use vkfuse_compiler::fuse::lower_fused;
     use vkfuse_compiler::lower::{Meta, SpirvCache};
     use vkfuse_compiler::{import, trace};
     let model = import::load(&fixture_dir(name)).unwrap();
@@ -168,13 +180,8 @@ pub fn fused_schedule(
         eos_token_ids: vec![],
         tokenizer: None,
     };
-    let (schedule, report) = lower_fused(
-        &program,
-        &meta,
-        &mut SpirvCache::default(),
-        &FuseOptions::default(),
-    )
-    .unwrap();
+    let (schedule, report) =
+        lower_fused(&program, &meta, &mut SpirvCache::default(), opts).unwrap();
     (model, schedule, report)
 }
 

@@ -32,6 +32,7 @@ pub const KERNELS: &[(&str, &str)] = sources!(".comp":
     "kv_write",
     "l2_norm",
     "matvec",
+    "prefetch",
     "rms_norm",
     "rope",
     "slice",

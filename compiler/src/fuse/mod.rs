@@ -6,7 +6,8 @@
 //! node, iteration and time limits; [`extract`] picks one node per class under the [`cost`]
 //! model, DAG-aware; [`program`] turns the choice into kernels ([`codegen`] writes the fused
 //! ones' GLSL); [`schedule`] instantiates every unit by op offset into one `Schedule`;
-//! [`report`] says what was fused and why.
+//! [`report`] says what was fused and why. After the levels are known, [`prefetch`] reads the
+//! next matvecs' weights into L2 beside weight-free levels and [`persistent`] offers regions.
 
 pub mod codegen;
 pub mod cost;
@@ -14,6 +15,7 @@ pub mod discover;
 pub mod extract;
 pub mod lang;
 pub mod persistent;
+pub mod prefetch;
 pub mod program;
 pub mod report;
 pub mod rules;

@@ -11,6 +11,7 @@ use super::discover::{discover, Segmentation};
 use super::extract::extract;
 use super::lang::{FuseAnalysis, FuseGraph};
 use super::persistent::{self, MatvecKernels};
+use super::prefetch::{self, Prefetch};
 use super::program::{FusedUnit, KernelKind, ProgramError, Saturation, UValue};
 use super::report::FusionReport;
 use super::rules::rules;
@@ -48,6 +49,8 @@ pub struct FuseOptions {
     /// Workgroup size of the attention block (a power of two up to 1024, raised to the head
     /// dim where smaller); `None`: [`super::codegen::attention_wg`]. A tuning knob.
     pub attention_wg: Option<u32>,
+    /// Weight prefetch into L2 beside weight-free levels ([`super::prefetch`]).
+    pub prefetch: Prefetch,
 }
 
 impl Default for FuseOptions {
@@ -61,6 +64,7 @@ impl Default for FuseOptions {
             persistent: true,
             attention_splits: None,
             attention_wg: None,
+            prefetch: Prefetch::default(),
         }
     }
 }
@@ -676,8 +680,24 @@ pub fn lower_units_planned(
     }
     l.bufs[ARENA].size = plan.arena_bytes;
 
+    let mut levels = regions.levels;
+    let weights = BufferId(WEIGHTS as u32);
+    let prefetches = prefetch::plan(&dispatches, &levels, &l.matvecs, weights, opts.prefetch);
+    if !prefetches.is_empty() {
+        // Written never in practice (prefetch.comp): any 4 bytes nothing reads.
+        let sink = l.bufs[STATE].alloc(4);
+        prefetch::add(
+            &mut dispatches,
+            &mut levels,
+            &mut l.kernels,
+            prefetches,
+            sink,
+            spirv,
+        )?;
+    }
+
     let runs = if opts.persistent {
-        persistent::find_in(&dispatches, &regions.levels, &l.matvecs)
+        persistent::find_in(&dispatches, &levels, &l.matvecs)
     } else {
         vec![]
     };
@@ -690,7 +710,7 @@ pub fn lower_units_planned(
         weights: l.uploads,
         kernels: l.kernels,
         dispatches,
-        levels: regions.levels,
+        levels,
         io: Io {
             token: l.state_slices[token.index()],
             position: l.state_slices[position.index()],
