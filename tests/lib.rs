@@ -121,6 +121,22 @@ pub fn eager_greedy(
     (rows, ids)
 }
 
+/// The greedy tokens of `replay` from a reset: the prompt fed by the host, then the rest chosen
+/// on the device, 8 steps per submit.
+pub fn replay_greedy_ids(
+    replay: &mut vkfuse_runtime::session::Replay,
+    want: &Expected,
+) -> Vec<u32> {
+    replay.reset().unwrap();
+    let mut ids = vec![];
+    for &t in &want.prompt_ids {
+        ids = vec![replay.step(Some(t)).unwrap().next_token];
+    }
+    let more = (want.greedy_ids.len() - ids.len()) as u32;
+    ids.extend(replay.greedy_tokens(None, more, 8).unwrap());
+    ids
+}
+
 pub fn fixture_schedule(
     name: &str,
 ) -> (

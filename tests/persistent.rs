@@ -12,7 +12,8 @@
 
 use vkfuse_runtime::session::{Eager, LoadOptions, Loaded, Persistence, Replay};
 use vkfuse_tests::{
-    assert_rows_close, expected, fused_schedule, rel_l2, validated_device, FIXTURES,
+    assert_rows_close, expected, fused_schedule, rel_l2, replay_greedy_ids, validated_device,
+    FIXTURES,
 };
 
 fn check(name: &str) {
@@ -66,13 +67,7 @@ fn check(name: &str) {
 
     // Greedy on the device, 8 steps per submit: the grid barriers' counters must be zero
     // again at every region of every step (a stale count would release a level early).
-    persistent.reset().unwrap();
-    let mut ids = vec![];
-    for &t in &want.prompt_ids {
-        ids = vec![persistent.step(Some(t)).unwrap().next_token];
-    }
-    let more = (want.greedy_ids.len() - ids.len()) as u32;
-    ids.extend(persistent.greedy_tokens(None, more, 8).unwrap());
+    let ids = replay_greedy_ids(&mut persistent, &want);
     assert_eq!(
         ids, want.greedy_ids,
         "{name}: persistent greedy tokens differ from transformers'"

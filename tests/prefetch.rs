@@ -10,7 +10,8 @@ use vkfuse_compiler::fuse::FuseOptions;
 use vkfuse_runtime::schedule::{Schedule, Slice};
 use vkfuse_runtime::session::{Loaded, Replay};
 use vkfuse_tests::{
-    assert_rows_close, expected, fused_schedule, fused_schedule_with, validated_device,
+    assert_rows_close, expected, fused_schedule, fused_schedule_with, replay_greedy_ids,
+    validated_device,
 };
 
 /// The weight slices (binding 1) of the matvec-shaped dispatches of the two levels after
@@ -81,13 +82,7 @@ fn check(name: &str, budget: u64) {
         &want.teacher_logits,
         5e-3,
     );
-    replay.reset().unwrap();
-    let mut ids = vec![];
-    for &t in &want.prompt_ids {
-        ids = vec![replay.step(Some(t)).unwrap().next_token];
-    }
-    let more = (want.greedy_ids.len() - ids.len()) as u32;
-    ids.extend(replay.greedy_tokens(None, more, 8).unwrap());
+    let ids = replay_greedy_ids(&mut replay, &want);
     assert_eq!(ids, want.greedy_ids, "{name}: greedy tokens with prefetch");
     assert!(
         log.is_clean(),
