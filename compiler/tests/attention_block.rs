@@ -20,8 +20,7 @@ use vkfuse_compiler::ir::{DType, F32Attr, OpKind, Program, StateId, StateKind, T
 use vkfuse_compiler::kernels;
 use vkfuse_compiler::reference::{Data, Reference, Tensor};
 use vkfuse_runtime::{
-    Buffer, BufferBinding, BufferKind, Device, Instance, InstanceOptions, Pipeline, Requirements,
-    SpecConstants,
+    Buffer, BufferKind, Device, Instance, InstanceOptions, Pipeline, Requirements, SpecConstants,
 };
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -229,12 +228,7 @@ fn matches_the_reference_step_after_step(s: Shape, positions: &[i32]) {
         .create_descriptor_pool(1, bufs.len() as u32)
         .expect("descriptor pool");
     let set = pool.allocate(&pipeline).expect("set");
-    let writes: Vec<BufferBinding> = bufs
-        .iter()
-        .enumerate()
-        .map(|(b, buf)| BufferBinding::whole(b as u32, buf))
-        .collect();
-    device.write_descriptors(&set, &writes).expect("writes");
+    common::bind_whole(device, &set, &bufs);
     let mut cmd = device.create_command_buffer().expect("command buffer");
     {
         let mut rec = cmd.begin().expect("begin");

@@ -112,6 +112,8 @@ void MV_MAIN() {
     for (uint r0 = rows.x; r0 < rows.y; r0 += per_pass) {
         uint n = min(per_pass, rows.y - r0);
         if (r0 != rows.x) {
+            // The last pass's slots are read (by the sums below it) before this pass writes.
+            barrier();
             mv_load(r0, n);
         }
         uint c = n * ROW_CHUNKS;
@@ -154,7 +156,6 @@ void MV_MAIN() {
                 mv_y[out_index(row)] = EPILOGUE(row, a);
             }
         }
-        // The next pass's slots, or the next level's staging, overwrite what was read here.
-        barrier();
     }
+    // The next level stages its input after grid_arrive's barrier.
 }

@@ -225,6 +225,15 @@ impl MatvecSpec {
         (offsets, end)
     }
 
+    /// Weight rows dotted per output row: every part when zipped, one when stacked.
+    pub fn dots_per_row(&self) -> usize {
+        if self.zipped {
+            self.part_rows.len()
+        } else {
+            1
+        }
+    }
+
     /// A one-line description: `norm1p bf16 3 parts stacked: add(in0, acc)`.
     pub fn describe(&self) -> String {
         let mut s = String::new();
@@ -398,13 +407,13 @@ fn workgroups(n: usize) -> [u32; 3] {
     }
 }
 
-const HEADER: &str = "#version 450\n#extension GL_GOOGLE_include_directive : require\n";
+pub(crate) const HEADER: &str = "#version 450\n#extension GL_GOOGLE_include_directive : require\n";
 
 /// The matvec-family kernel of `spec`.
 pub fn matvec(spec: &MatvecSpec) -> Generated {
     let parts = spec.part_rows.len();
     assert!((1..=8).contains(&parts), "1..=8 packed parts");
-    let per_row = if spec.zipped { parts } else { 1 };
+    let per_row = spec.dots_per_row();
     let o = spec.rows();
     let (wg, rows) = crate::kernels::matvec_tuning(o, spec.dtype);
     let rows_per_wg = (rows as usize).min(8 / per_row).max(1);
@@ -532,11 +541,10 @@ pub const PERSISTENT_ROW_CHUNKS: usize = 512;
 /// chunks, an input that fits the staging buffer (`max_cols` floats), output rows of at most
 /// [`PERSISTENT_ROW_CHUNKS`] chunks.
 pub fn persistent_ok(spec: &MatvecSpec, max_cols: usize) -> bool {
-    let parts = if spec.zipped { spec.part_rows.len() } else { 1 };
     matches!(spec.dtype, DType::F16 | DType::BF16)
         && spec.cols.is_multiple_of(8)
         && spec.cols <= max_cols
-        && parts * spec.cols / 8 <= PERSISTENT_ROW_CHUNKS
+        && spec.dots_per_row() * spec.cols / 8 <= PERSISTENT_ROW_CHUNKS
 }
 
 /// Level `m` of a persistent region: the matvec `spec` (whose own kernel is `gen`: its

@@ -62,11 +62,11 @@ pub fn plan(
             .sum()
     };
     let mut out = vec![];
+    if opts.budget == 0 {
+        return out;
+    }
     for (i, l) in levels.iter().enumerate() {
-        if opts.budget == 0
-            || weight_bytes(l) > WEIGHT_FREE
-            || of(l).iter().any(|d| matvecs.contains_key(&d.kernel))
-        {
+        if weight_bytes(l) > WEIGHT_FREE || of(l).iter().any(|d| matvecs.contains_key(&d.kernel)) {
             continue;
         }
         let mut slices: Vec<Slice> = vec![];

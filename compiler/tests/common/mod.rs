@@ -1,7 +1,7 @@
 //! What the compiler's GPU test binaries share: timing a kernel on the device.
 
 use std::time::Duration;
-use vkfuse_runtime::{Buffer, BufferBinding, Device, Pipeline};
+use vkfuse_runtime::{Buffer, BufferBinding, DescriptorSet, Device, Pipeline};
 
 /// Median GPU time (µs) of `iters` dispatches of `pipeline` over `workgroups`, each alone
 /// between two timestamps with a barrier after it; dispatch i binds `sets[i % sets.len()]`
@@ -24,12 +24,7 @@ pub fn median_dispatch_us(
         .iter()
         .map(|bufs| {
             let set = dpool.allocate(pipeline).expect("set");
-            let writes: Vec<BufferBinding> = bufs
-                .iter()
-                .enumerate()
-                .map(|(b, buf)| BufferBinding::whole(b as u32, buf))
-                .collect();
-            device.write_descriptors(&set, &writes).expect("writes");
+            bind_whole(device, &set, bufs);
             set
         })
         .collect();
@@ -55,4 +50,14 @@ pub fn median_dispatch_us(
         .collect();
     times.sort_by(f64::total_cmp);
     Some(times.get(times.len() / 2)? / 1e3)
+}
+
+/// Binds buffer b of `bufs`, whole, at binding b of `set`.
+pub fn bind_whole(device: &Device, set: &DescriptorSet, bufs: &[Buffer]) {
+    let writes: Vec<BufferBinding> = bufs
+        .iter()
+        .enumerate()
+        .map(|(b, buf)| BufferBinding::whole(b as u32, buf))
+        .collect();
+    device.write_descriptors(set, &writes).expect("writes");
 }
