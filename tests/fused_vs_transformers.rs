@@ -29,6 +29,9 @@ fn check(name: &str, dense: bool) {
         let mut eager = Eager::new(load(schedule.clone())).unwrap();
         let mut replay = Replay::new(load(schedule)).unwrap();
         let dispatches = eager.loaded().schedule.dispatches.len();
+        // A chained matvec sums its workgroups' shares with float atomics, in an order that
+        // varies between runs: eager and replay then agree to f32 reassociation, not bits.
+        let atomics = (eager.loaded().schedule.kernels.iter()).any(|k| k.adds_floats_atomically());
         let l = layers(name);
         eprintln!(
             "{name}: {} dispatches per token ({} unfused), {} levels; {} layers",
@@ -46,10 +49,7 @@ fn check(name: &str, dense: bool) {
             .map(|&t| {
                 let e = eager.step(Some(t)).unwrap();
                 let r = replay.step(Some(t)).unwrap();
-                assert_eq!(
-                    r.logits, e.logits,
-                    "{name}: fused replay differs from fused eager (same kernels, same order)"
-                );
+                vkfuse_tests::same_kernels_agree(name, &r.logits, &e.logits, atomics);
                 r.logits
             })
             .collect();
@@ -101,10 +101,10 @@ fn check(name: &str, dense: bool) {
             "{name}: fused replay per token: 0 descriptor writes, 0 recordings, 1 submit"
         );
         assert_eq!(ids, want.greedy_ids, "{name}: fused replay greedy tokens");
-        assert_eq!(
-            replayed, rows,
-            "{name}: fused replay greedy differs from fused eager (same kernels, same order)"
-        );
+        assert_eq!(replayed.len(), rows.len());
+        for (r, e) in replayed.iter().zip(&rows) {
+            vkfuse_tests::same_kernels_agree(name, r, e, atomics);
+        }
         eprintln!("{name}: fused worst relative L2 {worst:.2e} (teacher), {worst_g:.2e} (greedy)");
     }
     assert!(

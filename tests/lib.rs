@@ -81,6 +81,23 @@ pub fn assert_rows_close(what: &str, got: &[Vec<f32>], want: &Array2, tol: f64) 
     worst
 }
 
+/// Replay and eager run the same kernels in the same order: the same bits, or (where a kernel
+/// sums with float atomics, whose order varies between runs) the same up to f32 reassociation.
+pub fn same_kernels_agree(name: &str, replay: &[f32], eager: &[f32], atomics: bool) {
+    if atomics {
+        let d = rel_l2(replay, eager);
+        assert!(
+            d <= 1e-5,
+            "{name}: fused replay differs from fused eager by {d:.2e}"
+        );
+    } else {
+        assert!(
+            replay == eager,
+            "{name}: fused replay differs from fused eager (same kernels, same order)"
+        );
+    }
+}
+
 /// A validated Vulkan device on lavapipe (or whatever `VKFUSE_DEVICE` picks), and its log,
 /// which stays readable after the device is dropped.
 pub fn validated_device() -> (vkfuse_runtime::Device, vkfuse_runtime::ValidationLog) {

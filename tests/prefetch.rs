@@ -1,7 +1,7 @@
 //! Weight prefetch into L2 (fuse::prefetch, kernels/glsl/prefetch.comp) on the fixtures, with
 //! its size floor lifted (their weights are far below the default 1 MiB): every attention
 //! level (and, with these tiny tables, the embedding's) gets one prefetch dispatch reading
-//! exactly the weights of the (at most two) matvec levels after it (cut to the budget), never
+//! exactly the weights of the (at most two) matvec or chained levels after it (cut to the budget), never
 //! a level that streams weights itself, the levels stay as they were, and the schedule still matches
 //! transformers within 5e-3 relative L2 with the same greedy tokens, validation clean.
 
@@ -14,14 +14,20 @@ use vkfuse_tests::{
     validated_device,
 };
 
-/// The weight slices (binding 1) of the matvec-shaped dispatches of the two levels after
+/// Dispatches that stream weights from binding 1: matvecs, and chained matvecs (binding 1 is
+/// their inner, gate/up, weight).
+fn streams(label: &str) -> bool {
+    label.starts_with("matvec") || label.starts_with("chain")
+}
+
+/// The weight slices (binding 1) of the weight-streaming dispatches of the two levels after
 /// `level`, up to the first level holding something else.
 fn next_weights(s: &Schedule, level: usize, budget: u64) -> Vec<Slice> {
     let mut out = vec![];
     let mut left = budget;
     'levels: for l in s.levels[level + 1..].iter().take(2) {
         for d in &s.dispatches[l.start as usize..l.end as usize] {
-            if !d.label.starts_with("matvec") || left == 0 {
+            if !streams(&d.label) || left == 0 {
                 break 'levels;
             }
             let w = d.bindings[1];
@@ -50,7 +56,7 @@ fn check(name: &str, budget: u64) {
         for d in ds.iter().filter(|d| d.label.starts_with("prefetch")) {
             prefetches += 1;
             assert!(
-                !ds.iter().any(|d| d.label.starts_with("matvec")),
+                !ds.iter().any(|d| streams(&d.label)),
                 "{name}: level {i}: a prefetch beside a matvec"
             );
             assert_eq!(

@@ -59,6 +59,9 @@ fn env() -> FuseAnalysis {
         ("rsv", Type::f32([4, 8, 8]), StateValue),
         ("kr", Type::f32([2, 8]), Value),
         ("vr", Type::f32([4, 8]), Value),
+        ("wg2", bf(&[32, 16]), Weight),
+        ("wu2", bf(&[32, 16]), Weight),
+        ("wd2", bf(&[16, 32]), Weight),
     ];
     // Which persistent state each state leaf is (rs and rsv are one state).
     let state_of = |name: &str| match name {
@@ -266,6 +269,24 @@ fn should_refuse_to_broadcast_a_one_row_kernel_into_a_vector() {
         &["(mul (matvec wd m) (sigmoid (matvec w1 x)))"],
         "fold-mul-extra",
         "would broadcast",
+    );
+}
+
+// (k) a matvec chained into the kernel feeding it
+rule_test!(should_chain_the_down_projection_into_the_swiglu_kernel:
+    "(add h (matvec wd2 (mul (silu (matvec wg2 (rms_norm x nw norm:1e-6))) (matvec wu2 (rms_norm x nw norm:1e-6)))))"
+    => "(mvchain (e.add in0 acc) wd2 (e.mul (e.silu acc0) acc1) (wcat wg2 wu2) x (norm nw norm:1e-6) (cons h nil))");
+
+#[test]
+fn should_refuse_to_chain_inner_rows_the_workgroups_cannot_split() {
+    // 40 gate/up rows: not whole blocks of 32.
+    let (g, _) = saturated(&[
+        "(add h (matvec wd (mul (silu (matvec wg (rms_norm x nw norm:1e-6))) (matvec wu (rms_norm x nw norm:1e-6)))))",
+    ]);
+    assert_refused(
+        &g,
+        "chain-matvecs",
+        "40 inner rows are not a multiple of 32",
     );
 }
 
@@ -583,10 +604,16 @@ fn should_fuse_each_dense_layer_into_five_dispatches() {
         s.validate().unwrap();
         assert_eq!(s.dispatches.len(), 5 * layers + 3, "{name}\n{r}");
         assert_eq!(r.per_template(), vec![("T0".to_string(), 5, layers)]);
-        // Every layer runs the same pipelines in the same order.
-        let ids: Vec<u32> = s.dispatches.iter().map(|d| d.kernel.0).collect();
+        // Level 0 holds the embedding and, where the MLP is chained (its hidden size a
+        // multiple of 32: not llama-gqa's 200), each layer's zeroing of the chain's output;
+        // after it every layer runs the same pipelines in the same order.
+        let chained = usize::from(name != "llama-gqa");
+        let first = s.levels[0].end as usize;
+        assert_eq!(first, 1 + chained * layers, "{name}: level 0\n{r}");
+        let per = 5 - chained;
+        let ids: Vec<u32> = s.dispatches[first..].iter().map(|d| d.kernel.0).collect();
         for l in 1..layers {
-            assert_eq!(ids[1..6], ids[1 + 5 * l..6 + 5 * l], "{name} layer {l}");
+            assert_eq!(ids[0..per], ids[per * l..per * (l + 1)], "{name} layer {l}");
         }
     }
 }

@@ -54,6 +54,7 @@ pub const HEADERS: &[(&str, &str)] = &[
         "fused_matvec.glsl",
         include_str!("../glsl/fused_matvec.glsl"),
     ),
+    ("fused_chain.glsl", include_str!("../glsl/fused_chain.glsl")),
     ("matvec_rows.glsl", include_str!("../glsl/matvec_rows.glsl")),
     ("persistent.glsl", include_str!("../glsl/persistent.glsl")),
     (

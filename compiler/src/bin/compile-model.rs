@@ -51,6 +51,12 @@ struct Args {
     /// Default 8 (on an H100, 8 beat 16 and 24: the attention block slows under more).
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     prefetch_mib: u64,
+    /// Keep a matvec fed by another matvec kernel (SwiGLU's down after gate/up) in a level of
+    /// its own instead of chaining both into one kernel. The chained kernel adds partial sums
+    /// with float atomics, which the device must offer (`shaderBufferFloat32AtomicAdd`,
+    /// VK_EXT_shader_atomic_float: NVIDIA, AMD and lavapipe do); without it, use this.
+    #[arg(long)]
+    no_chain: bool,
     /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.
     #[arg(long)]
     explain: bool,
@@ -167,6 +173,7 @@ fn run(args: Args) -> Result<()> {
             plan_memory: !args.no_plan,
             attention_splits: args.attention_splits.map(|n| n as usize),
             attention_wg: args.attention_wg,
+            chain: !args.no_chain,
             prefetch: fuse::prefetch::Prefetch {
                 budget: args.prefetch_mib << 20,
                 ..Default::default()

@@ -73,6 +73,24 @@ fn ty_bytes(g: &FuseGraph, c: Id) -> f64 {
     g[c].data.ty.as_ref().map_or(0.0, |t| t.bytes() as f64)
 }
 
+/// Bytes a matvec-family kernel reads: weights, input, norm weight, extra inputs.
+fn matvec_reads(g: &FuseGraph, w: Id, x: Id, pro: Id, ins: Id) -> f64 {
+    let norm: f64 = g[pro]
+        .nodes
+        .iter()
+        .find_map(|n| match n {
+            FuseLang::Norm([nw, _]) => Some(ty_bytes(g, *nw)),
+            _ => None,
+        })
+        .unwrap_or(0.0);
+    let extras: f64 = super::rules::list_items(g, ins)
+        .unwrap_or_default()
+        .iter()
+        .map(|&e| ty_bytes(g, e))
+        .sum();
+    ty_bytes(g, w) + ty_bytes(g, x) + norm + extras
+}
+
 /// Bytes a kernel node moves (reads and writes), estimated; 0 for nodes that are no kernel.
 pub fn node_bytes(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) -> f64 {
     use FuseLang::*;
@@ -92,21 +110,15 @@ pub fn node_bytes(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) -
         })
     };
     match node {
-        Mvk([_, w, x, pro, ins]) => {
-            let norm: f64 = g[*pro]
-                .nodes
-                .iter()
-                .find_map(|n| match n {
-                    Norm([nw, _]) => Some(ty_bytes(g, *nw)),
-                    _ => None,
-                })
-                .unwrap_or(0.0);
-            let extras: f64 = super::rules::list_items(g, *ins)
-                .unwrap_or_default()
-                .iter()
-                .map(|&e| ty_bytes(g, e))
-                .sum();
-            ty_bytes(g, *w) + ty_bytes(g, *x) + norm + extras + out
+        Mvk([_, w, x, pro, ins]) => matvec_reads(g, *w, *x, *pro, *ins) + out,
+        // Both matrices, and each workgroup's atomic add to every output row.
+        MvChain([_, w2, _, w1, x, pro, ins]) => {
+            let blocks = g[*w2]
+                .data
+                .ty
+                .as_ref()
+                .map_or(0, |t| t.shape.dims()[1] / super::codegen::ChainSpec::BLOCK);
+            ty_bytes(g, *w2) + matvec_reads(g, *w1, *x, *pro, *ins) + out * blocks as f64
         }
         Ewk([_, ins]) => {
             let inputs: f64 = super::rules::list_items(g, *ins)
@@ -149,7 +161,13 @@ pub fn node_bytes(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) -
 /// The cost of one node on its own (its dispatch and bytes; barriers come from levels).
 pub fn node_cost(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) -> f64 {
     if node.is_kernel() {
-        dev.dispatch_us + node_bytes(g, class, node, dev) / dev.bytes_per_us
+        // The chained kernel's output is zeroed by a dispatch of its own.
+        let dispatches = if matches!(node, FuseLang::MvChain(_)) {
+            2.0
+        } else {
+            1.0
+        };
+        dispatches * dev.dispatch_us + node_bytes(g, class, node, dev) / dev.bytes_per_us
     } else {
         0.0
     }

@@ -138,6 +138,10 @@ define_language! {
         // (expert_glu wg wu idx x): silu(expert_matvec(wg, idx, x)) * expert_matvec(wu, idx, x),
         // both stacks packed and read by one kernel
         "expert_glu" = ExpertGlu([Id; 4]),
+        // (mvchain e2 w2 e1 w1 x prologue extras2): (mvk e2 w2 (mvk e1 w1 x prologue nil)
+        // nonorm extras2) in one kernel: the inner rows split over workgroups, each adding its
+        // share of every outer row into the output (float atomics; `fused_chain.glsl`)
+        "mvchain" = MvChain([Id; 7]),
 
         // ---- leaves and the rest ----
         Attr(Attr),
@@ -215,6 +219,7 @@ impl FuseLang {
                 | FuseLang::Route(_)
                 | FuseLang::ExpertSum(_)
                 | FuseLang::ExpertGlu(_)
+                | FuseLang::MvChain(_)
         )
     }
 
@@ -663,7 +668,9 @@ impl Analysis<FuseLang> for FuseAnalysis {
                     facts.weights = Some(wa.iter().chain(wb).copied().collect());
                 }
             }
-            Rows([w, _]) => facts.ty = ty(w).and_then(|t| f32_of(vec![t.shape.dims()[0]])),
+            Rows([w, _]) | MvChain([_, w, ..]) => {
+                facts.ty = ty(w).and_then(|t| f32_of(vec![t.shape.dims()[0]]))
+            }
             Mvk([e, w, _, _, _]) => {
                 let epi = g[*e].data.epi.unwrap_or_default();
                 let parts = g[*w].data.weights.as_ref().map_or(1, Vec::len).max(1);

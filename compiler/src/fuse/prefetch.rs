@@ -8,9 +8,9 @@
 //! attention block slows under more traffic) and skipped under [`Prefetch::min`] (tiny models
 //! gain nothing but a dispatch).
 
-use super::persistent::MatvecKernels;
 use crate::kernels::{KernelCall, KernelError, MAX_WORKGROUPS_X};
 use crate::lower::SpirvCache;
+use std::collections::HashSet;
 use std::ops::Range;
 use vkfuse_runtime::schedule::{BufferId, Dispatch, KernelDecl, KernelId, Slice};
 
@@ -44,11 +44,13 @@ const MAX_SLICES: usize = 8;
 const WG: u32 = 256;
 const SECTORS_PER_INVOCATION: u64 = 8;
 
-/// The weight slices to prefetch beside each weight-free level: (level, slices).
+/// The weight slices to prefetch beside each weight-free level: (level, slices). `streams`:
+/// the kernels that stream weights from binding 1 (matvecs, and chained matvecs, whose
+/// binding 1 is the inner weight they read first).
 pub fn plan(
     dispatches: &[Dispatch],
     levels: &[Range<u32>],
-    matvecs: &MatvecKernels,
+    streams: &HashSet<KernelId>,
     weights: BufferId,
     opts: Prefetch,
 ) -> Vec<(usize, Vec<Slice>)> {
@@ -66,15 +68,15 @@ pub fn plan(
         return out;
     }
     for (i, l) in levels.iter().enumerate() {
-        if weight_bytes(l) > WEIGHT_FREE || of(l).iter().any(|d| matvecs.contains_key(&d.kernel)) {
+        if weight_bytes(l) > WEIGHT_FREE || of(l).iter().any(|d| streams.contains(&d.kernel)) {
             continue;
         }
         let mut slices: Vec<Slice> = vec![];
         let mut left = opts.budget;
         'next: for next in levels[i + 1..].iter().take(LEVELS_AHEAD) {
             for d in of(next) {
-                // Only matvec levels: their weights are binding 1.
-                let w = match (matvecs.contains_key(&d.kernel), d.bindings.get(1)) {
+                // Only levels streaming weights from binding 1.
+                let w = match (streams.contains(&d.kernel), d.bindings.get(1)) {
                     (true, Some(w)) if w.buffer == weights => *w,
                     _ => break 'next,
                 };

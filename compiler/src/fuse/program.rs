@@ -3,8 +3,8 @@
 //! instantiated for every instance by op offset ([`super::schedule`]).
 
 use super::codegen::{
-    self, AttnSpec, ElementwiseSpec, Epi, ExpertSpec, ExtraSpec, GdnSpec, Generated, MatvecSpec,
-    NormSpec, RouteSpec, TailSpec,
+    self, AttnSpec, ChainSpec, ElementwiseSpec, Epi, ExpertSpec, ExtraSpec, GdnSpec, Generated,
+    MatvecSpec, NormSpec, RouteSpec, TailSpec,
 };
 use super::cost::Cost;
 use super::extract::Extraction;
@@ -57,6 +57,13 @@ pub enum KernelKind {
     Route(RouteSpec),
     ExpertSum(ExpertSpec),
     ExpertGlu(ExpertSpec),
+    /// Two matvecs in one kernel, accumulating into its output (zeroed by a `Zero` kernel).
+    Chain(ChainSpec),
+    /// Zeroes `words` words of binding 0, which a `Chain` kernel then accumulates into: the
+    /// value's slot is allocated here, its producer is the chain kernel.
+    Zero {
+        words: usize,
+    },
 }
 
 /// The extra buffers of a kernel whose workgroups combine by last arrival (the split attention
@@ -386,53 +393,8 @@ impl Builder<'_> {
             }
             Fx0([k]) | Fx1([k]) => self.value(*k)?,
             Mvk([e, w, x, pro, ins]) => {
-                let epi = self.epi(*e)?;
-                let wt = self.ty(*w)?;
-                let leaves = self.g[*w]
-                    .data
-                    .weights
-                    .clone()
-                    .ok_or_else(|| self.err("a matvec whose weights are no leaves"))?;
-                let mut part_rows = vec![];
-                for s in &leaves {
-                    let info = &self.g.analysis.leaves[s];
-                    part_rows.push(info.ty.shape.dims()[0]);
-                }
-                let wv = self.value(*w)?;
-                let xv = self.value(*x)?;
-                let norm = self.prologue(*pro)?;
                 let items = list_items(self.g, *ins).ok_or_else(|| self.err("bad extras"))?;
-                let zipped = self.g[*e].data.epi.is_some_and(|u| u.zipped > 0);
-                // A per-part epilogue selects by the stacked row: one expression per part.
-                let counts = epi.part_counts();
-                if counts.iter().any(|&n| zipped || n != part_rows.len()) {
-                    return Err(self.err(format!(
-                        "epilogue `{epi}` does not select among the {} stacked parts",
-                        part_rows.len()
-                    )));
-                }
-                let mut spec = MatvecSpec {
-                    dtype: wt.dtype,
-                    cols: wt.shape.dims()[1],
-                    part_rows,
-                    zipped,
-                    norm: norm.as_ref().map(|(n, _)| n.clone()),
-                    extras: vec![],
-                    epi,
-                };
-                let rows = spec.rows();
-                let mut inputs = vec![wv, xv];
-                if let Some((_, nv)) = norm {
-                    inputs.push(nv);
-                }
-                for it in items {
-                    let t = self.ty(it)?;
-                    spec.extras.push(ExtraSpec {
-                        dtype: t.dtype,
-                        scalar: t.shape.numel() == 1 && rows != 1,
-                    });
-                    inputs.push(self.value(it)?);
-                }
+                let (spec, inputs) = self.matvec_spec(*e, *w, *x, *pro, items)?;
                 let (_, len) = spec.layout();
                 let generated = codegen::matvec(&spec);
                 let ty = self.ty(c)?;
@@ -443,6 +405,47 @@ impl Builder<'_> {
                     inputs,
                     Some(generated),
                 )
+            }
+            MvChain([_, w2, e1, w1, x, pro, ins]) => {
+                let (inner, mut inputs) = self.matvec_spec(*e1, *w1, *x, *pro, vec![])?;
+                let t2 = self.ty(*w2)?;
+                inputs.push(self.value(*w2)?);
+                let items = list_items(self.g, *ins).ok_or_else(|| self.err("bad extras"))?;
+                let mut add_in = None;
+                for it in items {
+                    add_in = Some(ExtraSpec {
+                        dtype: self.ty(it)?.dtype,
+                        scalar: false,
+                    });
+                    inputs.push(self.value(it)?);
+                }
+                let spec = ChainSpec {
+                    inner,
+                    outer_dtype: t2.dtype,
+                    out_rows: t2.shape.dims()[0],
+                    add_in,
+                };
+                let ty = self.ty(c)?;
+                let words = spec.out_rows;
+                // The zero kernel runs first and allocates the slot; the chain kernel is the
+                // value's producer (see `order`).
+                let zero = self.push_kernel(UKernel {
+                    kind: KernelKind::Zero { words },
+                    bindings: vec![],
+                    writes: vec![0],
+                    covers: vec![],
+                    generated: Some(codegen::zero(words)),
+                });
+                let generated = codegen::chain(&spec);
+                let out = self.with_out(
+                    KernelKind::Chain(spec),
+                    ty,
+                    words as u64 * 4,
+                    inputs,
+                    Some(generated),
+                );
+                self.kernels[zero].bindings = vec![out];
+                out
             }
             AttnBlock([q, k, vv, kc, vc, pos, qn, kn, rope, scale]) => {
                 let (tq, tk, tc) = (self.ty(*q)?, self.ty(*k)?, self.ty(*kc)?);
@@ -729,6 +732,64 @@ impl Builder<'_> {
         self.push_value(UValue::Effect { kernel: k })
     }
 
+    /// The spec of a matvec-family kernel and its inputs (weights, x, norm weight, extras).
+    fn matvec_spec(
+        &mut self,
+        e: Id,
+        w: Id,
+        x: Id,
+        pro: Id,
+        items: Vec<Id>,
+    ) -> Result<(MatvecSpec, Vec<usize>), ProgramError> {
+        let epi = self.epi(e)?;
+        let wt = self.ty(w)?;
+        let leaves = self.g[w]
+            .data
+            .weights
+            .clone()
+            .ok_or_else(|| self.err("a matvec whose weights are no leaves"))?;
+        let mut part_rows = vec![];
+        for s in &leaves {
+            let info = &self.g.analysis.leaves[s];
+            part_rows.push(info.ty.shape.dims()[0]);
+        }
+        let wv = self.value(w)?;
+        let xv = self.value(x)?;
+        let norm = self.prologue(pro)?;
+        let zipped = self.g[e].data.epi.is_some_and(|u| u.zipped > 0);
+        // A per-part epilogue selects by the stacked row: one expression per part.
+        let counts = epi.part_counts();
+        if counts.iter().any(|&n| zipped || n != part_rows.len()) {
+            return Err(self.err(format!(
+                "epilogue `{epi}` does not select among the {} stacked parts",
+                part_rows.len()
+            )));
+        }
+        let mut spec = MatvecSpec {
+            dtype: wt.dtype,
+            cols: wt.shape.dims()[1],
+            part_rows,
+            zipped,
+            norm: norm.as_ref().map(|(n, _)| n.clone()),
+            extras: vec![],
+            epi,
+        };
+        let rows = spec.rows();
+        let mut inputs = vec![wv, xv];
+        if let Some((_, nv)) = norm {
+            inputs.push(nv);
+        }
+        for it in items {
+            let t = self.ty(it)?;
+            spec.extras.push(ExtraSpec {
+                dtype: t.dtype,
+                scalar: t.shape.numel() == 1 && rows != 1,
+            });
+            inputs.push(self.value(it)?);
+        }
+        Ok((spec, inputs))
+    }
+
     /// An explicit IR node lowered as the unit op it came from.
     fn unfused(&mut self, c: Id, n: &FuseLang) -> Result<usize, ProgramError> {
         let canon = |m: &FuseLang| {
@@ -957,6 +1018,12 @@ impl Builder<'_> {
         let n = self.kernels.len();
         let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
         for (k, kern) in self.kernels.iter().enumerate() {
+            // A zero kernel runs before the chain kernel that accumulates into its output.
+            if let (KernelKind::Zero { .. }, Some(&v)) = (&kern.kind, kern.bindings.first()) {
+                if let Some(pk) = producer(&self.values, v) {
+                    edges[k].insert(pk);
+                }
+            }
             for (i, &v) in kern.bindings.iter().enumerate() {
                 if kern.writes.contains(&i) {
                     continue;
@@ -1063,6 +1130,8 @@ impl UKernel {
             KernelKind::Route(r) => {
                 format!("router: softmax, top {} of {}, renormalised", r.k, r.n)
             }
+            KernelKind::Chain(spec) => format!("chain {}", spec.describe()),
+            KernelKind::Zero { words } => format!("zero {words} words (the chain's output)"),
         }
     }
 

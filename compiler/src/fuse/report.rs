@@ -2,6 +2,7 @@
 //! their instance counts, every unit's fused kernels with the ops each covers, why each fusion
 //! was taken, and every rule match a condition refused.
 
+use super::codegen::MatvecSpec;
 use super::program::{plural, FusedUnit, KernelKind};
 use super::schedule::{unfused_dispatches, Fused};
 use crate::ir::Program;
@@ -69,33 +70,25 @@ fn reasons(u: &FusedUnit, k: &super::program::UKernel) -> Vec<String> {
         .filter(|&&o| u.op_names[o] != "reshape")
         .count();
     match &k.kind {
-        KernelKind::Matvec(spec) => {
-            if spec.norm.is_some() {
-                r.push(
-                    "norm -> matvec (norm-into-matvec: the norm's dispatch and level go)".into(),
-                );
-            }
-            if spec.part_rows.len() > 1 {
-                r.push(format!(
-                    "{} matvecs on one input merged (merge-matvecs{})",
-                    spec.part_rows.len(),
-                    if spec.zipped {
-                        ", zip-parts"
-                    } else if spec.epi.part_counts().is_empty() {
-                        ""
-                    } else {
-                        ", an epilogue per part"
-                    }
-                ));
-            }
-            if !spec.epi.is_identity() {
-                r.push(format!(
-                    "epilogue {} folded ({})",
-                    spec.epi,
-                    plural(ops(&["add", "mul", "silu", "sigmoid"]), "elementwise op")
-                ));
-            }
+        KernelKind::Matvec(spec) => matvec_reasons(spec, &mut r, &ops),
+        KernelKind::Chain(spec) => {
+            // The outer residual add is the chain's own, not the inner epilogue's.
+            let outer_add = usize::from(spec.add_in.is_some());
+            let inner_ops = |names: &[&str]| {
+                ops(names) - if names.contains(&"add") { outer_add } else { 0 }
+            };
+            matvec_reasons(&spec.inner, &mut r, &inner_ops);
+            r.push(format!(
+                "matvec chained into the kernel feeding it (chain-matvecs: its level goes; \
+                 the output is zeroed by a dispatch in an earlier level{})",
+                if spec.add_in.is_some() {
+                    ", epilogue add(in0, acc) folded"
+                } else {
+                    ""
+                }
+            ));
         }
+        KernelKind::Zero { .. } => {}
         KernelKind::Attention(_) => {
             let kinds: Vec<String> = ["rms_norm", "rope", "kv_write", "attention"]
                 .iter()
@@ -214,5 +207,32 @@ impl fmt::Display for FusionReport {
             }
         }
         Ok(())
+    }
+}
+
+/// The fusions a matvec-family kernel took.
+fn matvec_reasons(spec: &MatvecSpec, r: &mut Vec<String>, ops: &dyn Fn(&[&str]) -> usize) {
+    if spec.norm.is_some() {
+        r.push("norm -> matvec (norm-into-matvec: the norm's dispatch and level go)".into());
+    }
+    if spec.part_rows.len() > 1 {
+        r.push(format!(
+            "{} matvecs on one input merged (merge-matvecs{})",
+            spec.part_rows.len(),
+            if spec.zipped {
+                ", zip-parts"
+            } else if spec.epi.part_counts().is_empty() {
+                ""
+            } else {
+                ", an epilogue per part"
+            }
+        ));
+    }
+    if !spec.epi.is_identity() {
+        r.push(format!(
+            "epilogue {} folded ({})",
+            spec.epi,
+            plural(ops(&["add", "mul", "silu", "sigmoid"]), "elementwise op")
+        ));
     }
 }

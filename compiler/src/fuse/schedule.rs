@@ -22,7 +22,7 @@ use crate::lower::{self, Meta, SpirvCache, ALIGN};
 use crate::plan::{self, Request};
 use crate::regions::{regions, Access};
 use egg::{Runner, SimpleScheduler};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::time::Duration;
 use vkfuse_runtime::schedule::{
@@ -51,6 +51,9 @@ pub struct FuseOptions {
     pub attention_wg: Option<u32>,
     /// Weight prefetch into L2 beside weight-free levels ([`super::prefetch`]).
     pub prefetch: Prefetch,
+    /// Chain a matvec into the matvec kernel feeding it ([`super::rules::chain`]): one level
+    /// fewer per SwiGLU block, but the kernel needs float atomics on the device.
+    pub chain: bool,
 }
 
 impl Default for FuseOptions {
@@ -65,6 +68,7 @@ impl Default for FuseOptions {
             attention_splits: None,
             attention_wg: None,
             prefetch: Prefetch::default(),
+            chain: true,
         }
     }
 }
@@ -105,7 +109,12 @@ fn saturate(unit: &mut Unit, opts: &FuseOptions) -> Saturation {
         .with_iter_limit(opts.iter_limit)
         .with_time_limit(opts.time_limit)
         .with_scheduler(SimpleScheduler)
-        .run(&rules());
+        .run(
+            &rules()
+                .into_iter()
+                .filter(|r| opts.chain || !r.name.as_str().starts_with("chain-"))
+                .collect::<Vec<_>>(),
+        );
     let stop = match &runner.stop_reason {
         Some(egg::StopReason::Saturated) => "saturated".to_string(),
         Some(egg::StopReason::IterationLimit(n)) => format!("iteration limit {n}"),
@@ -219,6 +228,8 @@ struct Lowering<'a> {
     kernel_ids: HashMap<KernelKey, KernelId>,
     /// The matvec kernels, for persistent regions.
     matvecs: MatvecKernels,
+    /// Kernels streaming weights from binding 1 (prefetch targets).
+    streams: HashSet<KernelId>,
     dispatches: Vec<Dispatch>,
     accesses: Vec<Access>,
     /// Arena allocations (base slices), for the buffer plan.
@@ -338,7 +349,11 @@ impl Lowering<'_> {
             let mut bindings = Vec::with_capacity(k.bindings.len());
             for &v in &k.bindings {
                 let s = match &fu.values[v] {
-                    UValue::Out { kernel, bytes, .. } if *kernel == ki => {
+                    // Allocated by its producer, or by the zero kernel running before it.
+                    UValue::Out { kernel, bytes, .. }
+                        if slots[v].is_none()
+                            && (*kernel == ki || matches!(k.kind, KernelKind::Zero { .. })) =>
+                    {
                         let s = if logits_value.contains(&v) {
                             self.io_logits
                         } else {
@@ -419,6 +434,9 @@ impl Lowering<'_> {
                             self.kernel_ids.insert(key, id);
                             if let KernelKind::Matvec(spec) = &k.kind {
                                 self.matvecs.insert(id, (spec.clone(), gen.clone()));
+                            }
+                            if matches!(k.kind, KernelKind::Matvec(_) | KernelKind::Chain(_)) {
+                                self.streams.insert(id);
                             }
                             id
                         }
@@ -617,6 +635,7 @@ pub fn lower_units_planned(
         kernels: vec![],
         kernel_ids: HashMap::new(),
         matvecs: HashMap::new(),
+        streams: HashSet::new(),
         dispatches: vec![],
         accesses: vec![],
         arena_allocs: vec![],
@@ -682,7 +701,7 @@ pub fn lower_units_planned(
 
     let mut levels = regions.levels;
     let weights = BufferId(WEIGHTS as u32);
-    let prefetches = prefetch::plan(&dispatches, &levels, &l.matvecs, weights, opts.prefetch);
+    let prefetches = prefetch::plan(&dispatches, &levels, &l.streams, weights, opts.prefetch);
     if !prefetches.is_empty() {
         // Written never in practice (prefetch.comp): any 4 bytes nothing reads.
         let sink = l.bufs[STATE].alloc(4);

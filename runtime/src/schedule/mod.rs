@@ -116,6 +116,28 @@ pub struct KernelDecl {
     pub spec_constants: Vec<u32>,
 }
 
+impl KernelDecl {
+    /// Whether the SPIR-V declares float atomic add (`AtomicFloat32AddEXT`), which the device
+    /// must offer as `shaderBufferFloat32AtomicAdd`.
+    pub fn adds_floats_atomically(&self) -> bool {
+        const OP_CAPABILITY: u32 = 17;
+        const ATOMIC_FLOAT32_ADD: u32 = 6033;
+        // Header of 5 words, then instructions: word count in the high half, opcode low.
+        let mut at = 5;
+        while let Some(&first) = self.spirv.get(at) {
+            let (len, op) = ((first >> 16) as usize, first & 0xffff);
+            if op == OP_CAPABILITY && self.spirv.get(at + 1) == Some(&ATOMIC_FLOAT32_ADD) {
+                return true;
+            }
+            if len == 0 {
+                return false;
+            }
+            at += len;
+        }
+        false
+    }
+}
+
 /// One dispatch of the step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dispatch {

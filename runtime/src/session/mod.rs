@@ -13,7 +13,7 @@ pub use replay::{Replay, MAX_TOKENS_PER_SUBMIT};
 pub use writeback::WriteBack;
 
 use crate::schedule::{BufferRole, Schedule, ScheduleError, ScheduleFileError};
-use crate::{Buffer, BufferKind, Device, Error, Pipeline, SpecConstants, Stages};
+use crate::{Buffer, BufferKind, Device, Error, Feature, Pipeline, SpecConstants, Stages};
 use std::time::Duration;
 
 /// How long a step may take before the device is declared hung.
@@ -192,6 +192,18 @@ impl Loaded {
         mut options: LoadOptions<'_>,
     ) -> Result<Loaded, SessionError> {
         schedule.validate()?;
+        if let Some(k) = schedule.kernels.iter().find(|k| k.adds_floats_atomically()) {
+            if !device.info().supports(Feature::BufferFloat32AtomicAdd) {
+                return Err(SessionError::Vulkan(Error::UnsupportedDevice {
+                    device: device.info().name.clone(),
+                    reason: format!(
+                        "kernel `{}` needs {}; compile the model with `compile-model --no-chain`",
+                        k.label,
+                        Feature::BufferFloat32AtomicAdd
+                    ),
+                }));
+            }
+        }
         let groups = options.persistence.groups(device.info());
         let schedule =
             schedule.with_persistent(groups, device.info().max_storage_buffers_per_stage);

@@ -136,6 +136,9 @@ pub struct ShaderFeatures {
     pub storage_buffer_16bit: bool,
     /// `storageBuffer8BitAccess`: i8 in storage buffers (quantised weights).
     pub storage_buffer_8bit: bool,
+    /// `shaderBufferFloat32AtomicAdd` (`VK_EXT_shader_atomic_float`): float atomicAdd on
+    /// storage buffers (the chained matvec kernel accumulates with it).
+    pub buffer_float32_atomic_add: bool,
 }
 
 /// A capability a caller can require of a device (see [`Requirements`]).
@@ -163,6 +166,8 @@ pub enum Feature {
     SubgroupBallot,
     /// Timestamp queries on the compute queue.
     Timestamps,
+    /// Float atomicAdd on storage buffers (`shaderBufferFloat32AtomicAdd`).
+    BufferFloat32AtomicAdd,
 }
 
 impl fmt::Display for Feature {
@@ -179,6 +184,9 @@ impl fmt::Display for Feature {
             Feature::SubgroupShuffle => "subgroup shuffle in compute",
             Feature::SubgroupBallot => "subgroup ballot in compute",
             Feature::Timestamps => "timestamp queries on the compute queue",
+            Feature::BufferFloat32AtomicAdd => {
+                "float atomic add on storage buffers (shaderBufferFloat32AtomicAdd, VK_EXT_shader_atomic_float)"
+            }
         })
     }
 }
@@ -296,6 +304,7 @@ impl AdapterInfo {
             Feature::SubgroupShuffle => g.shuffle,
             Feature::SubgroupBallot => g.ballot,
             Feature::Timestamps => self.timestamps(),
+            Feature::BufferFloat32AtomicAdd => s.buffer_float32_atomic_add,
         }
     }
 
@@ -434,13 +443,14 @@ impl fmt::Display for AdapterInfo {
         let s = &self.features;
         write!(
             f,
-            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}",
+            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}",
             yes(s.shader_float16),
             yes(s.shader_int8),
             yes(s.shader_int16),
             yes(s.shader_int64),
             yes(s.storage_buffer_16bit),
-            yes(s.storage_buffer_8bit)
+            yes(s.storage_buffer_8bit),
+            yes(s.buffer_float32_atomic_add)
         )
     }
 }
@@ -567,10 +577,15 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
     let mut storage16 = vk::PhysicalDevice16BitStorageFeatures::default();
     let mut storage8 = vk::PhysicalDevice8BitStorageFeatures::default();
     let mut f16i8 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
+    let mut atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default();
+    let has_atomic_float = offers(ash::ext::shader_atomic_float::NAME);
     let core = if v1_1 {
         let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut storage16);
         if v1_2 {
             features2 = features2.push_next(&mut storage8).push_next(&mut f16i8);
+        }
+        if has_atomic_float {
+            features2 = features2.push_next(&mut atomic_float);
         }
         // SAFETY: as above.
         unsafe { instance.get_physical_device_features2(pd, &mut features2) };
@@ -652,6 +667,7 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
             shader_int64: core.shader_int64 == vk::TRUE,
             storage_buffer_16bit: storage16.storage_buffer16_bit_access == vk::TRUE,
             storage_buffer_8bit: storage8.storage_buffer8_bit_access == vk::TRUE,
+            buffer_float32_atomic_add: atomic_float.shader_buffer_float32_atomic_add == vk::TRUE,
         },
         compute_units,
         max_storage_buffers_per_stage: limits.max_per_stage_descriptor_storage_buffers,

@@ -103,6 +103,12 @@ impl Device {
             // Only on 1.2+: the structs are core there (the adapter query is gated the same way).
             features2 = features2.push_next(&mut storage8).push_next(&mut f16i8);
         }
+        // Reported only where the extension is offered (the adapter query chains it then).
+        let mut atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default()
+            .shader_buffer_float32_atomic_add(f.buffer_float32_atomic_add);
+        if f.buffer_float32_atomic_add {
+            features2 = features2.push_next(&mut atomic_float);
+        }
 
         // SAFETY: `pd` belongs to the live instance.
         let device_extensions = unsafe { instance_raw.enumerate_device_extension_properties(pd) }
@@ -115,6 +121,9 @@ impl Device {
         {
             // The spec requires enabling it wherever it is offered (MoltenVK).
             extensions.push(portability_subset.as_ptr());
+        }
+        if f.buffer_float32_atomic_add {
+            extensions.push(ash::ext::shader_atomic_float::NAME.as_ptr());
         }
 
         let priorities = [1.0f32];

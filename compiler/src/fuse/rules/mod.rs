@@ -5,6 +5,7 @@
 //! cheaper.
 
 pub mod attention;
+pub mod chain;
 pub mod elementwise;
 pub mod epilogue;
 pub mod experts;
@@ -32,6 +33,7 @@ pub fn rules() -> Vec<Rule> {
     r.extend(linear_attention::rules());
     r.extend(route::rules());
     r.extend(experts::rules());
+    r.extend(chain::rules());
     r
 }
 
