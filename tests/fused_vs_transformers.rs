@@ -31,7 +31,7 @@ fn check(name: &str, dense: bool) {
         let dispatches = eager.loaded().schedule.dispatches.len();
         // A chained matvec sums its workgroups' shares with float atomics, in an order that
         // varies between runs: eager and replay then agree to f32 reassociation, not bits.
-        let atomics = (eager.loaded().schedule.kernels.iter()).any(|k| k.adds_floats_atomically());
+        let atomics = eager.loaded().schedule.float_atomic_kernel().is_some();
         let l = layers(name);
         eprintln!(
             "{name}: {} dispatches per token ({} unfused), {} levels; {} layers",

@@ -86,7 +86,7 @@ fn check(name: &str, format: WeightFormat) {
         let load = |s| Loaded::new(device.clone(), s, &weights).unwrap();
         let mut unfused = Eager::new(load(unfused)).unwrap();
         let mut eager = Eager::new(load(fused.clone())).unwrap();
-        let atomics = fused.kernels.iter().any(|k| k.adds_floats_atomically());
+        let atomics = fused.float_atomic_kernel().is_some();
         let mut replay = Replay::new(load(fused)).unwrap();
         let mut rows_u = vec![];
         let mut rows_f = vec![];

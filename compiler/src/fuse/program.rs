@@ -411,14 +411,18 @@ impl Builder<'_> {
                 let t2 = self.ty(*w2)?;
                 inputs.push(self.value(*w2)?);
                 let items = list_items(self.g, *ins).ok_or_else(|| self.err("bad extras"))?;
-                let mut add_in = None;
-                for it in items {
-                    add_in = Some(ExtraSpec {
-                        dtype: self.ty(it)?.dtype,
-                        scalar: false,
-                    });
-                    inputs.push(self.value(it)?);
-                }
+                // The residual, when the outer epilogue is `acc + in0` (chain-matvecs' condition).
+                let add_in = match items.as_slice() {
+                    [] => None,
+                    [r] => {
+                        inputs.push(self.value(*r)?);
+                        Some(ExtraSpec {
+                            dtype: self.ty(*r)?.dtype,
+                            scalar: false,
+                        })
+                    }
+                    _ => return Err(self.err("a chained matvec with several extra inputs")),
+                };
                 let spec = ChainSpec {
                     inner,
                     outer_dtype: t2.dtype,

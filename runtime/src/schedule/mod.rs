@@ -225,4 +225,10 @@ impl Schedule {
     pub fn buffer(&self, id: BufferId) -> &BufferDecl {
         &self.buffers[id.index()]
     }
+
+    /// A kernel that adds floats atomically (so the device must offer
+    /// `shaderBufferFloat32AtomicAdd`, and runs agree to f32 reassociation, not to the bit).
+    pub fn float_atomic_kernel(&self) -> Option<&KernelDecl> {
+        self.kernels.iter().find(|k| k.adds_floats_atomically())
+    }
 }

@@ -192,7 +192,7 @@ impl Loaded {
         mut options: LoadOptions<'_>,
     ) -> Result<Loaded, SessionError> {
         schedule.validate()?;
-        if let Some(k) = schedule.kernels.iter().find(|k| k.adds_floats_atomically()) {
+        if let Some(k) = schedule.float_atomic_kernel() {
             if !device.info().supports(Feature::BufferFloat32AtomicAdd) {
                 return Err(SessionError::Vulkan(Error::UnsupportedDevice {
                     device: device.info().name.clone(),
