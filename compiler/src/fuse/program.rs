@@ -547,12 +547,9 @@ impl Builder<'_> {
                 };
                 let mut inputs = vec![];
                 for it in items {
-                    let t = self.ty(it)?;
-                    spec.inputs.push(ExtraSpec {
-                        dtype: t.dtype,
-                        scalar: t.shape.numel() == 1 && n_out != 1,
-                    });
-                    inputs.push(self.value(it)?);
+                    let (extra, v) = self.extra_input(it, n_out)?;
+                    spec.inputs.push(extra);
+                    inputs.push(v);
                 }
                 let generated = codegen::elementwise(&spec);
                 let bytes = (ty.bytes() as u64).max(4).div_ceil(4) * 4;
@@ -784,14 +781,22 @@ impl Builder<'_> {
             inputs.push(nv);
         }
         for it in items {
-            let t = self.ty(it)?;
-            spec.extras.push(ExtraSpec {
-                dtype: t.dtype,
-                scalar: t.shape.numel() == 1 && rows != 1,
-            });
-            inputs.push(self.value(it)?);
+            let (extra, v) = self.extra_input(it, rows)?;
+            spec.extras.push(extra);
+            inputs.push(v);
         }
         Ok((spec, inputs))
+    }
+
+    /// An extra input of a kernel of `n` output elements and its value: a one-element input
+    /// beside more outputs is read as a scalar (every element reads element 0).
+    fn extra_input(&mut self, it: Id, n: usize) -> Result<(ExtraSpec, usize), ProgramError> {
+        let t = self.ty(it)?;
+        let extra = ExtraSpec {
+            dtype: t.dtype,
+            scalar: t.shape.numel() == 1 && n != 1,
+        };
+        Ok((extra, self.value(it)?))
     }
 
     /// An explicit IR node lowered as the unit op it came from.
