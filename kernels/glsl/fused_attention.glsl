@@ -14,9 +14,9 @@
 // result does not depend on which one is last) and sets the counter back to 0, so the counter
 // is zero at the next dispatch without any host or in-between work.
 //
-// The fresh row is shared without sharing memory: every workgroup that needs it (split 0 of
-// the group's first query head writes it; the split holding slot pos attends to it) computes
-// it (the same code on the same inputs, so the same bits) into shared memory and attends to
+// The fresh row is shared without sharing memory: every workgroup computes it beside its q
+// row (the same code on the same inputs, so the same bits; split 0 of the group's first query
+// head writes it to the caches) into shared memory, and the split holding slot pos attends to
 // slot pos from that copy, never from the cache another workgroup of this dispatch is
 // writing; slots before pos were written by earlier dispatches.
 //
@@ -70,7 +70,9 @@ const uint T = gl_WorkGroupSize.x / P;
 const uint G = gl_WorkGroupSize.x / D;
 
 shared float q_s[D];
-shared float row_s[D];
+// The q (x) and fresh k (y) rows between the norm and rope.
+shared vec2 row_s[D];
+shared vec2 red2_s[gl_WorkGroupSize.x];
 // The fresh k (after norm and rope) and v rows of the group, for slot `fresh`.
 shared float kf_s[D];
 shared float vf_s[D];
@@ -89,17 +91,30 @@ const uint VP_TILE = (T + G - 1u) / G;
 const uint VP = VP_TILE < 8u ? VP_TILE : 8u;
 #endif
 
-// Element t (< D) of a head row after the norm and rope; every invocation must call it
-// (uniform control flow). `is_q` picks the norm weight.
-float prepare(float v, bool is_q, float angle_pos) {
+// wg_sum (reduce.glsl) of two values at once: one exchange for both.
+vec2 wg_sum2(vec2 v) {
+    v = vec2(subgroupAdd(v.x), subgroupAdd(v.y));
+    if (subgroupElect()) {
+        red2_s[gl_SubgroupID] = v;
+    }
+    barrier();
+    vec2 r = vec2(0.0);
+    for (uint g = 0u; g < gl_NumSubgroups; g++) {
+        r += red2_s[g];
+    }
+    barrier();
+    return r;
+}
+
+// Element t (< D) of h's q row (x) and of g's fresh k row (y) after the norm and rope, from
+// their raw elements `v` and (QK_NORM) norm weights `wn`, which the caller loaded at the start:
+// nothing here waits on memory, and one exchange serves both norms. Every invocation must call
+// it (uniform control flow).
+vec2 prepare(vec2 v, vec2 wn, float angle_pos) {
     uint t = gl_LocalInvocationID.x;
 #if QK_NORM
-    float ss = wg_sum(t < D ? v * v : 0.0);
+    vec2 ss = wg_sum2(t < D ? v * v : vec2(0.0));
     if (t < D) {
-        float wn = is_q ? LOAD(QN_DTYPE, qn, t) : LOAD(KN_DTYPE, kn, t);
-        if (NORM_ZC != 0) {
-            wn += 1.0;
-        }
         v = v * inversesqrt(ss / float(D) + EPS) * wn;
     }
 #endif
@@ -111,8 +126,8 @@ float prepare(float v, bool is_q, float angle_pos) {
     if (t < ROT) {
         uint f = t < half_rot ? t : t - half_rot;
         vec2 sc = sin_cos(inv_freq(f) * angle_pos);
-        float a = row_s[f];
-        float b = row_s[f + half_rot];
+        vec2 a = row_s[f];
+        vec2 b = row_s[f + half_rot];
         v = t < half_rot ? a * sc.y - b * sc.x : b * sc.y + a * sc.x;
     }
     barrier();
@@ -315,6 +330,20 @@ void main() {
     uint t = gl_LocalInvocationID.x;
     uint group = HQ / HKV;
     uint g = h / group;
+    // The q, fresh k and v rows and the norm weights depend neither on the position nor on
+    // anything this dispatch writes: all loaded first, together with the position, so their
+    // latencies overlap instead of following one another.
+    vec2 raw = t < D ? vec2(q[h * D + t], k_new[g * D + t]) : vec2(0.0);
+    float vv = t < D ? v_new[g * D + t] : 0.0;
+    vec2 wn = vec2(1.0);
+#if QK_NORM
+    if (t < D) {
+        wn = vec2(LOAD(QN_DTYPE, qn, t), LOAD(KN_DTYPE, kn, t));
+        if (NORM_ZC != 0) {
+            wn += 1.0;
+        }
+    }
+#endif
     int p = pos[0];
     uint n = uint(clamp(p, 0, int(CAP) - 1)) + 1u;
     uint chunk = max(MIN_CHUNK, (n + NSPLITS - 1u) / NSPLITS);
@@ -352,22 +381,17 @@ void main() {
         }
     }
 #endif
-    // The fresh K and V rows of the group, where this split writes or attends to them.
-    if (writer || (fresh >= lo && fresh < hi)) {
-        float kv = prepare(t < D ? k_new[g * D + t] : 0.0, false, angle_pos);
-        if (t < D) {
-            float vv = v_new[g * D + t];
-            kf_s[t] = kv;
-            vf_s[t] = vv;
-            if (in_cache && writer) {
-                k[kv_base + uint(p) * D + t] = kv;
-                v[kv_base + uint(p) * D + t] = vv;
-            }
-        }
-    }
-    float qv = prepare(t < D ? q[h * D + t] : 0.0, true, angle_pos);
+    // The fresh K and V rows of the group: written to the caches by the writer, attended to
+    // from shared memory by the split holding the fresh slot.
+    vec2 qk = prepare(raw, wn, angle_pos);
     if (t < D) {
-        q_s[t] = qv;
+        q_s[t] = qk.x;
+        kf_s[t] = qk.y;
+        vf_s[t] = vv;
+        if (in_cache && writer) {
+            k[kv_base + uint(p) * D + t] = qk.y;
+            v[kv_base + uint(p) * D + t] = vv;
+        }
     }
     barrier();
     float m, total, lsum;

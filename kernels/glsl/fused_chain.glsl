@@ -10,8 +10,10 @@
 // reassociation only). Workgroup 0 also adds the extra input in0[r] when ADD_IN.
 //
 // The inner weights: PARTS matrices [J, I] packed row after row (ZIPPED: act row j combines
-// rows k*J + j of every part k), W_DTYPE as in fused_matvec.glsl; x̂ = x · nw · rsqrt(mean(x²)
-// + EPS) is staged once per workgroup in shared memory (NORM), else x.
+// rows k*J + j of every part k), W_DTYPE as in fused_matvec.glsl; x · nw (NORM), else x, is
+// staged once per workgroup in shared memory, and the norm's rsqrt(mean(x²) + EPS) scales the
+// inner dots (they are linear in it): x and nw are loaded together, and the x² sum is
+// exchanged at the barrier the staging needs anyway, with no reduction before the dots.
 //
 // The including source defines W_DTYPE, NORM, NW_DTYPE, NORM_ZC, PARTS, ZIPPED, EPILOGUE(row, a)
 // (over a[0..PER_ROW) only), W2_DTYPE, ADD_IN, CH_J, CH_I, CH_O (act length, inner columns,
@@ -117,23 +119,23 @@ void main() {
         return;
     }
 
-    // x (normalised) into shared memory.
+    // x · nw into shared memory; the x² partials beside it (see the top).
     float ss = 0.0;
     for (uint i = t; i < CH_I / 4u; i += gl_WorkGroupSize.x) {
         vec4 v = vec4(x[4u * i], x[4u * i + 1u], x[4u * i + 2u], x[4u * i + 3u]);
-        xs4[i] = v;
         ss += dot(v, v);
-    }
 #if NORM
-    float scale = inversesqrt(wg_sum(ss) / float(CH_I) + EPS);
-    for (uint i = t; i < CH_I / 4u; i += gl_WorkGroupSize.x) {
         vec4 nv;
         for (uint e = 0u; e < 4u; e++) {
-            float v = LOAD(NW_DTYPE, nw, 4u * i + e);
-            nv[e] = NORM_ZC != 0 ? v + 1.0 : v;
+            float n = LOAD(NW_DTYPE, nw, 4u * i + e);
+            nv[e] = NORM_ZC != 0 ? n + 1.0 : n;
         }
-        xs4[i] *= nv * scale;
+        v *= nv;
+#endif
+        xs4[i] = v;
     }
+#if NORM
+    wg_publish_sum(ss);
 #endif
     barrier();
 
@@ -176,9 +178,13 @@ void main() {
     }
     barrier();
     if (t < CB) {
+        float scale = 1.0;
+#if NORM
+        scale = inversesqrt(wg_published_sum() / float(CH_I) + EPS);
+#endif
         float a[PER_ROW];
         for (uint k = 0u; k < PER_ROW; k++) {
-            a[k] = dots_s[t * PER_ROW + k];
+            a[k] = dots_s[t * PER_ROW + k] * scale;
         }
         act4[t / 4u][t % 4u] = EPILOGUE(CB * b + t, a);
     }

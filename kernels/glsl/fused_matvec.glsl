@@ -7,8 +7,10 @@
 // the inner loop, 8 weights per row and step. Stacked (ZIPPED 0): output row r is weight row
 // r, written at r + SHIFT_k (each part starts at an aligned offset); O = all rows. Zipped
 // (ZIPPED 1): all parts have O rows and output row r combines weight rows k*O + r of every part k.
-// Prologue (NORM 1): x̂ = x / sqrt(mean(x²) + EPS) · nw (· (1 + nw) when NORM_ZC): every
-// workgroup reduces x² itself (x is small) and scales its dots; x̂ never reaches memory.
+// Prologue (NORM 1): x̂ = x / sqrt(mean(x²) + EPS) · nw (· (1 + nw) when NORM_ZC), never in
+// memory. The dots are linear in x̂'s scale, so it is applied after them: every workgroup meets
+// each element of x once in its dot loop and sums x² there, beside the dots, and the sum shares
+// their one exchange. No pass over x and no reduction comes before the first weight load.
 // Epilogue: EPILOGUE(row, a) with a[k] the dot of part k (a[0] when stacked); the including
 // source defines it, with IN<k>(row) reading the extra inputs it declares.
 //
@@ -75,16 +77,8 @@ void main() {
     }
     uint ndots = ROWS * PER_ROW;
 
-    float scale = 1.0;
-#if NORM
+    // Σ x² over the elements of x this invocation meets (NORM).
     float ss = 0.0;
-    for (uint i = t; i < I; i += gl_WorkGroupSize.x) {
-        float v = x[i];
-        ss += v * v;
-    }
-    ss = wg_sum(ss);
-    scale = inversesqrt(ss / float(I) + EPS);
-#endif
 
 #if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
     uint rb = q_row_bytes(W_DTYPE, I);
@@ -93,6 +87,7 @@ void main() {
         vec4 xa = x4[xi.x];
         vec4 xb = x4[xi.y];
 #if NORM
+        ss += dot(xa, xa) + dot(xb, xb);
         uint ea = 4u * xi.x;
         uint eb = 4u * xi.y;
         xa *= vec4(nw_at(ea), nw_at(ea + 1u), nw_at(ea + 2u), nw_at(ea + 3u));
@@ -111,6 +106,7 @@ void main() {
         for (uint c = t; c < n4; c += gl_WorkGroupSize.x) {
             vec4 xv = x4[c];
 #if NORM
+            ss += dot(xv, xv);
             uint e = 4u * c;
             xv *= vec4(nw_at(e), nw_at(e + 1u), nw_at(e + 2u), nw_at(e + 3u));
 #endif
@@ -124,6 +120,7 @@ void main() {
             vec4 xa = x4[2u * c];
             vec4 xb = x4[2u * c + 1u];
 #if NORM
+            ss += dot(xa, xa) + dot(xb, xb);
             uint e = 8u * c;
             xa *= vec4(nw_at(e), nw_at(e + 1u), nw_at(e + 2u), nw_at(e + 3u));
             xb *= vec4(nw_at(e + 4u), nw_at(e + 5u), nw_at(e + 6u), nw_at(e + 7u));
@@ -140,7 +137,9 @@ void main() {
 #endif
     } else {
         for (uint c = t; c < I; c += gl_WorkGroupSize.x) {
-            float xv = x[c] * nw_at(c);
+            float xv = x[c];
+            ss += xv * xv;
+            xv *= nw_at(c);
             for (uint j = 0u; j < ndots; j++) {
                 acc[j] += LOAD(W_DTYPE, w, wrow[j] * I + c) * xv;
             }
@@ -148,7 +147,14 @@ void main() {
     }
 #endif
 
+    float scale = 1.0;
+#if NORM
+    wg_publish_sum(ss);
+#endif
     wg_share_dots(acc, ndots);
+#if NORM
+    scale = inversesqrt(wg_published_sum() / float(I) + EPS);
+#endif
     if (t < ROWS && row0 + t < O) {
         float a[PER_ROW];
         for (uint k = 0u; k < PER_ROW; k++) {

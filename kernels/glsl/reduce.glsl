@@ -63,4 +63,23 @@ float wg_dot_total(uint j) {
     return s;
 }
 
+// A sum published now and read after the caller's next barrier, for code that has a barrier
+// of its own to share it at (a norm's x² summed beside a matvec's dots costs no exchange of
+// its own): wg_publish_sum(v) in every invocation, a barrier, then wg_published_sum() is the
+// workgroup's total in any invocation. It uses wg_sum's array: no wg_sum or wg_max between.
+void wg_publish_sum(float v) {
+    v = subgroupAdd(v);
+    if (subgroupElect()) {
+        red_f[gl_SubgroupID] = v;
+    }
+}
+
+float wg_published_sum() {
+    float s = 0.0;
+    for (uint g = 0u; g < gl_NumSubgroups; g++) {
+        s += red_f[g];
+    }
+    return s;
+}
+
 #endif // REDUCE_GLSL
