@@ -11,10 +11,12 @@
 // memory. The dots are linear in x̂'s scale, so it is applied after them: every workgroup meets
 // each element of x once in its dot loop and sums x² there, beside the dots, and the sum shares
 // their one exchange. No pass over x and no reduction comes before the first weight load.
-// Epilogue: EPILOGUE(row, a) with a[k] the dot of part k (a[0] when stacked); the including
-// source defines it, with IN<k>(row) reading the extra inputs it declares.
+// Epilogue: EPILOGUE(row, a, pre) with a[k] the dot of part k (a[0] when stacked) and pre[k]
+// the row's element of extra input k. PRELOAD_INS(row, pre) loads them (IN<k>(row)) before
+// the dots, so their latency hides behind the weights' and the epilogue waits on no memory.
 //
-// The including source defines W_DTYPE, NORM, NW_DTYPE, NORM_ZC, PARTS, ZIPPED and EPILOGUE.
+// The including source defines W_DTYPE, NORM, NW_DTYPE, NORM_ZC, PARTS, ZIPPED, N_IN (extra
+// inputs, at least 1), PRELOAD_INS and EPILOGUE.
 // Bindings: 0 = y f32, 1 = w (uint / uvec4 views), 2 = x f32 (float / vec4 views),
 // 3 = nw [I] of NW_DTYPE when NORM, then the extra inputs.
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (output rows per
@@ -76,6 +78,15 @@ void main() {
         acc[j] = 0.0;
     }
     uint ndots = ROWS * PER_ROW;
+    // The extra inputs of the row this invocation finishes (see the top).
+    float pre[N_IN];
+    for (uint k = 0u; k < N_IN; k++) {
+        pre[k] = 0.0;
+    }
+    if (t < ROWS) {
+        uint row = min(row0 + t, O - 1u);
+        PRELOAD_INS(row, pre)
+    }
 
     // Σ x² over the elements of x this invocation meets (NORM).
     float ss = 0.0;
@@ -161,6 +172,6 @@ void main() {
             a[k] = wg_dot_total(t * PER_ROW + k) * scale;
         }
         uint r = row0 + t;
-        y[out_index(r)] = EPILOGUE(r, a);
+        y[out_index(r)] = EPILOGUE(r, a, pre);
     }
 }

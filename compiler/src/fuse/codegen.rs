@@ -98,27 +98,33 @@ pub enum Epi {
 impl Epi {
     /// The GLSL of the expression; `a` holds the accumulators, `INk(row)` the extra inputs.
     pub fn glsl(&self) -> String {
+        self.glsl_with(&|k| format!("IN{k}(row)"))
+    }
+
+    /// [`Epi::glsl`] with extra input K read as `input(K)`.
+    pub fn glsl_with(&self, input: &dyn Fn(u8) -> String) -> String {
+        let g = |e: &Epi| e.glsl_with(input);
         match self {
             Epi::Acc => "a[0]".to_string(),
             Epi::Part(k) => format!("a[{k}]"),
-            Epi::In(k) => format!("IN{k}(row)"),
-            Epi::Add(x, y) => format!("({} + {})", x.glsl(), y.glsl()),
-            Epi::Mul(x, y) => format!("({} * {})", x.glsl(), y.glsl()),
-            Epi::Div(x, y) => format!("({} / {})", x.glsl(), y.glsl()),
-            Epi::Silu(x) => format!("silu({})", x.glsl()),
+            Epi::In(k) => input(*k),
+            Epi::Add(x, y) => format!("({} + {})", g(x), g(y)),
+            Epi::Mul(x, y) => format!("({} * {})", g(x), g(y)),
+            Epi::Div(x, y) => format!("({} / {})", g(x), g(y)),
+            Epi::Silu(x) => format!("silu({})", g(x)),
             // As unary.comp computes them (fused_epilogue.glsl).
-            Epi::Sigmoid(x) => format!("fused_sigmoid({})", x.glsl()),
-            Epi::Exp(x) => format!("exp({})", x.glsl()),
-            Epi::Neg(x) => format!("(-{})", x.glsl()),
-            Epi::Softplus(x) => format!("fused_softplus({})", x.glsl()),
+            Epi::Sigmoid(x) => format!("fused_sigmoid({})", g(x)),
+            Epi::Exp(x) => format!("exp({})", g(x)),
+            Epi::Neg(x) => format!("(-{})", g(x)),
+            Epi::Softplus(x) => format!("fused_softplus({})", g(x)),
             // Part K's rows end at the spec constant END<K> of fused_matvec.glsl (`row` is the
             // stacked weight row): a chain of selects, the last part unconditional.
             Epi::Parts(items) => {
                 let mut items = items.iter().rev();
-                let last = items.next().map_or_else(|| "a[0]".to_string(), Epi::glsl);
+                let last = items.next().map_or_else(|| "a[0]".to_string(), g);
                 let n = items.len();
                 items.enumerate().fold(last, |rest, (i, e)| {
-                    format!("((row) < END{} ? {} : {rest})", n - 1 - i, e.glsl())
+                    format!("((row) < END{} ? {} : {rest})", n - 1 - i, g(e))
                 })
             }
         }
@@ -490,7 +496,17 @@ pub fn matvec(spec: &MatvecSpec) -> Generated {
     s += "#include \"common.glsl\"\n";
     let first_extra = 3 + usize::from(norm.is_some());
     declare_inputs(&mut s, &spec.extras, first_extra);
-    let _ = writeln!(s, "#define EPILOGUE(row, a) {}", spec.epi.glsl());
+    // The extra inputs are loaded into `pre` before the dots (fused_matvec.glsl).
+    let _ = writeln!(s, "#define N_IN {}", spec.extras.len().max(1));
+    let loads: String = (0..spec.extras.len())
+        .map(|k| format!(" pre[{k}] = IN{k}(row);"))
+        .collect();
+    let _ = writeln!(s, "#define PRELOAD_INS(row, pre){loads}");
+    let _ = writeln!(
+        s,
+        "#define EPILOGUE(row, a, pre) {}",
+        spec.epi.glsl_with(&|k| format!("pre[{k}]"))
+    );
     s += "#include \"fused_matvec.glsl\"\n";
     Generated {
         label: format!("fused_matvec[{}]", spec.describe()),
