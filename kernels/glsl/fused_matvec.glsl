@@ -62,6 +62,11 @@ layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
 
 #include "matvec_rows.glsl"
 
+// Steps of 8 weights per invocation and row: a constant once specialised, so the step loops
+// below have a constant trip count the compiler can unroll, every weight load of the
+// workgroup's rows in flight at once rather than one step's after another.
+const uint STEPS8 = (I / 8u + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;
+
 void main() {
     uint t = gl_LocalInvocationID.x;
     uint row0 = group_id() * ROWS;
@@ -93,7 +98,11 @@ void main() {
 
 #if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
     uint rb = q_row_bytes(W_DTYPE, I);
-    for (uint c = t; c < I / 8u; c += gl_WorkGroupSize.x) {
+    for (uint k = 0u; k < STEPS8; k++) {
+        uint c = t + k * gl_WorkGroupSize.x;
+        if (c >= I / 8u) {
+            break;
+        }
         uvec2 xi = q_x4(W_DTYPE, c);
         vec4 xa = x4[xi.x];
         vec4 xb = x4[xi.y];
@@ -127,7 +136,11 @@ void main() {
         }
 #else
         uint n8 = I / 8u;
-        for (uint c = t; c < n8; c += gl_WorkGroupSize.x) {
+        for (uint k = 0u; k < STEPS8; k++) {
+            uint c = t + k * gl_WorkGroupSize.x;
+            if (c >= n8) {
+                break;
+            }
             vec4 xa = x4[2u * c];
             vec4 xb = x4[2u * c + 1u];
 #if NORM
