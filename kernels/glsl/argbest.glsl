@@ -17,8 +17,8 @@ bool before(uint k1, uint i1, uint k2, uint i2) {
     return k1 > k2 || (k1 == k2 && i1 < i2);
 }
 
-// Returns the best index (NONE when no invocation had a candidate).
-uint wg_argbest(uint key, uint idx) {
+// Returns the best (key, index) (index NONE when no invocation had a candidate).
+uvec2 wg_best(uint key, uint idx) {
     uint t = gl_LocalInvocationID.x;
     best_key[t] = key;
     best_idx[t] = idx;
@@ -30,7 +30,12 @@ uint wg_argbest(uint key, uint idx) {
         }
         barrier();
     }
-    uint r = best_idx[0];
+    uvec2 r = uvec2(best_key[0], best_idx[0]);
     barrier();
     return r;
+}
+
+// Returns the best index (NONE when no invocation had a candidate).
+uint wg_argbest(uint key, uint idx) {
+    return wg_best(key, idx).y;
 }

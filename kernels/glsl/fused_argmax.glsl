@@ -7,7 +7,7 @@
 // Bindings with WRITE_TOKEN and ADVANCE: 0 = token state i32[1], 1 = x f32[N],
 // 2 = position state i32[1], 3 = position i32[1]; with only WRITE_TOKEN: 0 and 1; with only
 // ADVANCE: 0 = position state, 1 = position; with GROUPS > 1 then PART_BINDING = scratch
-// u32[GROUPS] (each slice's best index) and COUNT_BINDING = an arrival counter u32[1] (zero
+// u32[2 * GROUPS] (each slice's best: order key, index) and COUNT_BINDING = an arrival counter u32[1] (zero
 // before the dispatch, zero again after it: the last workgroup to arrive resets it).
 // Spec constants: 0 = workgroup size (power of two), 1 = N.
 // Dispatch: GROUPS workgroups, each over a slice of the logits; the last to arrive combines
@@ -36,6 +36,11 @@ shared uint last_g;
 #endif
 
 #if WRITE_TOKEN
+// A slice's length (a multiple of 4, so the 16-byte loads stay aligned) and its vec4s per
+// invocation.
+const uint CHUNK = ((N + NGROUPS - 1u) / NGROUPS + 3u) & ~3u;
+const uint PER_T = (CHUNK / 4u + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;
+
 void consider(float v, uint i, inout uint bk, inout uint bi) {
     uint key = order_key(v);
     if (before(key, i, bk, bi)) {
@@ -48,38 +53,31 @@ void consider(float v, uint i, inout uint bk, inout uint bi) {
 void main() {
     uint t = gl_LocalInvocationID.x;
 #if WRITE_TOKEN
-    // This workgroup's slice of the logits (all of them with one group); a multiple of 4 long
-    // so the 16-byte loads stay aligned.
-    uint chunk = ((N + NGROUPS - 1u) / NGROUPS + 3u) & ~3u;
-    uint lo = min(N, group_id() * chunk);
-    uint hi = min(N, lo + chunk);
+    // This workgroup's slice of the logits (all of them with one group).
+    uint lo = min(N, group_id() * CHUNK);
+    uint hi = min(N, lo + CHUNK);
     uint wg = gl_WorkGroupSize.x;
     uint bk = 0u;
     uint bi = NONE;
     if (N % 4u == 0u) {
-        // 16-byte loads, eight in flight per invocation: the loop is latency-bound, and the
-        // order candidates are considered in does not matter (`before` is a total order).
+        // 16-byte loads, all of an invocation's in flight at once (PER_T is a constant once
+        // specialised, so the loop unrolls): the walk is latency-bound, and the order the
+        // candidates are considered in does not matter (`before` is a total order).
         uint n4 = hi / 4u;
-        uint j = lo / 4u + t;
-        for (; j + 7u * wg < n4; j += 8u * wg) {
-            vec4 v[8];
-            for (uint u = 0u; u < 8u; u++) {
-                v[u] = x4[j + u * wg];
-            }
-            for (uint u = 0u; u < 8u; u++) {
-                uint i = 4u * (j + u * wg);
-                consider(v[u].x, i, bk, bi);
-                consider(v[u].y, i + 1u, bk, bi);
-                consider(v[u].z, i + 2u, bk, bi);
-                consider(v[u].w, i + 3u, bk, bi);
-            }
+        uint j0 = lo / 4u + t;
+        vec4 v[PER_T];
+        for (uint u = 0u; u < PER_T; u++) {
+            uint j = j0 + u * wg;
+            v[u] = j < n4 ? x4[j] : vec4(0.0);
         }
-        for (; j < n4; j += wg) {
-            vec4 v = x4[j];
-            consider(v.x, 4u * j, bk, bi);
-            consider(v.y, 4u * j + 1u, bk, bi);
-            consider(v.z, 4u * j + 2u, bk, bi);
-            consider(v.w, 4u * j + 3u, bk, bi);
+        for (uint u = 0u; u < PER_T; u++) {
+            uint j = j0 + u * wg;
+            if (j < n4) {
+                consider(v[u].x, 4u * j, bk, bi);
+                consider(v[u].y, 4u * j + 1u, bk, bi);
+                consider(v[u].z, 4u * j + 2u, bk, bi);
+                consider(v[u].w, 4u * j + 3u, bk, bi);
+            }
         }
     } else {
         uint i = lo + t;
@@ -97,12 +95,15 @@ void main() {
             consider(x[i], i, bk, bi);
         }
     }
-    uint best = wg_argbest(bk, bi);
+    uvec2 kb = wg_best(bk, bi);
+    uint best = kb.y;
 #if GROUPS > 1
-    // Publish this slice's best; the last workgroup to arrive picks the best of all slices
-    // (keys read back from the logits) and resets the counter for the next step.
+    // Publish this slice's best (its order key beside its index, so the last workgroup reads
+    // nothing back from the logits); the last workgroup to arrive picks the best of all slices
+    // and resets the counter for the next step.
     if (t == 0u) {
-        partial[group_id()] = best;
+        partial[2u * group_id()] = kb.x;
+        partial[2u * group_id() + 1u] = best;
     }
     memoryBarrierBuffer();
     barrier();
@@ -117,9 +118,11 @@ void main() {
     bk = 0u;
     bi = NONE;
     for (uint g = t; g < NGROUPS; g += wg) {
-        uint i = partial[g];
-        if (i != NONE) {
-            consider(x[i], i, bk, bi);
+        uint key = partial[2u * g];
+        uint i = partial[2u * g + 1u];
+        if (i != NONE && before(key, i, bk, bi)) {
+            bk = key;
+            bi = i;
         }
     }
     best = wg_argbest(bk, bi);

@@ -88,7 +88,7 @@ impl KernelKind {
                 counter_bytes: spec.counter_bytes(),
             }),
             KernelKind::Tail(spec) if codegen::tail_groups(spec) > 1 => Some(Arrival {
-                scratch_bytes: 4 * codegen::tail_groups(spec) as u64,
+                scratch_bytes: 8 * codegen::tail_groups(spec) as u64,
                 counter_bytes: 4,
             }),
             _ => None,

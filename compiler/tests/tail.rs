@@ -1,0 +1,144 @@
+//! The fused tail (argmax of the logits into the token state, position advanced) over several
+//! workgroups, the last to arrive combining their bests, against a CPU argmax (the largest
+//! value in total order, ties to the lower index), on whatever Vulkan device is here (lavapipe
+//! on the CPU machines) with the validation layer on. Vocabularies past 16384 logits take
+//! several workgroups (`codegen::tail_groups`); the planted maxima tie across workgroups, so
+//! the combine's order decides. The same buffers run twice: the arrival counter must be back
+//! at zero after each run, or the second would combine before every workgroup arrived.
+
+#[allow(dead_code)] // the timing helper serves the measurement tests
+mod common;
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError};
+use vkfuse_compiler::fuse::codegen::{self, TailSpec};
+use vkfuse_compiler::kernels;
+use vkfuse_runtime::{
+    Buffer, BufferKind, Device, Instance, InstanceOptions, Requirements, SpecConstants,
+};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// The CPU argmax: total order over the bits (as `f32::total_cmp`), ties to the lower index.
+fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if v.total_cmp(&x[best]).is_gt() {
+            best = i;
+        }
+    }
+    best
+}
+
+fn buffer(device: &Device, bytes: u64) -> Buffer {
+    device
+        .create_buffer(bytes.max(4), BufferKind::DeviceLocal)
+        .expect("buffer")
+}
+
+/// Runs the tail of `n` logits twice on the same buffers and checks both runs.
+fn tail_matches(n: usize, logits: &[f32]) -> Result<(), TestCaseError> {
+    let spec = TailSpec::Step { n };
+    let groups = codegen::tail_groups(&spec);
+    prop_assert!(
+        groups > 1,
+        "{n} logits take one workgroup: the test misses the combine"
+    );
+    let instance =
+        Instance::new(&InstanceOptions::validated()).expect("Vulkan with the validation layer");
+    let log = instance.validation_log();
+    let adapter = instance.select_adapter(None).expect("a Vulkan device");
+    let device = Device::new(&instance, &adapter, &Requirements::none()).expect("device");
+    let gen = codegen::tail(&spec);
+    let spirv = kernels::compile_source(&gen.label, &gen.source).unwrap_or_else(|e| panic!("{e}"));
+    let consts = gen
+        .spec_constants
+        .iter()
+        .enumerate()
+        .fold(SpecConstants::new(), |c, (i, v)| c.u32(i as u32, *v));
+    let pipeline = device
+        .create_pipeline(&spirv, &consts, gen.bindings as u32, 0)
+        .expect("pipeline");
+    // Token state, logits, position state, position, partial bests (key, index), counter.
+    let sizes = [4, 4 * n as u64, 4, 4, 8 * groups as u64, 4];
+    let mut bufs: Vec<Buffer> = sizes.iter().map(|&b| buffer(&device, b)).collect();
+    prop_assert_eq!(bufs.len(), gen.bindings);
+    device.upload_pod(&mut bufs[1], 0, logits).expect("logits");
+    device
+        .upload_pod(&mut bufs[3], 0, &[41i32])
+        .expect("position");
+    device
+        .upload_pod(&mut bufs[5], 0, &[0u32])
+        .expect("counter");
+    let pool = device
+        .create_descriptor_pool(1, bufs.len() as u32)
+        .expect("descriptor pool");
+    let set = pool.allocate(&pipeline).expect("set");
+    common::bind_whole(&device, &set, &bufs);
+    let mut cmd = device.create_command_buffer().expect("command buffer");
+    {
+        let mut rec = cmd.begin().expect("begin");
+        rec.bind_pipeline(&pipeline).expect("bind");
+        rec.bind_descriptor_set(&set).expect("set");
+        let [x, y, z] = gen.workgroups;
+        rec.dispatch(x, y, z).expect("dispatch");
+        rec.finish().expect("finish");
+    }
+    let want = argmax(logits);
+    for run in 0..2 {
+        device.upload_pod(&mut bufs[0], 0, &[-1i32]).expect("token");
+        device.submit_and_wait(&mut cmd, WAIT).expect("run");
+        let token: Vec<i32> = device.readback_pod(&bufs[0], 0, 1).expect("token");
+        prop_assert_eq!(token[0], want as i32, "run {}: {} logits", run, n);
+        let pos: Vec<i32> = device.readback_pod(&bufs[2], 0, 1).expect("position");
+        prop_assert_eq!(pos[0], 42, "run {}: position advanced", run);
+        let counter: Vec<u32> = device.readback_pod(&bufs[5], 0, 1).expect("counter");
+        prop_assert_eq!(counter[0], 0, "run {}: arrival counter left set", run);
+    }
+    prop_assert!(log.is_clean(), "validation errors:\n{}", log.report());
+    Ok(())
+}
+
+/// Logits with the maximum planted at several indices (ties across workgroups).
+fn logits() -> impl Strategy<Value = (usize, Vec<f32>)> {
+    (16385usize..=160_000)
+        .prop_flat_map(|n| {
+            (
+                Just(n),
+                prop::collection::vec(-10.0f32..10.0, n),
+                prop::collection::vec(0..n, 1..4),
+            )
+        })
+        .prop_map(|(n, mut x, at)| {
+            for i in at {
+                x[i] = 11.0;
+            }
+            (n, x)
+        })
+}
+
+proptest! {
+    #![proptest_config(Config { cases: 8, failure_persistence: None, ..Config::default() })]
+
+    #[test]
+    fn tail_argmax_over_several_workgroups_matches_the_cpu((n, x) in logits()) {
+        tail_matches(n, &x)?;
+    }
+}
+
+#[test]
+fn tail_argmax_matches_at_the_qwen3_vocabulary_with_ties_at_both_ends() {
+    let n = 151_936;
+    let mut x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 100.0).collect();
+    // The same maximum in the last workgroup's slice and the first's: the lower index wins.
+    x[n - 3] = 20.0;
+    x[5] = 20.0;
+    tail_matches(n, &x).unwrap();
+    // -0.0 sorts below +0.0 in total order.
+    let mut z = vec![-1.0f32; n];
+    z[100_000] = 0.0;
+    z[7] = -0.0;
+    tail_matches(n, &z).unwrap();
+}
