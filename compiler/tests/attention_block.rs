@@ -17,10 +17,9 @@ use std::time::Duration;
 
 use vkfuse_compiler::fuse::codegen::{self, AttnSpec, NormSpec};
 use vkfuse_compiler::ir::{DType, F32Attr, OpKind, Program, StateId, StateKind, Type, ValueId};
-use vkfuse_compiler::kernels;
 use vkfuse_compiler::reference::{Data, Reference, Tensor};
 use vkfuse_runtime::{
-    Buffer, BufferKind, Device, Instance, InstanceOptions, Pipeline, Requirements, SpecConstants,
+    Buffer, BufferKind, Device, Instance, InstanceOptions, Pipeline, Requirements,
 };
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -175,16 +174,7 @@ fn gpu() -> Gpu {
 
 fn pipeline(device: &Device, spec: &AttnSpec) -> (Pipeline, codegen::Generated) {
     let gen = codegen::attention(spec);
-    let spirv = kernels::compile_source(&gen.label, &gen.source).unwrap_or_else(|e| panic!("{e}"));
-    let consts = gen
-        .spec_constants
-        .iter()
-        .enumerate()
-        .fold(SpecConstants::new(), |c, (i, v)| c.u32(i as u32, *v));
-    let pipeline = device
-        .create_pipeline(&spirv, &consts, gen.bindings as u32, 0)
-        .expect("pipeline");
-    (pipeline, gen)
+    (common::generated_pipeline(device, &gen), gen)
 }
 
 fn buffer(device: &Device, bytes: u64) -> Buffer {

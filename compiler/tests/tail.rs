@@ -6,7 +6,6 @@
 //! the combine's order decides. The same buffers run twice: the arrival counter must be back
 //! at zero after each run, or the second would combine before every workgroup arrived.
 
-#[allow(dead_code)] // the timing helper serves the measurement tests
 mod common;
 
 use std::time::Duration;
@@ -14,10 +13,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 use vkfuse_compiler::fuse::codegen::{self, TailSpec};
-use vkfuse_compiler::kernels;
-use vkfuse_runtime::{
-    Buffer, BufferKind, Device, Instance, InstanceOptions, Requirements, SpecConstants,
-};
+use vkfuse_runtime::{Buffer, BufferKind, Device, Instance, InstanceOptions, Requirements};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -52,15 +48,7 @@ fn tail_matches(n: usize, logits: &[f32]) -> Result<(), TestCaseError> {
     let adapter = instance.select_adapter(None).expect("a Vulkan device");
     let device = Device::new(&instance, &adapter, &Requirements::none()).expect("device");
     let gen = codegen::tail(&spec);
-    let spirv = kernels::compile_source(&gen.label, &gen.source).unwrap_or_else(|e| panic!("{e}"));
-    let consts = gen
-        .spec_constants
-        .iter()
-        .enumerate()
-        .fold(SpecConstants::new(), |c, (i, v)| c.u32(i as u32, *v));
-    let pipeline = device
-        .create_pipeline(&spirv, &consts, gen.bindings as u32, 0)
-        .expect("pipeline");
+    let pipeline = common::generated_pipeline(&device, &gen);
     // Token state, logits, position state, position, partial bests (key, index), counter.
     let sizes = [4, 4 * n as u64, 4, 4, 8 * groups as u64, 4];
     let mut bufs: Vec<Buffer> = sizes.iter().map(|&b| buffer(&device, b)).collect();

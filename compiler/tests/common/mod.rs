@@ -1,7 +1,25 @@
-//! What the compiler's GPU test binaries share: timing a kernel on the device.
+//! What the compiler's GPU test binaries share: a generated kernel's pipeline, whole-buffer
+//! bindings, timing a kernel on the device.
+// Each test binary includes this module and uses a part of it.
+#![allow(dead_code)]
 
 use std::time::Duration;
-use vkfuse_runtime::{Buffer, BufferBinding, DescriptorSet, Device, Pipeline};
+use vkfuse_compiler::fuse::codegen::Generated;
+use vkfuse_compiler::kernels;
+use vkfuse_runtime::{Buffer, BufferBinding, DescriptorSet, Device, Pipeline, SpecConstants};
+
+/// The pipeline of a generated fused kernel, its spec constants applied in order.
+pub fn generated_pipeline(device: &Device, gen: &Generated) -> Pipeline {
+    let spirv = kernels::compile_source(&gen.label, &gen.source).unwrap_or_else(|e| panic!("{e}"));
+    let consts = gen
+        .spec_constants
+        .iter()
+        .enumerate()
+        .fold(SpecConstants::new(), |c, (i, v)| c.u32(i as u32, *v));
+    device
+        .create_pipeline(&spirv, &consts, gen.bindings as u32, 0)
+        .expect("pipeline")
+}
 
 /// Median GPU time (µs) of `iters` dispatches of `pipeline` over `workgroups`, each alone
 /// between two timestamps with a barrier after it; dispatch i binds `sets[i % sets.len()]`
