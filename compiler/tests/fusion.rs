@@ -591,7 +591,7 @@ fn meta() -> Meta {
 }
 
 #[test]
-fn should_fuse_each_dense_layer_into_five_dispatches() {
+fn should_fuse_each_dense_layer_into_five_dispatches_and_zero_all_chains_in_one() {
     for (name, layers) in [("qwen3-tied", 2), ("qwen3-untied", 3), ("llama-gqa", 2)] {
         let p = fixture(name);
         let (s, r) = lower_fused(
@@ -602,14 +602,27 @@ fn should_fuse_each_dense_layer_into_five_dispatches() {
         )
         .unwrap();
         s.validate().unwrap();
-        assert_eq!(s.dispatches.len(), 5 * layers + 3, "{name}\n{r}");
         assert_eq!(r.per_template(), vec![("T0".to_string(), 5, layers)]);
         // Level 0 holds the embedding and, where the MLP is chained (its hidden size a
-        // multiple of 32: not llama-gqa's 200), each layer's zeroing of the chain's output;
-        // after it every layer runs the same pipelines in the same order.
+        // multiple of 32: not llama-gqa's 200), the zeroing of every layer's chain output,
+        // merged into one dispatch (fuse::zeros); after it every layer runs the same pipelines
+        // in the same order.
         let chained = usize::from(name != "llama-gqa");
+        assert_eq!(
+            s.dispatches.len(),
+            5 * layers + 3 - chained * layers + chained,
+            "{name}\n{r}"
+        );
         let first = s.levels[0].end as usize;
-        assert_eq!(first, 1 + chained * layers, "{name}: level 0\n{r}");
+        assert_eq!(first, 1 + chained, "{name}: level 0\n{r}");
+        if chained == 1 {
+            let zero = &s.dispatches[1];
+            assert_eq!(
+                zero.bindings.len(),
+                layers,
+                "{name}: one zeroed slice per layer"
+            );
+        }
         let per = 5 - chained;
         let ids: Vec<u32> = s.dispatches[first..].iter().map(|d| d.kernel.0).collect();
         for l in 1..layers {

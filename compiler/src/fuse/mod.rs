@@ -7,7 +7,8 @@
 //! model, DAG-aware; [`program`] turns the choice into kernels ([`codegen`] writes the fused
 //! ones' GLSL); [`schedule`] instantiates every unit by op offset into one `Schedule`;
 //! [`report`] says what was fused and why. After the levels are known, [`prefetch`] reads the
-//! next matvecs' weights into L2 beside weight-free levels and [`persistent`] offers regions.
+//! next matvecs' weights into L2 beside weight-free levels, [`zeros`] merges each level's zero
+//! kernels into few dispatches and [`persistent`] offers regions.
 
 pub mod codegen;
 pub mod cost;
@@ -21,6 +22,7 @@ pub mod report;
 pub mod rules;
 pub mod schedule;
 pub mod unit;
+pub mod zeros;
 
 pub use discover::{discover, Instance, Segmentation, Template, TemplateId};
 pub use report::FusionReport;

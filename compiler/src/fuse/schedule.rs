@@ -16,6 +16,7 @@ use super::program::{FusedUnit, KernelKind, ProgramError, Saturation, UValue};
 use super::report::FusionReport;
 use super::rules::rules;
 use super::unit::{LeafRef, Unit};
+use super::zeros;
 use crate::ir::{OpId, OpKind, Program, StateKind, ValueId};
 use crate::kernels::{self, KernelError};
 use crate::lower::{self, Meta, SpirvCache, ALIGN};
@@ -230,6 +231,8 @@ struct Lowering<'a> {
     matvecs: MatvecKernels,
     /// Kernels streaming weights from binding 1 (prefetch targets).
     streams: HashSet<KernelId>,
+    /// The zero kernels (merged per level by [`zeros::merge`]).
+    zeros: HashSet<KernelId>,
     dispatches: Vec<Dispatch>,
     accesses: Vec<Access>,
     /// Arena allocations (base slices), for the buffer plan.
@@ -438,6 +441,9 @@ impl Lowering<'_> {
                             if matches!(k.kind, KernelKind::Matvec(_) | KernelKind::Chain(_)) {
                                 self.streams.insert(id);
                             }
+                            if matches!(k.kind, KernelKind::Zero { .. }) {
+                                self.zeros.insert(id);
+                            }
                             id
                         }
                     };
@@ -636,6 +642,7 @@ pub fn lower_units_planned(
         kernel_ids: HashMap::new(),
         matvecs: HashMap::new(),
         streams: HashSet::new(),
+        zeros: HashSet::new(),
         dispatches: vec![],
         accesses: vec![],
         arena_allocs: vec![],
@@ -714,6 +721,18 @@ pub fn lower_units_planned(
             spirv,
         )?;
     }
+
+    let renumbered = zeros::merge(
+        &mut dispatches,
+        &mut levels,
+        &mut l.kernels,
+        &l.zeros,
+        spirv,
+    )?;
+    l.matvecs = std::mem::take(&mut l.matvecs)
+        .into_iter()
+        .filter_map(|(k, v)| renumbered[k.index()].map(|k| (k, v)))
+        .collect();
 
     let runs = if opts.persistent {
         persistent::find_in(&dispatches, &levels, &l.matvecs)
