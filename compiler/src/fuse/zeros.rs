@@ -131,6 +131,23 @@ mod tests {
         }
     }
 
+    /// [`merge`] with k1 the zero kernel.
+    fn run(
+        dispatches: &mut Vec<Dispatch>,
+        levels: &mut [Range<u32>],
+        kernels: &mut Vec<KernelDecl>,
+    ) -> Vec<Option<KernelId>> {
+        let zeros = HashSet::from([KernelId(1)]);
+        merge(
+            dispatches,
+            levels,
+            kernels,
+            &zeros,
+            &mut SpirvCache::default(),
+        )
+        .unwrap()
+    }
+
     #[test]
     fn should_merge_a_levels_zeros_in_groups_and_drop_their_kernel() {
         // k0 embedding, k1 zero, k2 matvec; level 0: the embedding and ten zeros, level 1: the
@@ -141,15 +158,7 @@ mod tests {
         dispatches.push(dispatch(2, 0));
         dispatches.push(dispatch(1, 99 * 1024));
         let mut levels = vec![0..11, 11..13];
-        let zeros = HashSet::from([KernelId(1)]);
-        let map = merge(
-            &mut dispatches,
-            &mut levels,
-            &mut kernels,
-            &zeros,
-            &mut SpirvCache::default(),
-        )
-        .unwrap();
+        let map = run(&mut dispatches, &mut levels, &mut kernels);
 
         // Level 0: the embedding, then 8 slices and 2, in their order.
         assert_eq!(levels, vec![0..3, 3..5]);
@@ -175,14 +184,7 @@ mod tests {
         let mut dispatches = vec![dispatch(0, 0), dispatch(1, 1024), dispatch(1, 2048)];
         dispatches.push(dispatch(2, 0));
         let mut levels = vec![0..3, 3..4];
-        let map = merge(
-            &mut dispatches,
-            &mut levels,
-            &mut kernels,
-            &zeros,
-            &mut SpirvCache::default(),
-        )
-        .unwrap();
+        let map = run(&mut dispatches, &mut levels, &mut kernels);
         assert_eq!(map[..3], [Some(KernelId(0)), None, Some(KernelId(1))]);
         assert_eq!(kernels.len(), 3);
         assert_eq!(dispatches[2].kernel, KernelId(1));
