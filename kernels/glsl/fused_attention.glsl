@@ -78,6 +78,8 @@ shared float kf_s[D];
 shared float vf_s[D];
 shared float part[gl_WorkGroupSize.x];
 shared float w_s[T];
+// Each slot group's weight sum (attend()).
+shared float l_s[G];
 
 #if PREFETCH
 // Per invocation, the first tile's share: 16-byte chunks lane + i * P of its slot's K row, and
@@ -248,28 +250,26 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
             acc = a;
             l = l * alpha + ws;
         }
-        barrier();
-    }
-    part[t] = g < G ? acc : 0.0;
-    barrier();
-    total = 0.0;
-    if (t < D) {
-        for (uint i = 0u; i < G; i++) {
-            total += part[i * D + t];
+        // The next tile rewrites part and w_s: it waits for this one's readers. After the last
+        // tile nothing does (part was last read before wg_max's barriers, w_s is not written).
+        if (tile + T < hi) {
+            barrier();
         }
     }
-    barrier();
+    // The slot groups' outputs and weight sums, in one exchange.
+    part[t] = g < G ? acc : 0.0;
     if (g < G && c == 0u) {
-        part[g] = l;
+        l_s[g] = l;
     }
     barrier();
+    total = 0.0;
     lsum = 0.0;
     if (t < D) {
         for (uint i = 0u; i < G; i++) {
-            lsum += part[i];
+            total += part[i * D + t];
+            lsum += l_s[i];
         }
     }
-    barrier();
 }
 
 #if SPLITS > 1
