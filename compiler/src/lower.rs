@@ -387,6 +387,32 @@ pub(crate) fn model_meta(p: &Program, meta: &Meta, logits: ValueId) -> ModelMeta
     }
 }
 
+/// The id of the declaration of `label` with `spec_constants` in `decls`, declared if new with
+/// the SPIR-V `spirv` returns (called only then): how the passes after the levels (prefetch,
+/// zeros) add their kernels.
+pub(crate) fn declare_kernel(
+    decls: &mut Vec<KernelDecl>,
+    label: String,
+    spec_constants: Vec<u32>,
+    bindings: usize,
+    spirv: impl FnOnce() -> Result<Vec<u32>, KernelError>,
+) -> Result<KernelId, KernelError> {
+    if let Some(k) = decls
+        .iter()
+        .position(|k| k.label == label && k.spec_constants == spec_constants)
+    {
+        return Ok(KernelId(k as u32));
+    }
+    decls.push(KernelDecl {
+        label,
+        spirv: spirv()?,
+        bindings: bindings as u32,
+        push_constant_bytes: 0,
+        spec_constants,
+    });
+    Ok(KernelId(decls.len() as u32 - 1))
+}
+
 /// The four buffers every schedule declares, by `BufferId` (weights, state, io, arena), from
 /// their sizes (at least 4 bytes: a buffer must have an address).
 pub(crate) fn buffer_decls(sizes: impl IntoIterator<Item = u64>) -> Vec<BufferDecl> {

@@ -9,7 +9,7 @@
 //! gain nothing but a dispatch).
 
 use crate::kernels::{KernelCall, KernelError, MAX_WORKGROUPS_X};
-use crate::lower::SpirvCache;
+use crate::lower::{declare_kernel, SpirvCache};
 use std::collections::HashSet;
 use std::ops::Range;
 use vkfuse_runtime::schedule::{BufferId, Dispatch, KernelDecl, KernelId, Slice};
@@ -155,22 +155,7 @@ fn dispatch(
         bindings: 1 + slices.len(),
     };
     let label = format!("prefetch[PF_SLICES={}]", slices.len());
-    let kernel = match decls
-        .iter()
-        .position(|k| k.label == label && k.spec_constants == spec)
-    {
-        Some(k) => KernelId(k as u32),
-        None => {
-            decls.push(KernelDecl {
-                label,
-                spirv: spirv.get(&call)?,
-                bindings: call.bindings as u32,
-                push_constant_bytes: 0,
-                spec_constants: spec,
-            });
-            KernelId(decls.len() as u32 - 1)
-        }
-    };
+    let kernel = declare_kernel(decls, label, spec, call.bindings, || spirv.get(&call))?;
     let mut bindings = vec![sink];
     bindings.extend_from_slice(slices);
     Ok(Dispatch {

@@ -438,7 +438,7 @@ impl Builder<'_> {
                     bindings: vec![],
                     writes: vec![0],
                     covers: vec![],
-                    generated: Some(codegen::zero(words)),
+                    generated: Some(codegen::zero(&[words])),
                 });
                 let generated = codegen::chain(&spec);
                 let out = self.with_out(

@@ -8,7 +8,7 @@
 
 use crate::fuse::codegen;
 use crate::kernels::KernelError;
-use crate::lower::SpirvCache;
+use crate::lower::{declare_kernel, SpirvCache};
 use std::collections::HashSet;
 use std::ops::Range;
 use vkfuse_runtime::schedule::{Dispatch, KernelDecl, KernelId};
@@ -58,23 +58,14 @@ fn merged(
         .iter()
         .map(|d| (d.bindings[0].size / 4) as usize)
         .collect();
-    let gen = codegen::zero_slices(&words);
-    let kernel = match kernels
-        .iter()
-        .position(|k| k.label == gen.label && k.spec_constants == gen.spec_constants)
-    {
-        Some(k) => KernelId(k as u32),
-        None => {
-            kernels.push(KernelDecl {
-                label: gen.label.clone(),
-                spirv: spirv.get_source(&gen.label, &gen.source)?,
-                bindings: gen.bindings as u32,
-                push_constant_bytes: 0,
-                spec_constants: gen.spec_constants.clone(),
-            });
-            KernelId(kernels.len() as u32 - 1)
-        }
-    };
+    let gen = codegen::zero(&words);
+    let kernel = declare_kernel(
+        kernels,
+        gen.label.clone(),
+        gen.spec_constants.clone(),
+        gen.bindings,
+        || spirv.get_source(&gen.label, &gen.source),
+    )?;
     Ok(Dispatch {
         kernel,
         bindings: group.iter().map(|d| d.bindings[0]).collect(),
