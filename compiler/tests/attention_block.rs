@@ -214,20 +214,7 @@ fn matches_the_reference_step_after_step(s: Shape, positions: &[i32]) {
     let device = &gpu.device;
     let (pipeline, gen) = pipeline(device, &s.spec());
     let mut bufs = block_buffers(device, &s);
-    let pool = device
-        .create_descriptor_pool(1, bufs.len() as u32)
-        .expect("descriptor pool");
-    let set = pool.allocate(&pipeline).expect("set");
-    common::bind_whole(device, &set, &bufs);
-    let mut cmd = device.create_command_buffer().expect("command buffer");
-    {
-        let mut rec = cmd.begin().expect("begin");
-        rec.bind_pipeline(&pipeline).expect("bind");
-        rec.bind_descriptor_set(&set).expect("set");
-        let [x, y, z] = gen.workgroups;
-        rec.dispatch(x, y, z).expect("dispatch");
-        rec.finish().expect("finish");
-    }
+    let mut cmd = common::record_generated(device, &pipeline, &gen, &bufs);
 
     let step = step_program(&s);
     let mut rng = Rng(s.hq as u64 * 1000 + s.splits as u64);

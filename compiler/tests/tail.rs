@@ -60,20 +60,7 @@ fn tail_matches(n: usize, logits: &[f32]) -> Result<(), TestCaseError> {
     device
         .upload_pod(&mut bufs[5], 0, &[0u32])
         .expect("counter");
-    let pool = device
-        .create_descriptor_pool(1, bufs.len() as u32)
-        .expect("descriptor pool");
-    let set = pool.allocate(&pipeline).expect("set");
-    common::bind_whole(&device, &set, &bufs);
-    let mut cmd = device.create_command_buffer().expect("command buffer");
-    {
-        let mut rec = cmd.begin().expect("begin");
-        rec.bind_pipeline(&pipeline).expect("bind");
-        rec.bind_descriptor_set(&set).expect("set");
-        let [x, y, z] = gen.workgroups;
-        rec.dispatch(x, y, z).expect("dispatch");
-        rec.finish().expect("finish");
-    }
+    let mut cmd = common::record_generated(&device, &pipeline, &gen, &bufs);
     let want = argmax(logits);
     for run in 0..2 {
         device.upload_pod(&mut bufs[0], 0, &[-1i32]).expect("token");

@@ -1,12 +1,14 @@
-//! What the compiler's GPU test binaries share: a generated kernel's pipeline, whole-buffer
-//! bindings, timing a kernel on the device.
+//! What the compiler's GPU test binaries share: a generated kernel's pipeline and its one
+//! recorded dispatch, whole-buffer bindings, timing a kernel on the device.
 // Each test binary includes this module and uses a part of it.
 #![allow(dead_code)]
 
 use std::time::Duration;
 use vkfuse_compiler::fuse::codegen::Generated;
 use vkfuse_compiler::kernels;
-use vkfuse_runtime::{Buffer, BufferBinding, DescriptorSet, Device, Pipeline, SpecConstants};
+use vkfuse_runtime::{
+    Buffer, BufferBinding, CommandBuffer, DescriptorSet, Device, Pipeline, SpecConstants,
+};
 
 /// The pipeline of a generated fused kernel, its spec constants applied in order.
 pub fn generated_pipeline(device: &Device, gen: &Generated) -> Pipeline {
@@ -19,6 +21,31 @@ pub fn generated_pipeline(device: &Device, gen: &Generated) -> Pipeline {
     device
         .create_pipeline(&spirv, &consts, gen.bindings as u32, 0)
         .expect("pipeline")
+}
+
+/// `gen`'s one dispatch over `bufs` (buffer b at binding b), recorded once to be submitted again
+/// and again (the command buffer keeps its descriptor set, and the set its pool, alive).
+pub fn record_generated(
+    device: &Device,
+    pipeline: &Pipeline,
+    gen: &Generated,
+    bufs: &[Buffer],
+) -> CommandBuffer {
+    let pool = device
+        .create_descriptor_pool(1, bufs.len() as u32)
+        .expect("descriptor pool");
+    let set = pool.allocate(pipeline).expect("set");
+    bind_whole(device, &set, bufs);
+    let mut cmd = device.create_command_buffer().expect("command buffer");
+    {
+        let mut rec = cmd.begin().expect("begin");
+        rec.bind_pipeline(pipeline).expect("bind");
+        rec.bind_descriptor_set(&set).expect("set");
+        let [x, y, z] = gen.workgroups;
+        rec.dispatch(x, y, z).expect("dispatch");
+        rec.finish().expect("finish");
+    }
+    cmd
 }
 
 /// Median GPU time (µs) of `iters` dispatches of `pipeline` over `workgroups`, each alone
