@@ -7,8 +7,8 @@
 // Bindings with WRITE_TOKEN and ADVANCE: 0 = token state i32[1], 1 = x f32[N],
 // 2 = position state i32[1], 3 = position i32[1]; with only WRITE_TOKEN: 0 and 1; with only
 // ADVANCE: 0 = position state, 1 = position; with GROUPS > 1 then PART_BINDING = scratch
-// u32[2 * GROUPS] (each slice's best: order key, index) and COUNT_BINDING = an arrival counter u32[1] (zero
-// before the dispatch, zero again after it: the last workgroup to arrive resets it).
+// u32[2 * GROUPS] (each slice's best: order key, index) and COUNT_BINDING = an arrival counter
+// u32[1] (zero before the dispatch, zero again after it: the last workgroup to arrive resets it).
 // Spec constants: 0 = workgroup size (power of two), 1 = N.
 // Dispatch: GROUPS workgroups, each over a slice of the logits; the last to arrive combines
 // the slices' bests, writes the token and advances the position.
@@ -120,7 +120,7 @@ void main() {
     for (uint g = t; g < NGROUPS; g += wg) {
         uint key = partial[2u * g];
         uint i = partial[2u * g + 1u];
-        if (i != NONE && before(key, i, bk, bi)) {
+        if (before(key, i, bk, bi)) {
             bk = key;
             bi = i;
         }
