@@ -10,7 +10,7 @@
 // positions few splits work, none of them on a sliver). With one chunk, split 0 writes the
 // output itself, exactly as an unsplit kernel does. Otherwise each split writes its partial
 // (running max m, weight sum l, unnormalised output o[D]) to scratch and adds one to its head's
-// arrival counter; the split that arrives last combines the partials in split order (so the
+// arrival counter; the split that arrives last combines the partials in a fixed order (so the
 // result does not depend on which one is last) and sets the counter back to 0, so the counter
 // is zero at the next dispatch without any host or in-between work.
 //
@@ -70,16 +70,19 @@ const uint T = gl_WorkGroupSize.x / P;
 const uint G = gl_WorkGroupSize.x / D;
 
 shared float q_s[D];
-// The q (x) and fresh k (y) rows between the norm and rope.
-shared vec2 row_s[D];
 shared vec2 red2_s[gl_WorkGroupSize.x];
 // The fresh k (after norm and rope) and v rows of the group, for slot `fresh`.
 shared float kf_s[D];
 shared float vf_s[D];
 shared float part[gl_WorkGroupSize.x];
 shared float w_s[T];
-// Each slot group's weight sum (attend()).
+// Each slot group's weight sum (attend()), each invocation group's in the combine.
 shared float l_s[G];
+#if SPLITS > 1
+// Each invocation group's max in the combine, and the splits each group loads.
+shared float m_s[G];
+const uint SPG = (NSPLITS + G - 1u) / G;
+#endif
 
 #if PREFETCH
 // Per invocation, the first tile's share: 16-byte chunks lane + i * P of its slot's K row, and
@@ -109,30 +112,27 @@ vec2 wg_sum2(vec2 v) {
 }
 
 // Element t (< D) of h's q row (x) and of g's fresh k row (y) after the norm and rope, from
-// their raw elements `v` and (QK_NORM) norm weights `wn`, which the caller loaded at the start:
-// nothing here waits on memory, and one exchange serves both norms. Every invocation must call
-// it (uniform control flow).
-vec2 prepare(vec2 v, vec2 wn, float angle_pos) {
+// their raw elements `v` and (QK_NORM) norm weights `wn`, and those of t's rope partner (`pv`,
+// `pwn`: element t +- ROT / 2), which the caller loaded at the start: nothing here waits on
+// memory, one exchange serves both norms, and rope needs none (each invocation scales its
+// partner's raw element exactly as the partner does). Every invocation must call it (uniform
+// control flow).
+vec2 prepare(vec2 v, vec2 wn, vec2 pv, vec2 pwn, float angle_pos) {
     uint t = gl_LocalInvocationID.x;
 #if QK_NORM
     vec2 ss = wg_sum2(t < D ? v * v : vec2(0.0));
     if (t < D) {
-        v = v * inversesqrt(ss / float(D) + EPS) * wn;
+        vec2 scale = inversesqrt(ss / float(D) + EPS);
+        v = v * scale * wn;
+        pv = pv * scale * pwn;
     }
 #endif
-    if (t < D) {
-        row_s[t] = v;
-    }
-    barrier();
     const uint half_rot = ROT / 2u;
     if (t < ROT) {
         uint f = t < half_rot ? t : t - half_rot;
         vec2 sc = sin_cos(inv_freq(f) * angle_pos);
-        vec2 a = row_s[f];
-        vec2 b = row_s[f + half_rot];
-        v = t < half_rot ? a * sc.y - b * sc.x : b * sc.y + a * sc.x;
+        v = t < half_rot ? v * sc.y - pv * sc.x : v * sc.y + pv * sc.x;
     }
-    barrier();
     return v;
 }
 
@@ -298,18 +298,52 @@ void combine(uint h, uint split, uint used, float m, float total, float lsum) {
         return;
     }
     memoryBarrierBuffer();
+    // Every partial is loaded in one round trip: invocation group gg (of G groups of D) takes
+    // splits gg, gg + G, ... of element c, folds them under its own max, and the groups meet
+    // in one exchange. The order of the sums is fixed (never which split came last), so the
+    // result does not depend on arrival order.
+    uint gg = t / D;
+    uint c = t - gg * D;
+    float ms[SPG];
+    float ls[SPG];
+    float os[SPG];
+    for (uint i = 0u; i < SPG; i++) {
+        uint s = gg + i * G;
+        bool live = gg < G && s < used;
+        uint b = head + min(s, used - 1u) * stride;
+        ms[i] = live ? partial[b] : NEG_BIG;
+        ls[i] = live ? partial[b + 1u] : 0.0;
+        os[i] = live ? partial[b + 2u + c] : 0.0;
+    }
+    float mg = NEG_BIG;
+    for (uint i = 0u; i < SPG; i++) {
+        mg = max(mg, ms[i]);
+    }
+    float og = 0.0;
+    float lg = 0.0;
+    for (uint i = 0u; i < SPG; i++) {
+        float w = exp(ms[i] - mg);
+        og += os[i] * w;
+        lg += ls[i] * w;
+    }
+    // part and l_s were last read in attend(), before the barrier ahead of the arrival.
+    part[t] = gg < G ? og : 0.0;
+    if (gg < G && c == 0u) {
+        m_s[gg] = mg;
+        l_s[gg] = lg;
+    }
+    barrier();
     if (t < D) {
         float mm = NEG_BIG;
-        for (uint s = 0u; s < used; s++) {
-            mm = max(mm, partial[head + s * stride]);
+        for (uint i = 0u; i < G; i++) {
+            mm = max(mm, m_s[i]);
         }
         float o = 0.0;
         float l = 0.0;
-        for (uint s = 0u; s < used; s++) {
-            uint b = head + s * stride;
-            float w = exp(partial[b] - mm);
-            l += partial[b + 1u] * w;
-            o += partial[b + 2u + t] * w;
+        for (uint i = 0u; i < G; i++) {
+            float w = exp(m_s[i] - mm);
+            l += l_s[i] * w;
+            o += part[i * D + t] * w;
         }
         y[h * D + t] = o / l;
     }
@@ -333,14 +367,21 @@ void main() {
     // The q, fresh k and v rows and the norm weights depend neither on the position nor on
     // anything this dispatch writes: all loaded first, together with the position, so their
     // latencies overlap instead of following one another.
+    // t's rope partner (itself past the rotary dims).
+    const uint half_rot = ROT / 2u;
+    uint pt = t < half_rot ? t + half_rot : (t < ROT ? t - half_rot : t);
     vec2 raw = t < D ? vec2(q[h * D + t], k_new[g * D + t]) : vec2(0.0);
+    vec2 praw = t < D ? vec2(q[h * D + pt], k_new[g * D + pt]) : vec2(0.0);
     float vv = t < D ? v_new[g * D + t] : 0.0;
     vec2 wn = vec2(1.0);
+    vec2 pwn = vec2(1.0);
 #if QK_NORM
     if (t < D) {
         wn = vec2(LOAD(QN_DTYPE, qn, t), LOAD(KN_DTYPE, kn, t));
+        pwn = vec2(LOAD(QN_DTYPE, qn, pt), LOAD(KN_DTYPE, kn, pt));
         if (NORM_ZC != 0) {
             wn += 1.0;
+            pwn += 1.0;
         }
     }
 #endif
@@ -383,7 +424,7 @@ void main() {
 #endif
     // The fresh K and V rows of the group: written to the caches by the writer, attended to
     // from shared memory by the split holding the fresh slot.
-    vec2 qk = prepare(raw, wn, angle_pos);
+    vec2 qk = prepare(raw, wn, praw, pwn, angle_pos);
     if (t < D) {
         q_s[t] = qk.x;
         kf_s[t] = qk.y;
