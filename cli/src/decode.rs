@@ -153,7 +153,7 @@ enum Source {
         program: Program,
         capacity: usize,
     },
-    File(ScheduleFile),
+    File(Box<ScheduleFile>),
 }
 
 impl Source {
@@ -163,7 +163,7 @@ impl Source {
             if args.max_context.is_some() {
                 bail!("--max-context is fixed when the schedule is compiled (compile-model --max-context)");
             }
-            return Ok(Source::File(ScheduleFile::open(&args.model)?));
+            return Ok(Source::File(Box::new(ScheduleFile::open(&args.model)?)));
         }
         let model = import::load(&args.model)
             .with_context(|| format!("loading {}", args.model.display()))?;

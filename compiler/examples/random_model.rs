@@ -317,7 +317,7 @@ mod hybrid {
             0.0,
             0.05,
         );
-        for l in 0..s.layers {
+        for (l, &kind) in layer_types.iter().enumerate() {
             let p = format!("model.layers.{l}");
             // Zero-centred norms: the weight is an offset from 1.
             add(format!("{p}.input_layernorm.weight"), vec![h], 0.0, 0.1);
@@ -327,7 +327,7 @@ mod hybrid {
                 0.0,
                 0.1,
             );
-            if layer_types[l] == "linear_attention" {
+            if kind == "linear_attention" {
                 let a = format!("{p}.linear_attn");
                 let (kd, vd) = (s.k_heads * s.k_dim, s.v_heads * s.v_dim);
                 add(

@@ -82,10 +82,17 @@ impl Region {
     }
 }
 
+/// A kernel template and its defines: what one SPIR-V module is compiled from.
+type KernelSource = (String, Vec<(String, String)>);
+
+/// A pipeline's identity in a schedule: its source, specialisation constants, bindings and
+/// push-constant bytes.
+type PipelineKey = (String, Vec<(String, String)>, Vec<u32>, usize, usize);
+
 /// SPIR-V per (kernel, defines), compiled once per process.
 #[derive(Default)]
 pub struct SpirvCache(
-    HashMap<(String, Vec<(String, String)>), Vec<u32>>,
+    HashMap<KernelSource, Vec<u32>>,
     /// Generated sources (the fused kernels), by content.
     HashMap<String, Vec<u32>>,
 );
@@ -176,8 +183,7 @@ pub fn lower_with_report(
     let mut alias: Vec<Option<usize>> = vec![None; p.values.len()];
     let mut uploads = vec![];
     let mut written: HashMap<usize, usize> = HashMap::new();
-    let mut kernel_ids: HashMap<(String, Vec<(String, String)>, Vec<u32>, usize, usize), KernelId> =
-        HashMap::new();
+    let mut kernel_ids: HashMap<PipelineKey, KernelId> = HashMap::new();
     let mut kernels_out: Vec<KernelDecl> = vec![];
     let mut dispatches = vec![];
 

@@ -542,7 +542,7 @@ fn chain_shape(spec: &ChainSpec) -> (usize, bool, u32) {
         (_, true) => (16, true, 256),
         (_, false) => (ChainSpec::BLOCK, false, CHAIN_WG),
     };
-    let cb = if float && cb > 0 && cb % 8 == 0 && j % cb == 0 {
+    let cb = if float && cb > 0 && cb % 8 == 0 && j.is_multiple_of(cb) {
         cb
     } else {
         ChainSpec::BLOCK

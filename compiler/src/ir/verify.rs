@@ -77,7 +77,7 @@ fn attr(cond: bool, msg: impl FnOnce() -> String) -> R<()> {
 pub fn broadcast(a: &Shape, b: &Shape) -> Option<Shape> {
     let rank = a.rank().max(b.rank());
     let mut out = vec![0; rank];
-    for i in 0..rank {
+    for (i, o) in out.iter_mut().enumerate() {
         let da = if i < rank - a.rank() {
             1
         } else {
@@ -88,7 +88,7 @@ pub fn broadcast(a: &Shape, b: &Shape) -> Option<Shape> {
         } else {
             b.0[i - (rank - b.rank())]
         };
-        out[i] = match (da, db) {
+        *o = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,

@@ -168,16 +168,16 @@ pub fn convert(
                     retype.push(v);
                 }
             }
-            OpKind::WeightStack { pattern, .. } if u.iter().any(|(k, _)| is_matvec(k)) => {
-                if ty.dtype != target {
-                    report.kept.push(Kept {
-                        name: pattern.clone(),
-                        ty: ty.clone(),
-                        reason: "expert stacks stay as stored: the expert kernels read element \
-                                 dtypes only"
-                            .into(),
-                    });
-                }
+            OpKind::WeightStack { pattern, .. }
+                if u.iter().any(|(k, _)| is_matvec(k)) && ty.dtype != target =>
+            {
+                report.kept.push(Kept {
+                    name: pattern.clone(),
+                    ty: ty.clone(),
+                    reason: "expert stacks stay as stored: the expert kernels read element \
+                             dtypes only"
+                        .into(),
+                });
             }
             _ => {}
         }
