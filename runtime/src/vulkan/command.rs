@@ -513,7 +513,9 @@ impl CommandRecorder<'_> {
 
     /// A global memory barrier: writes of `from` stages become visible to reads and writes of
     /// `to` stages. (Buffer barriers cost the same on current GPUs, and a global one cannot miss
-    /// a buffer.)
+    /// a buffer.) Keep the stages this narrow: on the H100 a barrier that also names
+    /// `DRAW_INDIRECT` (indirect-argument reads) costs ~2.6 µs more, the front end waiting too
+    /// (docs/perf.md, session 8), so indirect arguments would need a barrier of their own.
     pub fn barrier(&mut self, from: Stages, to: Stages) {
         let (src_stage, src_access) = from.to_vk(true);
         let (dst_stage, dst_access) = to.to_vk(false);
