@@ -85,8 +85,8 @@ impl Region {
 /// A kernel template and its defines: what one SPIR-V module is compiled from.
 type KernelSource = (String, Vec<(String, String)>);
 
-/// A pipeline's identity in a schedule: its source, specialisation constants, bindings and
-/// push-constant bytes.
+/// A pipeline's identity in a schedule: its source, specialisation constants, push-constant
+/// bytes and binding count.
 type PipelineKey = (String, Vec<(String, String)>, Vec<u32>, usize, usize);
 
 /// SPIR-V per (kernel, defines), compiled once per process.

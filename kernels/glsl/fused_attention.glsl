@@ -68,6 +68,8 @@ const uint NSPLITS = uint(SPLITS);
 const uint P = 4u;
 const uint T = gl_WorkGroupSize.x / P;
 const uint G = gl_WorkGroupSize.x / D;
+// Rope pairs element t < HALF_ROT with t + HALF_ROT.
+const uint HALF_ROT = ROT / 2u;
 
 shared float q_s[D];
 shared vec2 red2_s[gl_WorkGroupSize.x];
@@ -127,11 +129,10 @@ vec2 prepare(vec2 v, vec2 wn, vec2 pv, vec2 pwn, float angle_pos) {
         pv = pv * scale * pwn;
     }
 #endif
-    const uint half_rot = ROT / 2u;
     if (t < ROT) {
-        uint f = t < half_rot ? t : t - half_rot;
+        uint f = t < HALF_ROT ? t : t - HALF_ROT;
         vec2 sc = sin_cos(inv_freq(f) * angle_pos);
-        v = t < half_rot ? v * sc.y - pv * sc.x : v * sc.y + pv * sc.x;
+        v = t < HALF_ROT ? v * sc.y - pv * sc.x : v * sc.y + pv * sc.x;
     }
     return v;
 }
@@ -368,8 +369,7 @@ void main() {
     // anything this dispatch writes: all loaded first, together with the position, so their
     // latencies overlap instead of following one another.
     // t's rope partner (itself past the rotary dims).
-    const uint half_rot = ROT / 2u;
-    uint pt = t < half_rot ? t + half_rot : (t < ROT ? t - half_rot : t);
+    uint pt = t < HALF_ROT ? t + HALF_ROT : (t < ROT ? t - HALF_ROT : t);
     vec2 raw = t < D ? vec2(q[h * D + t], k_new[g * D + t]) : vec2(0.0);
     vec2 praw = t < D ? vec2(q[h * D + pt], k_new[g * D + pt]) : vec2(0.0);
     float vv = t < D ? v_new[g * D + t] : 0.0;
