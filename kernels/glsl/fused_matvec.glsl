@@ -15,10 +15,13 @@
 // the row's element of extra input k. PRELOAD_INS(row, pre) loads them (IN<k>(row)) before
 // the dots, so their latency hides behind the weights' and the epilogue waits on no memory.
 //
+// Step (STEP 1, one part, the logits): the argmax of the rows into the token state and the
+// position advanced, by the last workgroup to arrive (matvec_step.glsl).
+//
 // The including source defines W_DTYPE, NORM, NW_DTYPE, NORM_ZC, PARTS, ZIPPED, N_IN (extra
-// inputs, at least 1), PRELOAD_INS and EPILOGUE.
+// inputs, at least 1), PRELOAD_INS, EPILOGUE and STEP (with STEP_BINDING and STEP_GROUPS).
 // Bindings: 0 = y f32, 1 = w (uint / uvec4 views), 2 = x f32 (float / vec4 views),
-// 3 = nw [I] of NW_DTYPE when NORM, then the extra inputs.
+// 3 = nw [I] of NW_DTYPE when NORM, then the extra inputs, then STEP's four.
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (output rows per
 // workgroup; ROWS * (ZIPPED ? PARTS : 1) <= 8), 4 = VEC4 (1 when rows and x are 16-byte
 // aligned), 5 = EPS (f32), 6..13 = END_k (cumulative row ends of the parts, stacked),
@@ -61,6 +64,9 @@ layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
 #endif
 
 #include "matvec_rows.glsl"
+#if STEP
+#include "matvec_step.glsl"
+#endif
 
 // Steps of 8 weights per invocation and row: a constant once specialised, so the step loops
 // below have a constant trip count the compiler can unroll, every weight load of the
@@ -179,12 +185,24 @@ void main() {
 #if NORM
     scale = inversesqrt(wg_published_sum() / float(I) + EPS);
 #endif
+#if STEP
+    uint step_key = 0u;
+    uint step_row = STEP_NONE;
+#endif
     if (t < ROWS && row0 + t < O) {
         float a[PER_ROW];
         for (uint k = 0u; k < PER_ROW; k++) {
             a[k] = wg_dot_total(t * PER_ROW + k) * scale;
         }
         uint r = row0 + t;
-        y[out_index(r)] = EPILOGUE(r, a, pre);
+        float v = EPILOGUE(r, a, pre);
+        y[out_index(r)] = v;
+#if STEP
+        step_key = order_key(v);
+        step_row = r;
+#endif
     }
+#if STEP
+    step_arrive(step_key, step_row);
+#endif
 }

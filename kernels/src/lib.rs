@@ -56,6 +56,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ),
     ("fused_chain.glsl", include_str!("../glsl/fused_chain.glsl")),
     ("matvec_rows.glsl", include_str!("../glsl/matvec_rows.glsl")),
+    ("matvec_step.glsl", include_str!("../glsl/matvec_step.glsl")),
     ("persistent.glsl", include_str!("../glsl/persistent.glsl")),
     (
         "persistent_matvec.glsl",

@@ -57,6 +57,13 @@ struct Args {
     /// VK_EXT_shader_atomic_float: NVIDIA, AMD and lavapipe do); without it, use this.
     #[arg(long)]
     no_chain: bool,
+    /// Keep the step's tail (the argmax that picks the next token, the position advance) in a
+    /// level of its own instead of folding it into the matvec that computes the logits. The
+    /// folded kernel picks the token with a 64-bit atomicMax, which the device must offer
+    /// (`shaderInt64` and `shaderBufferInt64Atomics`: NVIDIA, AMD, Intel and lavapipe do);
+    /// without them, use this.
+    #[arg(long)]
+    no_argmax_in_matvec: bool,
     /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.
     #[arg(long)]
     explain: bool,
@@ -174,6 +181,7 @@ fn run(args: Args) -> Result<()> {
             attention_splits: args.attention_splits.map(|n| n as usize),
             attention_wg: args.attention_wg,
             chain: !args.no_chain,
+            argmax_in_matvec: !args.no_argmax_in_matvec,
             prefetch: fuse::prefetch::Prefetch {
                 budget: args.prefetch_mib << 20,
                 ..Default::default()

@@ -186,6 +186,10 @@ pub struct ExtraSpec {
     pub scalar: bool,
 }
 
+/// Bytes of a step matvec's counters (`matvec_step.glsl`): the dispatch's slot and 64 buckets',
+/// 128 bytes each.
+pub const STEP_COUNTER_BYTES: u64 = 128 * (1 + 64);
+
 /// A kernel of the matvec family.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MatvecSpec {
@@ -200,6 +204,10 @@ pub struct MatvecSpec {
     pub norm: Option<NormSpec>,
     pub extras: Vec<ExtraSpec>,
     pub epi: Epi,
+    /// Also the step's tail (one part, the logits): the argmax of the rows into the token
+    /// state and the position advanced, by the last workgroup to arrive (`matvec_step.glsl`,
+    /// 64-bit atomics). Four bindings more: token state, position state, position, counters.
+    pub step: bool,
 }
 
 impl MatvecSpec {
@@ -253,6 +261,9 @@ impl MatvecSpec {
             s += if self.zipped { " zipped" } else { " stacked" };
         }
         let _ = write!(s, ": {}", self.epi);
+        if self.step {
+            s += " -> argmax->token,position+1";
+        }
         s
     }
 }
@@ -507,13 +518,17 @@ pub fn matvec(spec: &MatvecSpec) -> Generated {
         "#define EPILOGUE(row, a, pre) {}",
         spec.epi.glsl_with(&|k| format!("pre[{k}]"))
     );
+    let step_binding = first_extra + spec.extras.len();
+    if spec.step {
+        let _ = writeln!(s, "#define STEP 1\n#define STEP_BINDING {step_binding}");
+    }
     s += "#include \"fused_matvec.glsl\"\n";
     Generated {
         label: format!("fused_matvec[{}]", spec.describe()),
         source: s,
         spec_constants,
         workgroups: workgroups(o.div_ceil(rows_per_wg)),
-        bindings: first_extra + spec.extras.len(),
+        bindings: step_binding + if spec.step { 4 } else { 0 },
     }
 }
 
@@ -702,7 +717,8 @@ pub const PERSISTENT_ROW_CHUNKS: usize = 512;
 /// chunks, an input that fits the staging buffer (`max_cols` floats), output rows of at most
 /// [`PERSISTENT_ROW_CHUNKS`] chunks.
 pub fn persistent_ok(spec: &MatvecSpec, max_cols: usize) -> bool {
-    matches!(spec.dtype, DType::F16 | DType::BF16)
+    !spec.step
+        && matches!(spec.dtype, DType::F16 | DType::BF16)
         && spec.cols.is_multiple_of(8)
         && spec.cols <= max_cols
         && spec.dots_per_row() * spec.cols / 8 <= PERSISTENT_ROW_CHUNKS

@@ -111,6 +111,10 @@ define_language! {
         "inc_write" = IncWrite([Id; 2]),
         // (tail_step token_state x position_state p): both effects above in one kernel
         "tail_step" = TailStep([Id; 4]),
+        // (mvk_step epi w x prologue extras token_state position_state p): (mvk epi w x
+        // prologue extras), whose value `out` is the logits, and (tail_step token_state that
+        // position_state p) in the same kernel: fx0 is the token's write, fx1 the position's
+        "mvk_step" = MvkStep([Id; 8]),
         // (fx0 k), (fx1 k): the first and second effect of multi-effect kernel k
         "fx0" = Fx0([Id; 1]),
         "fx1" = Fx1([Id; 1]),
@@ -215,6 +219,7 @@ impl FuseLang {
                 | FuseLang::ArgmaxWrite(_)
                 | FuseLang::IncWrite(_)
                 | FuseLang::TailStep(_)
+                | FuseLang::MvkStep(_)
                 | FuseLang::GdnStep(_)
                 | FuseLang::Route(_)
                 | FuseLang::ExpertSum(_)
@@ -671,7 +676,7 @@ impl Analysis<FuseLang> for FuseAnalysis {
             Rows([w, _]) | MvChain([_, w, ..]) => {
                 facts.ty = ty(w).and_then(|t| f32_of(vec![t.shape.dims()[0]]))
             }
-            Mvk([e, w, _, _, _]) => {
+            Mvk([e, w, ..]) | MvkStep([e, w, ..]) => {
                 let epi = g[*e].data.epi.unwrap_or_default();
                 let parts = g[*w].data.weights.as_ref().map_or(1, Vec::len).max(1);
                 facts.ty = ty(w).and_then(|t| {

@@ -72,7 +72,8 @@ pub enum KernelKind {
 /// the kernel's other bindings, the scratch first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Arrival {
-    /// Bytes of the partials (transient: placed in the arena, live in the kernel's level).
+    /// Bytes of the partials (transient: placed in the arena, live in the kernel's level; 0:
+    /// no scratch binding).
     pub scratch_bytes: u64,
     /// Bytes of the arrival counters (a zeroed state slice every such kernel may share: each
     /// leaves it zero, and they run in different levels).
@@ -90,6 +91,12 @@ impl KernelKind {
             KernelKind::Tail(spec) if codegen::tail_groups(spec) > 1 => Some(Arrival {
                 scratch_bytes: 8 * codegen::tail_groups(spec) as u64,
                 counter_bytes: 4,
+            }),
+            // The best row's 64-bit key and the arrivals, the dispatch's and its buckets'
+            // (matvec_step.glsl); no scratch.
+            KernelKind::Matvec(spec) if spec.step => Some(Arrival {
+                scratch_bytes: 0,
+                counter_bytes: codegen::STEP_COUNTER_BYTES,
             }),
             _ => None,
         }
@@ -392,19 +399,36 @@ impl Builder<'_> {
                 self.push_value(UValue::Packed { parts, ty })
             }
             Fx0([k]) | Fx1([k]) => self.value(*k)?,
-            Mvk([e, w, x, pro, ins]) => {
+            Mvk([e, w, x, pro, ins]) | MvkStep([e, w, x, pro, ins, ..]) => {
                 let items = list_items(self.g, *ins).ok_or_else(|| self.err("bad extras"))?;
-                let (spec, inputs) = self.matvec_spec(*e, *w, *x, *pro, items)?;
+                let (mut spec, mut inputs) = self.matvec_spec(*e, *w, *x, *pro, items)?;
+                // The step's token state, position state and position, bound after the rest.
+                let states = match &n {
+                    MvkStep([.., ts, ps, pv]) => vec![*ts, *ps, *pv],
+                    _ => vec![],
+                };
+                spec.step = !states.is_empty();
+                for s in states {
+                    inputs.push(self.value(s)?);
+                }
+                let step = spec.step;
                 let (_, len) = spec.layout();
                 let generated = codegen::matvec(&spec);
                 let ty = self.ty(c)?;
-                self.with_out(
+                let out = self.with_out(
                     KernelKind::Matvec(spec),
                     ty,
                     len as u64 * 4,
                     inputs,
                     Some(generated),
-                )
+                );
+                if step {
+                    // It writes binding 0 (the logits), the token state and the position state.
+                    let kernel = self.kernels.len() - 1;
+                    let n = self.kernels[kernel].bindings.len();
+                    self.kernels[kernel].writes = vec![0, n - 3, n - 2];
+                }
+                out
             }
             MvChain([_, w2, e1, w1, x, pro, ins]) => {
                 let (inner, mut inputs) = self.matvec_spec(*e1, *w1, *x, *pro, vec![])?;
@@ -774,6 +798,7 @@ impl Builder<'_> {
             norm: norm.as_ref().map(|(n, _)| n.clone()),
             extras: vec![],
             epi,
+            step: false,
         };
         let rows = spec.rows();
         let mut inputs = vec![wv, xv];

@@ -70,7 +70,16 @@ fn reasons(u: &FusedUnit, k: &super::program::UKernel) -> Vec<String> {
         .filter(|&&o| u.op_names[o] != "reshape")
         .count();
     match &k.kind {
-        KernelKind::Matvec(spec) => matvec_reasons(spec, &mut r, &ops),
+        KernelKind::Matvec(spec) => {
+            matvec_reasons(spec, &mut r, &ops);
+            if spec.step {
+                r.push(
+                    "tail: argmax and position written by the logits' matvec \
+                     (argmax-in-matvec: the tail's dispatch and level go)"
+                        .into(),
+                );
+            }
+        }
         KernelKind::Chain(spec) => {
             // The outer residual add is the chain's own, not the inner epilogue's.
             let outer_add = usize::from(spec.add_in.is_some());

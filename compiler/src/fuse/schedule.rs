@@ -55,6 +55,10 @@ pub struct FuseOptions {
     /// Chain a matvec into the matvec kernel feeding it ([`super::rules::chain`]): one level
     /// fewer per SwiGLU block, but the kernel needs float atomics on the device.
     pub chain: bool,
+    /// Fold the step's tail (argmax into the token, position advanced) into the matvec that
+    /// computes the logits (`argmax-in-matvec`, [`super::rules::tail`]): one level fewer per
+    /// step, but the kernel needs 64-bit atomics on the device.
+    pub argmax_in_matvec: bool,
 }
 
 impl Default for FuseOptions {
@@ -70,6 +74,7 @@ impl Default for FuseOptions {
             attention_wg: None,
             prefetch: Prefetch::default(),
             chain: true,
+            argmax_in_matvec: true,
         }
     }
 }
@@ -114,6 +119,7 @@ fn saturate(unit: &mut Unit, opts: &FuseOptions) -> Saturation {
             &rules()
                 .into_iter()
                 .filter(|r| opts.chain || !r.name.as_str().starts_with("chain-"))
+                .filter(|r| opts.argmax_in_matvec || r.name.as_str() != "argmax-in-matvec")
                 .collect::<Vec<_>>(),
         );
     let stop = match &runner.stop_reason {
@@ -461,13 +467,16 @@ impl Lowering<'_> {
             // live in this dispatch's level only) and its counters, after its other bindings.
             let mut writes = k.writes.clone();
             if let Some(arrival) = k.kind.arrival() {
-                let scratch = self.bufs[ARENA].alloc(arrival.scratch_bytes);
-                self.arena_allocs.push(scratch);
+                if arrival.scratch_bytes > 0 {
+                    let scratch = self.bufs[ARENA].alloc(arrival.scratch_bytes);
+                    self.arena_allocs.push(scratch);
+                    writes.push(bindings.len());
+                    bindings.push(scratch);
+                }
                 let counters = self.arrival_counters.ok_or_else(|| {
                     FuseError::Internal(format!("`{label}` has no arrival counters"))
                 })?;
-                writes.extend([bindings.len(), bindings.len() + 1]);
-                bindings.push(scratch);
+                writes.push(bindings.len());
                 bindings.push(Slice {
                     size: arrival.counter_bytes,
                     ..counters

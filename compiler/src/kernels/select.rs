@@ -368,18 +368,25 @@ pub(crate) fn matvec_tuning(o: usize, w: DType) -> (u32, u32) {
         4096..=65535 => large,
         _ => huge,
     };
+    let wg = match o {
+        0..=65535 => wg,
+        _ => knob("VKFUSE_MATVEC_HUGE_WG")
+            .filter(|w| w.is_power_of_two() && (32..=512).contains(w))
+            .unwrap_or(wg),
+    };
     (wg, rows)
 }
 
+/// A numeric A/B knob read at compile time (unset or malformed: None).
+fn knob(name: &str) -> Option<u32> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
 /// `VKFUSE_MATVEC_HUGE_ROWS=r` (1..=8): rows per workgroup of matvecs of 65536 rows or more
-/// (lm_head), the A/B knob of their H100 measurement, read at compile time.
+/// (lm_head), the A/B knob of their H100 measurement, read at compile time
+/// (`VKFUSE_MATVEC_HUGE_WG=wg`, a power of two in 32..=512: their workgroup size).
 fn huge_rows() -> Option<u32> {
-    std::env::var("VKFUSE_MATVEC_HUGE_ROWS")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-        .filter(|r| (1..=8).contains(r))
+    knob("VKFUSE_MATVEC_HUGE_ROWS").filter(|r| (1..=8).contains(r))
 }
 
 /// `VKFUSE_MATVEC_TUNING=wg,rows_below_4096,rows_from_4096` (wg a power of two in 32..=512,

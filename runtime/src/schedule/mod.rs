@@ -120,13 +120,25 @@ impl KernelDecl {
     /// Whether the SPIR-V declares float atomic add (`AtomicFloat32AddEXT`), which the device
     /// must offer as `shaderBufferFloat32AtomicAdd`.
     pub fn adds_floats_atomically(&self) -> bool {
-        const OP_CAPABILITY: u32 = 17;
         const ATOMIC_FLOAT32_ADD: u32 = 6033;
+        self.declares_capability(ATOMIC_FLOAT32_ADD)
+    }
+
+    /// Whether the SPIR-V declares 64-bit integer atomics (`Int64Atomics`), which the device
+    /// must offer as `shaderBufferInt64Atomics` (and `shaderInt64`).
+    pub fn uses_int64_atomics(&self) -> bool {
+        const INT64_ATOMICS: u32 = 12;
+        self.declares_capability(INT64_ATOMICS)
+    }
+
+    /// Whether an `OpCapability` of the SPIR-V names `capability`.
+    fn declares_capability(&self, capability: u32) -> bool {
+        const OP_CAPABILITY: u32 = 17;
         // Header of 5 words, then instructions: word count in the high half, opcode low.
         let mut at = 5;
         while let Some(&first) = self.spirv.get(at) {
             let (len, op) = ((first >> 16) as usize, first & 0xffff);
-            if op == OP_CAPABILITY && self.spirv.get(at + 1) == Some(&ATOMIC_FLOAT32_ADD) {
+            if op == OP_CAPABILITY && self.spirv.get(at + 1) == Some(&capability) {
                 return true;
             }
             if len == 0 {
@@ -230,5 +242,10 @@ impl Schedule {
     /// `shaderBufferFloat32AtomicAdd`, and runs agree to f32 reassociation, not to the bit).
     pub fn float_atomic_kernel(&self) -> Option<&KernelDecl> {
         self.kernels.iter().find(|k| k.adds_floats_atomically())
+    }
+
+    /// A kernel with 64-bit integer atomics (so the device must offer them).
+    pub fn int64_atomic_kernel(&self) -> Option<&KernelDecl> {
+        self.kernels.iter().find(|k| k.uses_int64_atomics())
     }
 }

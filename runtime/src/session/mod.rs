@@ -192,14 +192,25 @@ impl Loaded {
         mut options: LoadOptions<'_>,
     ) -> Result<Loaded, SessionError> {
         schedule.validate()?;
-        if let Some(k) = schedule.float_atomic_kernel() {
-            if !device.info().supports(Feature::BufferFloat32AtomicAdd) {
+        let needs = [
+            (
+                schedule.float_atomic_kernel(),
+                Feature::BufferFloat32AtomicAdd,
+                "--no-chain",
+            ),
+            (
+                schedule.int64_atomic_kernel(),
+                Feature::BufferInt64Atomics,
+                "--no-argmax-in-matvec",
+            ),
+        ];
+        for (kernel, feature, flag) in needs {
+            if let Some(k) = kernel.filter(|_| !device.info().supports(feature)) {
                 return Err(SessionError::Vulkan(Error::UnsupportedDevice {
                     device: device.info().name.clone(),
                     reason: format!(
-                        "kernel `{}` needs {}; compile the model with `compile-model --no-chain`",
-                        k.label,
-                        Feature::BufferFloat32AtomicAdd
+                        "kernel `{}` needs {feature}; compile the model with `compile-model {flag}`",
+                        k.label
                     ),
                 }));
             }

@@ -139,6 +139,9 @@ pub struct ShaderFeatures {
     /// `shaderBufferFloat32AtomicAdd` (`VK_EXT_shader_atomic_float`): float atomicAdd on
     /// storage buffers (the chained matvec kernel accumulates with it).
     pub buffer_float32_atomic_add: bool,
+    /// `shaderBufferInt64Atomics` (Vulkan 1.2): 64-bit atomics on storage buffers (the matvec
+    /// computing the logits picks the next token with a 64-bit atomicMax).
+    pub buffer_int64_atomics: bool,
 }
 
 /// A capability a caller can require of a device (see [`Requirements`]).
@@ -168,6 +171,8 @@ pub enum Feature {
     Timestamps,
     /// Float atomicAdd on storage buffers (`shaderBufferFloat32AtomicAdd`).
     BufferFloat32AtomicAdd,
+    /// 64-bit integer atomics on storage buffers (`shaderBufferInt64Atomics`).
+    BufferInt64Atomics,
 }
 
 impl fmt::Display for Feature {
@@ -186,6 +191,9 @@ impl fmt::Display for Feature {
             Feature::Timestamps => "timestamp queries on the compute queue",
             Feature::BufferFloat32AtomicAdd => {
                 "float atomic add on storage buffers (shaderBufferFloat32AtomicAdd, VK_EXT_shader_atomic_float)"
+            }
+            Feature::BufferInt64Atomics => {
+                "64-bit integer atomics on storage buffers (shaderInt64 and shaderBufferInt64Atomics)"
             }
         })
     }
@@ -305,6 +313,7 @@ impl AdapterInfo {
             Feature::SubgroupBallot => g.ballot,
             Feature::Timestamps => self.timestamps(),
             Feature::BufferFloat32AtomicAdd => s.buffer_float32_atomic_add,
+            Feature::BufferInt64Atomics => s.shader_int64 && s.buffer_int64_atomics,
         }
     }
 
@@ -443,14 +452,15 @@ impl fmt::Display for AdapterInfo {
         let s = &self.features;
         write!(
             f,
-            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}",
+            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}, int64 atomics {}",
             yes(s.shader_float16),
             yes(s.shader_int8),
             yes(s.shader_int16),
             yes(s.shader_int64),
             yes(s.storage_buffer_16bit),
             yes(s.storage_buffer_8bit),
-            yes(s.buffer_float32_atomic_add)
+            yes(s.buffer_float32_atomic_add),
+            yes(s.buffer_int64_atomics)
         )
     }
 }
@@ -578,11 +588,15 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
     let mut storage8 = vk::PhysicalDevice8BitStorageFeatures::default();
     let mut f16i8 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
     let mut atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default();
+    let mut atomic_int64 = vk::PhysicalDeviceShaderAtomicInt64Features::default();
     let has_atomic_float = offers(ash::ext::shader_atomic_float::NAME);
     let core = if v1_1 {
         let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut storage16);
         if v1_2 {
-            features2 = features2.push_next(&mut storage8).push_next(&mut f16i8);
+            features2 = features2
+                .push_next(&mut storage8)
+                .push_next(&mut f16i8)
+                .push_next(&mut atomic_int64);
         }
         if has_atomic_float {
             features2 = features2.push_next(&mut atomic_float);
@@ -668,6 +682,7 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
             storage_buffer_16bit: storage16.storage_buffer16_bit_access == vk::TRUE,
             storage_buffer_8bit: storage8.storage_buffer8_bit_access == vk::TRUE,
             buffer_float32_atomic_add: atomic_float.shader_buffer_float32_atomic_add == vk::TRUE,
+            buffer_int64_atomics: atomic_int64.shader_buffer_int64_atomics == vk::TRUE,
         },
         compute_units,
         max_storage_buffers_per_stage: limits.max_per_stage_descriptor_storage_buffers,

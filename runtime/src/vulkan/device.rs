@@ -96,12 +96,17 @@ impl Device {
         let mut f16i8 = vk::PhysicalDeviceShaderFloat16Int8Features::default()
             .shader_float16(f.shader_float16)
             .shader_int8(f.shader_int8);
+        let mut atomic_int64 = vk::PhysicalDeviceShaderAtomicInt64Features::default()
+            .shader_buffer_int64_atomics(f.buffer_int64_atomics);
         let mut features2 = vk::PhysicalDeviceFeatures2::default()
             .features(core)
             .push_next(&mut storage16);
         if v1_2 {
             // Only on 1.2+: the structs are core there (the adapter query is gated the same way).
-            features2 = features2.push_next(&mut storage8).push_next(&mut f16i8);
+            features2 = features2
+                .push_next(&mut storage8)
+                .push_next(&mut f16i8)
+                .push_next(&mut atomic_int64);
         }
         // Reported only where the extension is offered (the adapter query chains it then).
         let mut atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default()
