@@ -1026,8 +1026,9 @@ fn should_stay_correct_when_saturation_stops_early() {
 
 #[test]
 fn should_match_unfused_with_a_vocabulary_past_the_unrolled_argmax() {
-    // The tail's argmax reads 8 x 1024 vec4s per round: 40000 logits take it through one full
-    // round and the remainder loop (4100 and the fixtures' vocabularies never reach a round).
+    // 40000 logits: the argmax folded into lm_head runs over 10000 workgroups (4 rows each)
+    // and every one of its 64 buckets, against the unfused argmax kernel (the fixtures'
+    // vocabularies fill a few dozen workgroups).
     fused_equals_unfused(&Shapes {
         dtype: DType::BF16,
         hidden: 16,

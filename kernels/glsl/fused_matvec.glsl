@@ -19,7 +19,7 @@
 // position advanced, by the last workgroup to arrive (matvec_step.glsl).
 //
 // The including source defines W_DTYPE, NORM, NW_DTYPE, NORM_ZC, PARTS, ZIPPED, N_IN (extra
-// inputs, at least 1), PRELOAD_INS, EPILOGUE and STEP (with STEP_BINDING and STEP_GROUPS).
+// inputs, at least 1), PRELOAD_INS, EPILOGUE and STEP (with STEP_BINDING).
 // Bindings: 0 = y f32, 1 = w (uint / uvec4 views), 2 = x f32 (float / vec4 views),
 // 3 = nw [I] of NW_DTYPE when NORM, then the extra inputs, then STEP's four.
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (output rows per

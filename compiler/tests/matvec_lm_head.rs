@@ -1,0 +1,152 @@
+//! The fused matvec over block-quantised weights at lm_head's size (65536 rows and more: one
+//! subgroup of 32 per workgroup and 8 rows each, `kernels::matvec_tuning`; the fixtures'
+//! vocabularies never reach it), with the final norm as its prologue and the step's argmax
+//! folded in, against the CPU: the rows dequantised by `quant::blocks::decode` (the format's
+//! own decoder) and dotted in f64 with the normed input. Rows of 39 blocks (156 steps of 8
+//! weights) take some invocations through 5 steps and some through 4; rows of 3 blocks leave
+//! most invocations without any. On whatever Vulkan device is here (lavapipe on the CPU
+//! machines) with the validation layer on.
+
+mod common;
+
+use std::time::Duration;
+use vkfuse_compiler::fuse::codegen::{self, Epi, MatvecSpec, NormSpec};
+use vkfuse_compiler::ir::{DType, F32Attr};
+use vkfuse_compiler::quant::blocks;
+use vkfuse_runtime::{Buffer, BufferKind, Device, Instance, InstanceOptions, Requirements};
+
+const WAIT: Duration = Duration::from_secs(300);
+const EPS: f32 = 1e-6;
+
+/// A deterministic value in [-1, 1) per index and seed.
+fn noise(i: usize, seed: u64) -> f32 {
+    let mut z = (i as u64 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_add(1);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+fn buffer(device: &Device, bytes: u64) -> Buffer {
+    device
+        .create_buffer(bytes.max(4), BufferKind::DeviceLocal)
+        .expect("buffer")
+}
+
+fn check(dtype: DType, rows: usize, cols: usize) {
+    let spec = MatvecSpec {
+        dtype,
+        cols,
+        part_rows: vec![rows],
+        zipped: false,
+        norm: Some(NormSpec {
+            eps: F32Attr(EPS),
+            zero_centered: false,
+            dtype: DType::F32,
+        }),
+        extras: vec![],
+        epi: Epi::Acc,
+        step: true,
+    };
+    let gen = codegen::matvec(&spec);
+    assert_eq!(gen.spec_constants[0], 32, "one subgroup per workgroup");
+    assert_eq!(gen.spec_constants[3], 8, "8 rows per workgroup");
+    let w: Vec<f32> = (0..rows * cols).map(|i| noise(i, 1)).collect();
+    let mut codes = vec![];
+    blocks::encode(dtype, &w, cols, &mut codes);
+    let dequantised = blocks::decode(dtype, &codes, cols);
+    let x: Vec<f32> = (0..cols).map(|i| 3.0 * noise(i, 2)).collect();
+    let nw: Vec<f32> = (0..cols).map(|i| 1.0 + 0.5 * noise(i, 3)).collect();
+    let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / cols as f64;
+    let scale = 1.0 / (ms + EPS as f64).sqrt();
+    let want: Vec<f64> = dequantised
+        .chunks_exact(cols)
+        .map(|row| {
+            row.iter()
+                .zip(&x)
+                .zip(&nw)
+                .map(|((w, x), n)| *w as f64 * *x as f64 * scale * *n as f64)
+                .sum()
+        })
+        .collect();
+
+    let instance =
+        Instance::new(&InstanceOptions::validated()).expect("Vulkan with the validation layer");
+    let log = instance.validation_log();
+    let adapter = instance.select_adapter(None).expect("a Vulkan device");
+    let device = Device::new(&instance, &adapter, &Requirements::none()).expect("device");
+    let pipeline = common::generated_pipeline(&device, &gen);
+    // Logits, weights, x, norm weight, token state, position state, position, counters.
+    let sizes = [
+        4 * rows as u64,
+        codes.len() as u64,
+        4 * cols as u64,
+        4 * cols as u64,
+        4,
+        4,
+        4,
+        codegen::STEP_COUNTER_BYTES,
+    ];
+    let mut bufs: Vec<Buffer> = sizes.iter().map(|&b| buffer(&device, b)).collect();
+    assert_eq!(bufs.len(), gen.bindings);
+    device.upload_pod(&mut bufs[1], 0, &codes).expect("weights");
+    device.upload_pod(&mut bufs[2], 0, &x).expect("x");
+    device
+        .upload_pod(&mut bufs[3], 0, &nw)
+        .expect("norm weight");
+    device
+        .upload_pod(&mut bufs[6], 0, &[7i32])
+        .expect("position");
+    let zeros = vec![0u8; codegen::STEP_COUNTER_BYTES as usize];
+    device
+        .upload_pod(&mut bufs[7], 0, &zeros)
+        .expect("counters");
+    let mut cmd = common::record_generated(&device, &pipeline, &gen, &bufs);
+    device.submit_and_wait(&mut cmd, WAIT).expect("run");
+
+    let y: Vec<f32> = device.readback_pod(&bufs[0], 0, rows).expect("logits");
+    let num: f64 = y
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (*a as f64 - b).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    let rel = (num / den).sqrt();
+    assert!(rel < 1e-5, "{dtype} [{rows}x{cols}]: relative L2 {rel:.2e}");
+    let worst = y
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (*a as f64 - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst < 1e-3,
+        "{dtype} [{rows}x{cols}]: worst row off by {worst:.2e}"
+    );
+    // The token is the argmax of the logits the kernel wrote (checked above against the CPU).
+    let mut best = 0;
+    for (i, v) in y.iter().enumerate() {
+        if v.total_cmp(&y[best]).is_gt() {
+            best = i;
+        }
+    }
+    let token: Vec<i32> = device.readback_pod(&bufs[4], 0, 1).expect("token");
+    assert_eq!(token[0], best as i32, "{dtype} [{rows}x{cols}]: token");
+    let pos: Vec<i32> = device.readback_pod(&bufs[5], 0, 1).expect("position");
+    assert_eq!(pos[0], 8, "{dtype} [{rows}x{cols}]: position advanced");
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
+
+#[test]
+fn q4_0_lm_head_of_39_blocks_matches_the_cpu() {
+    check(DType::Q4_0, 65536 + 37, 39 * 32);
+}
+
+#[test]
+fn q8_0_lm_head_of_39_blocks_matches_the_cpu() {
+    check(DType::Q8_0, 65536 + 37, 39 * 32);
+}
+
+#[test]
+fn q4_0_and_q8_0_lm_heads_of_three_blocks_match_the_cpu() {
+    check(DType::Q4_0, 65536 + 5, 96);
+    check(DType::Q8_0, 65536 + 5, 96);
+}
