@@ -262,3 +262,31 @@ fn argmax_in_the_logits_matvec_matches_at_the_qwen3_vocabulary_with_ties_at_both
     z[n - 1] = -0.5;
     matvec_step_matches(&z).unwrap();
 }
+
+#[test]
+fn only_the_folded_kernel_declares_64_bit_atomics_which_the_runtime_then_requires() {
+    use vkfuse_runtime::schedule::KernelDecl;
+    let decl = |step: bool| {
+        let gen = codegen::matvec(&MatvecSpec {
+            dtype: DType::BF16,
+            cols: 64,
+            part_rows: vec![1000],
+            zipped: false,
+            norm: None,
+            extras: vec![],
+            epi: Epi::Acc,
+            step,
+        });
+        KernelDecl {
+            label: gen.label.clone(),
+            spirv: vkfuse_compiler::kernels::compile_source(&gen.label, &gen.source)
+                .expect("compiles"),
+            bindings: gen.bindings as u32,
+            push_constant_bytes: 0,
+            spec_constants: gen.spec_constants,
+        }
+    };
+    assert!(decl(true).uses_int64_atomics());
+    assert!(!decl(false).uses_int64_atomics());
+    assert!(!decl(true).adds_floats_atomically());
+}
