@@ -15,12 +15,11 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use common::buffer;
 use vkfuse_compiler::fuse::codegen::{self, AttnSpec, NormSpec};
 use vkfuse_compiler::ir::{DType, F32Attr, OpKind, Program, StateId, StateKind, Type, ValueId};
 use vkfuse_compiler::reference::{Data, Reference, Tensor};
-use vkfuse_runtime::{
-    Buffer, BufferKind, Device, Instance, InstanceOptions, Pipeline, Requirements,
-};
+use vkfuse_runtime::{Buffer, Device, Instance, InstanceOptions, Pipeline, Requirements};
 
 const WAIT: Duration = Duration::from_secs(120);
 const THETA: f32 = 10000.0;
@@ -175,12 +174,6 @@ fn gpu() -> Gpu {
 fn pipeline(device: &Device, spec: &AttnSpec) -> (Pipeline, codegen::Generated) {
     let gen = codegen::attention(spec);
     (common::generated_pipeline(device, &gen), gen)
-}
-
-fn buffer(device: &Device, bytes: u64) -> Buffer {
-    device
-        .create_buffer(bytes.max(4), BufferKind::DeviceLocal)
-        .expect("buffer")
 }
 
 /// The block's buffers in binding order: y, q, k, v, k cache, v cache, pos, q norm, k norm,

@@ -9,11 +9,12 @@
 
 mod common;
 
+use common::{argmax, buffer};
 use std::time::Duration;
 use vkfuse_compiler::fuse::codegen::{self, Epi, MatvecSpec, NormSpec};
 use vkfuse_compiler::ir::{DType, F32Attr};
 use vkfuse_compiler::quant::blocks;
-use vkfuse_runtime::{Buffer, BufferKind, Device, Instance, InstanceOptions, Requirements};
+use vkfuse_runtime::{Buffer, Device, Instance, InstanceOptions, Requirements};
 
 const WAIT: Duration = Duration::from_secs(300);
 const EPS: f32 = 1e-6;
@@ -24,12 +25,6 @@ fn noise(i: usize, seed: u64) -> f32 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-}
-
-fn buffer(device: &Device, bytes: u64) -> Buffer {
-    device
-        .create_buffer(bytes.max(4), BufferKind::DeviceLocal)
-        .expect("buffer")
 }
 
 fn check(dtype: DType, rows: usize, cols: usize) {
@@ -122,12 +117,7 @@ fn check(dtype: DType, rows: usize, cols: usize) {
         "{dtype} [{rows}x{cols}]: worst row off by {worst:.2e}"
     );
     // The token is the argmax of the logits the kernel wrote (checked above against the CPU).
-    let mut best = 0;
-    for (i, v) in y.iter().enumerate() {
-        if v.total_cmp(&y[best]).is_gt() {
-            best = i;
-        }
-    }
+    let best = argmax(&y);
     let token: Vec<i32> = device.readback_pod(&bufs[4], 0, 1).expect("token");
     assert_eq!(token[0], best as i32, "{dtype} [{rows}x{cols}]: token");
     let pos: Vec<i32> = device.readback_pod(&bufs[5], 0, 1).expect("position");

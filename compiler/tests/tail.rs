@@ -15,30 +15,14 @@ mod common;
 
 use std::time::Duration;
 
+use common::{argmax, buffer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 use vkfuse_compiler::fuse::codegen::{self, Epi, MatvecSpec, TailSpec};
 use vkfuse_compiler::ir::DType;
-use vkfuse_runtime::{Buffer, BufferKind, Device, Instance, InstanceOptions, Requirements};
+use vkfuse_runtime::{Buffer, Device, Instance, InstanceOptions, Requirements};
 
 const WAIT: Duration = Duration::from_secs(120);
-
-/// The CPU argmax: total order over the bits (as `f32::total_cmp`), ties to the lower index.
-fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if v.total_cmp(&x[best]).is_gt() {
-            best = i;
-        }
-    }
-    best
-}
-
-fn buffer(device: &Device, bytes: u64) -> Buffer {
-    device
-        .create_buffer(bytes.max(4), BufferKind::DeviceLocal)
-        .expect("buffer")
-}
 
 /// Runs the tail of `n` logits twice on the same buffers and checks both runs.
 fn tail_matches(n: usize, logits: &[f32]) -> Result<(), TestCaseError> {

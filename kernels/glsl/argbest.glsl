@@ -1,21 +1,9 @@
-// The workgroup-wide best (key, index) pair: the largest `order_key`, ties to the lower index;
-// index NONE means "no candidate". Used by argmax and top_k. Uniform control flow required.
-
-const uint NONE = 0xffffffffu;
+// The workgroup-wide best (key, index) pair: the largest `order_key`, ties to the lower index
+// (`before`, common.glsl); index NONE means "no candidate". Used by argmax and top_k. Uniform
+// control flow required.
 
 shared uint best_key[gl_WorkGroupSize.x];
 shared uint best_idx[gl_WorkGroupSize.x];
-
-// Whether (k1, i1) comes before (k2, i2): larger key first, then lower index; NONE last.
-bool before(uint k1, uint i1, uint k2, uint i2) {
-    if (i2 == NONE) {
-        return i1 != NONE;
-    }
-    if (i1 == NONE) {
-        return false;
-    }
-    return k1 > k2 || (k1 == k2 && i1 < i2);
-}
 
 // Returns the best (key, index) (index NONE when no invocation had a candidate).
 uvec2 wg_best(uint key, uint idx) {

@@ -72,6 +72,20 @@ uint order_key(float f) {
     return (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u);
 }
 
+const uint NONE = 0xffffffffu;
+
+// Whether (k1, i1) comes before (k2, i2) among (order key, index) candidates: larger key
+// first, then lower index; index NONE ("no candidate") last.
+bool before(uint k1, uint i1, uint k2, uint i2) {
+    if (i2 == NONE) {
+        return i1 != NONE;
+    }
+    if (i1 == NONE) {
+        return false;
+    }
+    return k1 > k2 || (k1 == k2 && i1 < i2);
+}
+
 float silu(float x) {
     return x / (1.0 + exp(-x));
 }

@@ -187,7 +187,7 @@ void main() {
 #endif
 #if STEP
     uint step_key = 0u;
-    uint step_row = STEP_NONE;
+    uint step_row = NONE;
 #endif
     if (t < ROWS && row0 + t < O) {
         float a[PER_ROW];

@@ -14,7 +14,8 @@
 //
 // The including source defines STEP_BINDING (the token state; then the position state, the
 // position, and the counters: 1 + STEP_BUCKETS slots of STEP_SLOT bytes, each a u64 best then a
-// u32 arrival count, zero before the dispatch and zero again after it).
+// u32 arrival count, zero before the dispatch and zero again after it), STEP_BUCKETS and
+// STEP_SLOT (codegen's constants, which size the counters).
 
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #extension GL_EXT_shader_atomic_int64 : require
@@ -24,10 +25,6 @@
 #ifndef STEP_FOLD_SHARED
 #define STEP_FOLD_SHARED 0
 #endif
-
-const uint STEP_BUCKETS = 64u;
-// Bytes per counter slot (an L2 line).
-const uint STEP_SLOT = 128u;
 
 layout(set = 0, binding = STEP_BINDING, std430) writeonly buffer StepTok { int step_token[]; };
 layout(set = 0, binding = STEP_BINDING + 1, std430) writeonly buffer StepPosOut { int step_pos_out[]; };
@@ -39,8 +36,8 @@ layout(set = 0, binding = STEP_BINDING + 3, std430) coherent buffer StepCount { 
 // The workgroups that compute rows (the others leave at once and never arrive).
 const uint STEP_GROUPS = (O + ROWS - 1u) / ROWS;
 const uint STEP_USED = STEP_GROUPS < STEP_BUCKETS ? STEP_GROUPS : STEP_BUCKETS;
-// The rows' (order key, row) of this workgroup; row STEP_NONE where an invocation has none.
-const uint STEP_NONE = 0xffffffffu;
+// The rows' (order key, row) for the fold through shared memory (argbest.glsl's wg_best would
+// hold a pair per invocation: 1 KB that cost bf16's lm_head 0.3% on an H100).
 shared uint step_key_s[8];
 shared uint step_row_s[8];
 
@@ -62,23 +59,23 @@ bool step_count(uint s, uint64_t key, uint arrivals, out uint64_t best) {
 }
 
 // Called by every invocation of a workgroup that computes rows, after its row values: (key,
-// row) is invocation t's row for t < ROWS (rows <= 8).
+// row) is invocation t's row for t < ROWS (rows <= 8), row NONE for the others.
 void step_arrive(uint key, uint row) {
-    uint t = gl_LocalInvocationID.x;
-    uint bk = 0u;
-    uint br = STEP_NONE;
+    uint bk;
+    uint br;
     if (STEP_FOLD_SHARED == 0 && gl_SubgroupSize >= ROWS) {
         // The rows' invocations are lanes of subgroup 0: no workgroup barrier. Lanes without a
-        // row offer key 0 and row STEP_NONE, which no row loses to (the lowest row wins ties).
+        // row offer key 0 and row NONE, which no row loses to (the lowest row wins ties).
         if (gl_SubgroupID != 0u) {
             return;
         }
         bk = subgroupMax(key);
-        br = subgroupMin(key == bk ? row : STEP_NONE);
+        br = subgroupMin(key == bk ? row : NONE);
         if (!subgroupElect()) {
             return;
         }
     } else {
+        uint t = gl_LocalInvocationID.x;
         if (t < ROWS) {
             step_key_s[t] = key;
             step_row_s[t] = row;
@@ -87,12 +84,12 @@ void step_arrive(uint key, uint row) {
         if (t != 0u) {
             return;
         }
+        bk = 0u;
+        br = NONE;
         for (uint j = 0u; j < ROWS; j++) {
-            uint k = step_key_s[j];
-            uint r = step_row_s[j];
-            if (r != STEP_NONE && (br == STEP_NONE || k > bk || (k == bk && r < br))) {
-                bk = k;
-                br = r;
+            if (before(step_key_s[j], step_row_s[j], bk, br)) {
+                bk = step_key_s[j];
+                br = step_row_s[j];
             }
         }
     }

@@ -186,9 +186,13 @@ pub struct ExtraSpec {
     pub scalar: bool,
 }
 
-/// Bytes of a step matvec's counters (`matvec_step.glsl`): the dispatch's slot and 64 buckets',
-/// 128 bytes each.
-pub const STEP_COUNTER_BYTES: u64 = 128 * (1 + 64);
+/// Buckets a step matvec's workgroups count themselves in (`matvec_step.glsl`: atomics on one
+/// address serialise in the L2).
+const STEP_BUCKETS: u64 = 64;
+/// Bytes of one counter slot (an L2 line).
+const STEP_SLOT: u64 = 128;
+/// Bytes of a step matvec's counters: the dispatch's slot and every bucket's.
+pub const STEP_COUNTER_BYTES: u64 = STEP_SLOT * (1 + STEP_BUCKETS);
 
 /// A kernel of the matvec family.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -520,7 +524,10 @@ pub fn matvec(spec: &MatvecSpec) -> Generated {
     );
     let step_binding = first_extra + spec.extras.len();
     if spec.step {
-        let _ = writeln!(s, "#define STEP 1\n#define STEP_BINDING {step_binding}");
+        let _ = writeln!(
+            s,
+            "#define STEP 1\n#define STEP_BINDING {step_binding}\n#define STEP_BUCKETS {STEP_BUCKETS}u\n#define STEP_SLOT {STEP_SLOT}u"
+        );
     }
     s += "#include \"fused_matvec.glsl\"\n";
     Generated {

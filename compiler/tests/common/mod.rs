@@ -7,8 +7,27 @@ use std::time::Duration;
 use vkfuse_compiler::fuse::codegen::Generated;
 use vkfuse_compiler::kernels;
 use vkfuse_runtime::{
-    Buffer, BufferBinding, CommandBuffer, DescriptorSet, Device, Pipeline, SpecConstants,
+    Buffer, BufferBinding, BufferKind, CommandBuffer, DescriptorSet, Device, Pipeline,
+    SpecConstants,
 };
+
+/// A device-local buffer of `bytes` (at least 4: a buffer must have an address).
+pub fn buffer(device: &Device, bytes: u64) -> Buffer {
+    device
+        .create_buffer(bytes.max(4), BufferKind::DeviceLocal)
+        .expect("buffer")
+}
+
+/// The CPU argmax: total order over the bits (as `f32::total_cmp`), ties to the lower index.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if v.total_cmp(&x[best]).is_gt() {
+            best = i;
+        }
+    }
+    best
+}
 
 /// The pipeline of a generated fused kernel, its spec constants applied in order.
 pub fn generated_pipeline(device: &Device, gen: &Generated) -> Pipeline {
