@@ -736,6 +736,7 @@ fn fusion_time_of_a_model() {
 // fusion changes, so the logits agree to ~1e-6 and the greedy tokens exactly.
 
 use std::collections::HashMap;
+use vkfuse_compiler::import::layout::{self, Derived};
 use vkfuse_compiler::ir::{F32Attr, OpKind, StateKind, ValueId};
 use vkfuse_runtime::session::{Eager, Loaded, TensorBytes};
 
@@ -855,9 +856,10 @@ fn dense(s: &Shapes, weights: &mut Weights) -> Program {
     p
 }
 
-/// Deterministic random weights by name.
+/// Deterministic random weights by name, with their dtype and shape (for the derived layouts
+/// fused kernels ask for: `import::layout`).
 #[derive(Default)]
-struct Weights(HashMap<String, Vec<u8>>, u64);
+struct Weights(HashMap<String, (DType, Vec<usize>, Vec<u8>)>, u64, Derived);
 
 impl Weights {
     fn add(&mut self, name: &str, dtype: DType, dims: &[usize], norm: bool) {
@@ -884,15 +886,28 @@ impl Weights {
                 }
             }
         }
-        self.0.insert(name.to_string(), bytes);
+        self.0
+            .insert(name.to_string(), (dtype, dims.to_vec(), bytes));
+    }
+
+    /// Makes room for the derived layouts of every weight added so far.
+    fn seal(&mut self) {
+        self.2 = Derived::new(self.0.keys().map(String::as_str));
     }
 }
 
 impl TensorBytes for Weights {
     fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
+        if let Some(of) = layout::transposed_of(tensor) {
+            let (dtype, dims, bytes) = self.0.get(of).ok_or_else(|| format!("no tensor {of}"))?;
+            return self
+                .2
+                .transposed(of, || layout::transpose(bytes, *dtype, dims[0], dims[1]))
+                .ok_or_else(|| format!("no tensor {of}"))?;
+        }
         self.0
             .get(tensor)
-            .map(Vec::as_slice)
+            .map(|(_, _, b)| b.as_slice())
             .ok_or_else(|| format!("no tensor {tensor}"))
     }
 }
@@ -927,6 +942,7 @@ fn fused_equals_unfused_with(s: &Shapes, opts: &FuseOptions, dispatches: Option<
     use vkfuse_runtime::{Device, Instance, InstanceOptions, Requirements};
     let mut weights = Weights::default();
     let p = dense(s, &mut weights);
+    weights.seal();
     let unfused = vkfuse_compiler::lower::lower(&p, &meta(), &mut SpirvCache::default()).unwrap();
     let (fused, report) = lower_fused(&p, &meta(), &mut SpirvCache::default(), opts).unwrap();
     if let Some(n) = dispatches {
@@ -1146,6 +1162,29 @@ fn should_replay_a_split_attention_block_as_eager_and_chain_alike() {
         );
     }
     assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
+
+// The MLP chained (gate/up then down in one kernel, the down weights transposed at compile
+// time): f32 weights read 16 bytes per act row and chunk, 16-bit ones 8 (the fixtures).
+#[test]
+fn should_match_unfused_with_a_chained_f32_mlp() {
+    let s = Shapes {
+        dtype: DType::F32,
+        hidden: 24,
+        hq: 2,
+        hkv: 1,
+        d: 8,
+        rot: 8,
+        inter: 64,
+        vocab: 40,
+        layers: 2,
+        qk_norm: true,
+        zero_centered: false,
+        capacity: 16,
+        tokens: 8,
+    };
+    // 4 dispatches per layer, the zeroing of both chains' outputs, embedding and lm_head.
+    fused_equals_unfused_with(&s, &FuseOptions::default(), Some(4 * s.layers + 3));
 }
 
 #[test]

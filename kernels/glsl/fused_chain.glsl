@@ -19,15 +19,19 @@
 // (over a[0..PER_ROW) only), W2_DTYPE, ADD_IN, CH_J, CH_I, CH_O (act length, inner columns,
 // output rows) and, when ADD_IN, IN0(row) reading binding W2_BINDING + 1.
 // Bindings: 0 = y f32[CH_O] (accumulated), 1 = w, 2 = x f32[CH_I], 3 = nw when NORM, then
-// W2_BINDING = w2 [CH_O, CH_J] of W2_DTYPE, then in0 when ADD_IN.
+// W2_BINDING = w2 of W2_DTYPE, then in0 when ADD_IN.
+// OUTER_T (float outer weights): w2 is stored transposed, [CH_J, CH_O] (compile-model lays it
+// out so), and CH_O is a multiple of 4; else w2 is [CH_O, CH_J] (the block formats).
 // CH_CB: inner rows per workgroup (32, one quantisation block, for block formats; a multiple
-// of 8 dividing CH_J otherwise). EARLY (16-bit outer weights only): the outer weights are loaded
-// before the inner dots, OUT_PER_T = ceil(CH_O / workgroup size) rows per invocation.
+// of 4 dividing CH_J otherwise). CH_DG: inner dots a subgroup takes at once (dividing
+// CH_CB * PER_ROW). OUT_Q (OUTER_T): ceil(CH_O / 4 / workgroup size), the chunks of 4 output
+// rows per invocation.
 // Spec constants: 0 = workgroup size (a multiple of the subgroup size), 1 = EPS (f32).
 // Dispatch: CH_J / CH_CB workgroups.
 
 #extension GL_EXT_shader_atomic_float : require
 
+#define REDUCE_NO_DOTS
 #include "reduce.glsl"
 #include "quant.glsl"
 #include "fused_epilogue.glsl"
@@ -40,9 +44,9 @@ const uint PER_ROW = PARTS;
 #else
 const uint PER_ROW = 1u;
 #endif
-// Dots per workgroup, taken four at a time by a subgroup (four loads in flight per step).
+// Dots per workgroup, taken DG at a time by a subgroup (DG loads in flight per step).
 const uint NDOTS = CB * PER_ROW;
-const uint DG = 4u;
+const uint DG = CH_DG;
 
 layout(set = 0, binding = 0, std430) buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
@@ -53,10 +57,29 @@ layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
 #endif
 layout(set = 0, binding = W2_BINDING, std430) readonly buffer W2 { uint w2[]; };
 layout(set = 0, binding = W2_BINDING, std430) readonly buffer W24 { uvec4 w2_4[]; };
+layout(set = 0, binding = W2_BINDING, std430) readonly buffer W22 { uvec2 w2_2[]; };
 
-shared vec4 xs4[CH_I / 4u];
+// The staged input, then (OUTER_T) this block's share of the output rows: a subgroup's
+// atomics must land on consecutive rows, one L2 line per instruction (each invocation adding
+// its own four rows, four lines per instruction, cost ~6 µs per layer on an H100).
+const uint STAGE4 = (OUTER_T != 0 && CH_O > CH_I ? CH_O : CH_I) / 4u;
+shared vec4 xs4[STAGE4];
 shared float dots_s[NDOTS];
 shared vec4 act4[CB / 4u];
+
+#if OUTER_T
+// Weights 4q .. 4q + 3 of transposed outer row j (act row j), raw: converted only where used,
+// so that loading them does not wait for them.
+#if W2_DTYPE == F32
+#define OUTER_RAW uvec4
+#define OUTER_LOAD(j, q) w2_4[(j) * (CH_O / 4u) + (q)]
+#define OUTER_VEC(v) uintBitsToFloat(v)
+#else
+#define OUTER_RAW uvec2
+#define OUTER_LOAD(j, q) w2_2[(j) * (CH_O / 4u) + (q)]
+#define OUTER_VEC(v) vec4(PAIR(W2_DTYPE, (v).x), PAIR(W2_DTYPE, (v).y))
+#endif
+#endif
 
 // The vec4s of the input that step c (8 weights of a row) meets: 2c and 2c + 1, or the
 // block formats' order (quant.glsl).
@@ -79,18 +102,10 @@ float inner_step(uint row, uint c, vec4 xa, vec4 xb) {
 #endif
 }
 
-#if W2_DTYPE == F16 || W2_DTYPE == BF16
-// 8 weights of a 16-bit outer row · act[8i .. 8i + 8).
-float outer_step(uvec4 v, uint i) {
-    return dot(vec4(PAIR(W2_DTYPE, v.x), PAIR(W2_DTYPE, v.y)), act4[2u * i]) +
-           dot(vec4(PAIR(W2_DTYPE, v.z), PAIR(W2_DTYPE, v.w)), act4[2u * i + 1u]);
-}
-#endif
-
-// W2[r, CB*b .. +CB) · act_b (the quantised formats: CB = 32, one block).
+#if !OUTER_T
+// W2[r, CB*b .. +CB) · act_b (the block formats: CB = 32, one block).
 float outer_block(uint r, uint b) {
     float s = 0.0;
-#if W2_DTYPE == Q8_0 || W2_DTYPE == Q4_0
     uint at = r * q_row_bytes(W2_DTYPE, CH_J);
     for (uint i = 0u; i < 4u; i++) {
         uint c = 4u * b + i;
@@ -98,18 +113,18 @@ float outer_block(uint r, uint b) {
         s += Q_STEP_DOT(W2_DTYPE, w2, at / 4u, c, act4[xi.x], act4[xi.y]);
     }
     s *= Q_SCALE(W2_DTYPE, w2, at, CH_J, b);
-#elif W2_DTYPE == F32
-    uint at = r * (CH_J / 4u) + (CB / 4u) * b;
-    for (uint i = 0u; i < CB / 4u; i++) {
-        s += dot(uintBitsToFloat(w2_4[at + i]), act4[i]);
-    }
-#else
-    uint at = r * (CH_J / 8u) + (CB / 8u) * b;
-    for (uint i = 0u; i < CB / 8u; i++) {
-        s += outer_step(w2_4[at + i], i);
+    return s;
+}
+#endif
+
+// Adds v, this block's share of output row r, into y (workgroup 0 adds the extra input too).
+void add_row(uint r, uint b, float v) {
+#if ADD_IN
+    if (b == 0u) {
+        v += IN0(r);
     }
 #endif
-    return s;
+    atomicAdd(y[r], v);
 }
 
 void main() {
@@ -139,14 +154,14 @@ void main() {
 #endif
     barrier();
 
-#if EARLY
+#if OUTER_T
     // The outer weights do not depend on act: loaded now, their latency overlaps the inner
-    // dots (16-bit outer weights; OUT_PER_T rows per invocation, CB / 8 chunks each).
-    uvec4 pre[OUT_PER_T * (CB / 8u)];
-    for (uint k = 0u; k < OUT_PER_T; k++) {
-        uint r = min(t + k * gl_WorkGroupSize.x, CH_O - 1u);
-        for (uint i = 0u; i < CB / 8u; i++) {
-            pre[k * (CB / 8u) + i] = w2_4[r * (CH_J / 8u) + (CB / 8u) * b + i];
+    // dots. Chunk q of invocation t's k-th: rows 4q .. 4q + 3, q = t + k * workgroup size.
+    OUTER_RAW pre[OUT_Q * CB];
+    for (uint k = 0u; k < OUT_Q; k++) {
+        uint q = min(t + k * gl_WorkGroupSize.x, CH_O / 4u - 1u);
+        for (uint j = 0u; j < CB; j++) {
+            pre[k * CB + j] = OUTER_LOAD(CB * b + j, q);
         }
     }
 #endif
@@ -191,25 +206,25 @@ void main() {
     barrier();
 
     // This block's share of every output row.
-#if EARLY
-    for (uint k = 0u; k < OUT_PER_T; k++) {
-        uint r = t + k * gl_WorkGroupSize.x;
-        if (r >= CH_O) {
+#if OUTER_T
+    for (uint k = 0u; k < OUT_Q; k++) {
+        uint q = t + k * gl_WorkGroupSize.x;
+        if (q >= CH_O / 4u) {
             break;
         }
-        float v = 0.0;
-        for (uint i = 0u; i < CB / 8u; i++) {
-            v += outer_step(pre[k * (CB / 8u) + i], i);
+        vec4 v = vec4(0.0);
+        for (uint j = 0u; j < CB; j++) {
+            v += act4[j / 4u][j % 4u] * OUTER_VEC(pre[k * CB + j]);
         }
+        xs4[q] = v;
+    }
+    barrier();
+    for (uint r = t; r < CH_O; r += gl_WorkGroupSize.x) {
+        add_row(r, b, xs4[r / 4u][r % 4u]);
+    }
 #else
     for (uint r = t; r < CH_O; r += gl_WorkGroupSize.x) {
-        float v = outer_block(r, b);
-#endif
-#if ADD_IN
-        if (b == 0u) {
-            v += IN0(r);
-        }
-#endif
-        atomicAdd(y[r], v);
+        add_row(r, b, outer_block(r, b));
     }
+#endif
 }

@@ -42,7 +42,10 @@ float wg_max(float v) {
 // wg_share_dots reduces acc[j] (j < n) in each subgroup and publishes the partials, ending
 // with a barrier; then wg_dot_total(j) is dot j's workgroup total, in any invocation. The
 // partials stay in shared memory: a caller sharing again first needs a barrier after its reads.
+// A shader that never shares dots defines REDUCE_NO_DOTS: the array is declared whether used
+// or not, and at 1024 invocations it is 32 KiB, lavapipe's whole shared memory.
 const uint MAX_DOTS = 8u;
+#ifndef REDUCE_NO_DOTS
 shared float red_dots[MAX_DOTS * gl_WorkGroupSize.x];
 
 void wg_share_dots(float acc[MAX_DOTS], uint n) {
@@ -62,6 +65,7 @@ float wg_dot_total(uint j) {
     }
     return s;
 }
+#endif
 
 // A sum published now and read after the caller's next barrier, for code that has a barrier
 // of its own to share it at (a norm's x² summed beside a matvec's dots costs no exchange of

@@ -280,7 +280,8 @@ impl MatvecSpec {
 pub struct ChainSpec {
     /// The inner kernel (no extra inputs).
     pub inner: MatvecSpec,
-    /// The outer weights' dtype; the outer matrix is `[out_rows, inner.rows()]`.
+    /// The outer weights' dtype; the outer matrix is `[out_rows, inner.rows()]`, stored
+    /// transposed where [`ChainSpec::outer_transposed`].
     pub outer_dtype: DType,
     pub out_rows: usize,
     /// An extra input added to every output row (the residual), when the outer epilogue is
@@ -293,14 +294,30 @@ impl ChainSpec {
     /// float weights take 16): the rule asks for a multiple of it.
     pub const BLOCK: usize = 32;
 
-    /// `norm bf16 [3072+3072]x1024 zipped: mul(silu(acc0), acc1) -> bf16 [1024]x3072: add(in0, acc)`.
+    /// Whether the outer matrix is stored transposed, `[inner.rows(), out_rows]`: float
+    /// weights are (the rule asks for out_rows % 4 == 0 then). Each workgroup's share of the
+    /// outer matrix is then a run of whole rows, read in 4-wide loads, where the checkpoint's
+    /// layout gave it 32 bytes of every row: on the H100 that streams the chained level's
+    /// bytes faster (bf16 chain 11.8 -> 11.1 µs per layer at 512 invocations; docs/perf.md).
+    /// The block formats keep the checkpoint's rows (their blocks run along the inner rows).
+    pub fn outer_transposed(&self) -> bool {
+        self.outer_dtype.is_float()
+    }
+
+    /// `norm bf16 [3072+3072]x1024 zipped: mul(silu(acc0), acc1) -> bf16 [1024]x3072
+    /// transposed: add(in0, acc)`.
     pub fn describe(&self) -> String {
         format!(
-            "{} -> {} [{}]x{}: {}",
+            "{} -> {} [{}]x{}{}: {}",
             self.inner.describe(),
             self.outer_dtype,
             self.out_rows,
             self.inner.rows(),
+            if self.outer_transposed() {
+                " transposed"
+            } else {
+                ""
+            },
             if self.add_in.is_some() {
                 "add(in0, acc)"
             } else {
@@ -539,42 +556,51 @@ pub fn matvec(spec: &MatvecSpec) -> Generated {
     }
 }
 
-/// Workgroup size of the chained kernel over block formats: 16 subgroups of 32 take the
-/// block's 64 gate/up dots four at a time (H100, q4_0 and q8_0: 512 beat 256 and 128).
-pub const CHAIN_WG: u32 = 512;
-
-/// The chained kernel's shape: (inner rows per workgroup, outer weights loaded early,
-/// workgroup size). Float weights: 16 rows (192 workgroups for Qwen3-0.6B's 3072), the
-/// outer weights loaded early, 256 invocations: on the H100 that beat 32 or 24 rows, 512 or
-/// 128 invocations and late loads (docs/perf.md). Block formats read whole blocks: 32 rows,
-/// 512 invocations. `VKFUSE_CHAIN=cb,early,wg` overrides them at compile time (the A/B knob
-/// of those measurements; a block that does not fit the dtypes or shapes falls back to
-/// [`ChainSpec::BLOCK`]).
-fn chain_shape(spec: &ChainSpec) -> (usize, bool, u32) {
+/// The chained kernel's shape: (inner rows per workgroup, workgroup size). Float weights (the
+/// outer matrix transposed): 16 rows, 192 workgroups for Qwen3-0.6B's 3072, of 512
+/// invocations; on the H100 that beat 8, 12, 24 or 32 rows and 256 or 1024 invocations
+/// (docs/perf.md; more workgroups pay more in atomics than they gain in balance). Block formats
+/// read whole blocks, 32 rows: q4_0 with 1024 invocations, the others 512 (H100: q4_0 +0.9%
+/// with 1024, q8_0 -0.5%). `VKFUSE_CHAIN=cb,wg` overrides them at compile time (the A/B knob
+/// of those measurements; a value that does not fit the dtypes or shapes is ignored).
+fn chain_shape(spec: &ChainSpec) -> (usize, u32) {
     let j = spec.inner.rows();
-    let sixteen = matches!(spec.outer_dtype, DType::F16 | DType::BF16);
-    let float = !matches!(spec.inner.dtype, DType::Q8_0 | DType::Q4_0)
-        && !matches!(spec.outer_dtype, DType::Q8_0 | DType::Q4_0);
+    let float = spec.outer_transposed() && !spec.inner.dtype.is_quantized();
+    let (cb, wg) = match (float, spec.inner.dtype) {
+        (true, _) => (16, 512),
+        (false, DType::Q4_0) => (ChainSpec::BLOCK, 1024),
+        (false, _) => (ChainSpec::BLOCK, 512),
+    };
     let knob: Vec<usize> = std::env::var("VKFUSE_CHAIN")
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_default();
-    let (cb, early, wg) = match (knob.as_slice(), float) {
-        ([cb, early, wg], _) => (*cb, *early != 0, *wg as u32),
-        (_, true) => (16, true, 256),
-        (_, false) => (ChainSpec::BLOCK, false, CHAIN_WG),
+    let (kcb, kwg) = match knob[..] {
+        [c, w] => (c, w as u32),
+        _ => (cb, wg),
     };
-    let cb = if float && cb > 0 && cb % 8 == 0 && j.is_multiple_of(cb) {
+    let cb = if float && kcb > 0 && kcb % 4 == 0 && j.is_multiple_of(kcb) {
+        kcb
+    } else {
         cb
-    } else {
-        ChainSpec::BLOCK
     };
-    let wg = if wg.is_power_of_two() && (64..=1024).contains(&wg) {
+    let wg = if kwg.is_power_of_two() && (64..=1024).contains(&kwg) {
+        kwg
+    } else {
         wg
-    } else {
-        CHAIN_WG
     };
-    (cb, early && sixteen, wg)
+    (cb, wg)
+}
+
+/// Inner dots a subgroup of the chained kernel takes at once: the workgroup's `ndots` spread
+/// over its subgroups (counted at 32 invocations; any width stays correct), at most 4 (the
+/// loads in flight per step), dividing `ndots`.
+fn chain_dots_per_subgroup(ndots: usize, wg: u32) -> usize {
+    let mut dg = (ndots / (wg as usize / 32).max(1)).clamp(1, 4);
+    while !ndots.is_multiple_of(dg) {
+        dg -= 1;
+    }
+    dg
 }
 
 /// The chained kernel of `spec` (`fused_chain.glsl`); its output must be zero before it runs.
@@ -596,13 +622,18 @@ pub fn chain(spec: &ChainSpec) -> Generated {
     let _ = writeln!(s, "#define CH_J {}u", j);
     let _ = writeln!(s, "#define CH_I {}u", inner.cols);
     let _ = writeln!(s, "#define CH_O {}u", spec.out_rows);
-    let (cb, early, wg) = chain_shape(spec);
+    let (cb, wg) = chain_shape(spec);
     let _ = writeln!(s, "#define CH_CB {cb}u");
-    let _ = writeln!(s, "#define EARLY {}", u8::from(early));
     let _ = writeln!(
         s,
-        "#define OUT_PER_T {}u",
-        spec.out_rows.div_ceil(wg as usize)
+        "#define CH_DG {}u",
+        chain_dots_per_subgroup(cb * inner.dots_per_row(), wg)
+    );
+    let _ = writeln!(s, "#define OUTER_T {}", u8::from(spec.outer_transposed()));
+    let _ = writeln!(
+        s,
+        "#define OUT_Q {}u",
+        (spec.out_rows / 4).div_ceil(wg as usize).max(1)
     );
     s += "#include \"common.glsl\"\n";
     let extras: Vec<ExtraSpec> = spec.add_in.iter().cloned().collect();

@@ -17,6 +17,7 @@ use super::report::FusionReport;
 use super::rules::rules;
 use super::unit::{LeafRef, Unit};
 use super::zeros;
+use crate::import::layout;
 use crate::ir::{OpId, OpKind, Program, StateKind, ValueId};
 use crate::kernels::{self, KernelError};
 use crate::lower::{self, Meta, SpirvCache, ALIGN};
@@ -230,6 +231,8 @@ struct Lowering<'a> {
     logits: ValueId,
     values: HashMap<ValueId, Slice>,
     packed: HashMap<Vec<ValueId>, Slice>,
+    /// Weights stored transposed, by value.
+    transposed: HashMap<ValueId, Slice>,
     uploads: Vec<WeightUpload>,
     kernels: Vec<KernelDecl>,
     kernel_ids: HashMap<KernelKey, KernelId>,
@@ -332,6 +335,27 @@ impl Lowering<'_> {
             }
         }
         self.packed.insert(parts.to_vec(), s);
+        Ok(s)
+    }
+
+    /// Weight `v` (a matrix) stored transposed: the upload names the derived tensor
+    /// ([`crate::import::layout::transposed`]) that the weights' source computes.
+    fn transposed(&mut self, v: ValueId) -> Result<Slice, FuseError> {
+        if let Some(s) = self.transposed.get(&v) {
+            return Ok(*s);
+        }
+        let OpKind::Weight { name } = &self.p.def(v).kind else {
+            return Err(FuseError::Internal(format!(
+                "transposed value {v} is no weight"
+            )));
+        };
+        let bytes = self.p.ty(v).bytes() as u64;
+        let s = self.bufs[WEIGHTS].alloc(bytes);
+        self.uploads.push(WeightUpload {
+            tensor: layout::transposed(name),
+            dst: Slice { size: bytes, ..s },
+        });
+        self.transposed.insert(v, s);
         Ok(s)
     }
 
@@ -560,6 +584,13 @@ impl Lowering<'_> {
                 }
                 self.packed(&ids)?
             }
+            UValue::Transposed { of, .. } => {
+                let UValue::Leaf { leaf, .. } = &fu.values[*of] else {
+                    return Err(FuseError::Internal("a transposed value is no leaf".into()));
+                };
+                let value = self.leaf_value(*leaf, start)?;
+                self.transposed(value)?
+            }
             UValue::Written { of, .. } => self.resolve(fu, slots, *of, start)?,
             UValue::Out { .. } => {
                 return Err(FuseError::Internal(
@@ -646,6 +677,7 @@ pub fn lower_units_planned(
         logits,
         values: HashMap::new(),
         packed: HashMap::new(),
+        transposed: HashMap::new(),
         uploads: vec![],
         kernels: vec![],
         kernel_ids: HashMap::new(),

@@ -13,6 +13,7 @@ mod config;
 mod error;
 mod fields;
 mod hybrid;
+pub mod layout;
 mod rope;
 mod tensors;
 

@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use super::error::ImportError;
 use super::fields::show;
+use super::layout::{self, Derived};
 use crate::ir::DType;
 
 type R<T> = Result<T, ImportError>;
@@ -70,6 +71,8 @@ pub struct TensorStore {
     source: PathBuf,
     shards: Vec<Shard>,
     index: BTreeMap<String, Entry>,
+    /// Matrices in other layouts, made on first use ([`super::layout`]).
+    derived: Derived,
 }
 
 impl std::fmt::Debug for TensorStore {
@@ -200,6 +203,7 @@ impl TensorStore {
             source,
             shards: Vec::with_capacity(files.len()),
             index: BTreeMap::new(),
+            derived: Derived::default(),
         };
         for path in files {
             let map = map_file(path)?;
@@ -243,6 +247,13 @@ impl TensorStore {
                 map,
             });
         }
+        let matrices: Vec<String> = store
+            .index
+            .iter()
+            .filter(|(_, e)| matches!(&e.kind, EntryKind::Readable(i) if i.shape.len() == 2))
+            .map(|(n, _)| n.clone())
+            .collect();
+        store.derived = Derived::new(matrices.iter().map(String::as_str));
         Ok(store)
     }
 
@@ -314,8 +325,14 @@ impl TensorStore {
         Ok(info)
     }
 
-    /// The tensor's raw little-endian bytes, borrowed from the memory map.
+    /// The tensor's raw little-endian bytes, borrowed from the memory map; a derived name
+    /// ([`super::layout::transposed`]) gives the matrix's bytes transposed, made once.
     pub fn bytes(&self, name: &str) -> R<&[u8]> {
+        if !self.index.contains_key(name) {
+            if let Some(of) = layout::transposed_of(name) {
+                return self.transposed(of);
+            }
+        }
         let (entry, info) = self.entry(name)?;
         self.shards[entry.shard]
             .map
@@ -324,6 +341,29 @@ impl TensorStore {
                 file: info.file.clone(),
                 message: format!("tensor \"{name}\" lies outside the file"),
             })
+    }
+
+    /// Matrix `of`'s bytes transposed ([`super::layout`]).
+    fn transposed(&self, of: &str) -> R<&[u8]> {
+        let (_, info) = self.entry(of)?;
+        let made = self.derived.transposed(of, || {
+            let bytes = self.bytes(of).map_err(|e| e.to_string())?;
+            layout::transpose(bytes, info.dtype, info.shape[0], info.shape[1])
+        });
+        match made {
+            Some(Ok(bytes)) => Ok(bytes),
+            Some(Err(message)) => Err(ImportError::BadSafetensors {
+                file: info.file.clone(),
+                message: format!("tensor \"{of}\" transposed: {message}"),
+            }),
+            None => Err(ImportError::Inconsistent {
+                file: info.file.clone(),
+                message: format!(
+                    "tensor \"{of}\" of shape {:?} has no transposed layout (not a matrix)",
+                    info.shape
+                ),
+            }),
+        }
     }
 
     /// The tensor's values widened to f32 (row-major).

@@ -5,6 +5,7 @@
 use std::borrow::Borrow;
 use std::collections::HashMap;
 
+use crate::import::layout::{self, Derived};
 use crate::import::{ImportError, TensorStore};
 use crate::ir::{DType, OpKind, Program};
 use crate::reference::WeightSource;
@@ -18,6 +19,8 @@ pub struct EncodedWeights<S: Borrow<TensorStore>> {
     store: S,
     /// Converted tensors: dtype, row length and bytes.
     converted: HashMap<String, (DType, usize, Vec<u8>)>,
+    /// Converted matrices in other layouts, made on first use (`import::layout`).
+    derived: Derived,
 }
 
 impl<S: Borrow<TensorStore>> std::fmt::Debug for EncodedWeights<S> {
@@ -49,16 +52,34 @@ impl<S: Borrow<TensorStore>> EncodedWeights<S> {
             debug_assert_eq!(bytes.len(), ty.bytes());
             converted.insert(name.clone(), (ty.dtype, ty.shape.last(), bytes));
         }
-        Ok(EncodedWeights { store, converted })
+        let derived = Derived::new(converted.keys().map(String::as_str));
+        Ok(EncodedWeights {
+            store,
+            converted,
+            derived,
+        })
     }
 }
 
 impl<S: Borrow<TensorStore>> TensorBytes for EncodedWeights<S> {
     fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
-        match self.converted.get(tensor) {
-            Some((_, _, bytes)) => Ok(bytes),
-            None => self.store.borrow().tensor_bytes(tensor),
+        if let Some((_, _, bytes)) = self.converted.get(tensor) {
+            return Ok(bytes);
         }
+        // A converted matrix transposed (others: the checkpoint's bytes transposed, which the
+        // store makes).
+        if let Some((of, (dtype, cols, bytes))) =
+            layout::transposed_of(tensor).and_then(|of| Some((of, self.converted.get(of)?)))
+        {
+            let rows = bytes.len() / dtype.row_bytes(*cols).max(1);
+            if let Some(made) = self
+                .derived
+                .transposed(of, || layout::transpose(bytes, *dtype, rows, *cols))
+            {
+                return made.map_err(|m| format!("tensor \"{of}\" transposed: {m}"));
+            }
+        }
+        self.store.borrow().tensor_bytes(tensor)
     }
 }
 

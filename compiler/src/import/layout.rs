@@ -1,0 +1,124 @@
+//! Weights in a layout other than the checkpoint's. A fused kernel that reads a matrix better
+//! transposed (the chained MLP's down projection, `fuse::codegen::ChainSpec`) names a derived
+//! tensor in its upload, [`transposed`]`(name)`; the weights' sources ([`super::TensorStore`],
+//! `quant::EncodedWeights`) compute its bytes on first use and keep them. A schedule file stores
+//! the derived bytes under that name, so the runtime never transforms anything.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use crate::ir::DType;
+
+/// What a derived tensor's name adds to its source's (no checkpoint tensor is named so; one
+/// that were would shadow the derived tensor, being looked up first).
+const TRANSPOSED: &str = "#transposed";
+
+/// The name of matrix `tensor` stored transposed.
+pub fn transposed(tensor: &str) -> String {
+    format!("{tensor}{TRANSPOSED}")
+}
+
+/// The matrix a derived name transposes, if it is one.
+pub fn transposed_of(name: &str) -> Option<&str> {
+    name.strip_suffix(TRANSPOSED)
+}
+
+/// The bytes of a row-major `[rows, cols]` matrix of `dtype` (a float dtype: the block formats
+/// have no element-wise layout) in `[cols, rows]` order, or why not.
+pub fn transpose(bytes: &[u8], dtype: DType, rows: usize, cols: usize) -> Result<Vec<u8>, String> {
+    let elem = match dtype {
+        DType::F32 => 4,
+        DType::F16 | DType::BF16 => 2,
+        d => return Err(format!("a {d} matrix has no transposed layout")),
+    };
+    if rows.checked_mul(cols).and_then(|n| n.checked_mul(elem)) != Some(bytes.len()) {
+        return Err(format!(
+            "{} bytes are no [{rows}, {cols}] matrix of {dtype}",
+            bytes.len()
+        ));
+    }
+    let mut out = vec![0u8; bytes.len()];
+    for (r, row) in bytes.chunks_exact(cols * elem).enumerate() {
+        for (c, e) in row.chunks_exact(elem).enumerate() {
+            let at = (c * rows + r) * elem;
+            out[at..at + elem].copy_from_slice(e);
+        }
+    }
+    Ok(out)
+}
+
+/// Derived tensors of a fixed set of sources, each computed once on first use (errors too:
+/// they are the same every time).
+#[derive(Default)]
+pub struct Derived {
+    cells: HashMap<String, OnceLock<Result<Vec<u8>, String>>>,
+}
+
+impl Derived {
+    /// Room for the transposed layout of each of `sources`.
+    pub fn new<'a>(sources: impl IntoIterator<Item = &'a str>) -> Derived {
+        Derived {
+            cells: sources
+                .into_iter()
+                .map(|s| (s.to_string(), OnceLock::new()))
+                .collect(),
+        }
+    }
+
+    /// Source `of`'s transposed bytes, computed by `make` the first time; None where `of` is
+    /// not one of the sources.
+    pub fn transposed(
+        &self,
+        of: &str,
+        make: impl FnOnce() -> Result<Vec<u8>, String>,
+    ) -> Option<Result<&[u8], String>> {
+        let cell = self.cells.get(of)?;
+        Some(cell.get_or_init(make).as_deref().map_err(Clone::clone))
+    }
+}
+
+impl std::fmt::Debug for Derived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let made = self.cells.values().filter(|c| c.get().is_some()).count();
+        write!(f, "Derived({made} of {} made)", self.cells.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn names_round_trip() {
+        let n = transposed("model.layers.0.mlp.down_proj.weight");
+        assert_eq!(
+            transposed_of(&n),
+            Some("model.layers.0.mlp.down_proj.weight")
+        );
+        assert_eq!(transposed_of("model.layers.0.mlp.down_proj.weight"), None);
+    }
+
+    #[test]
+    fn block_formats_and_wrong_sizes_are_refused() {
+        assert!(transpose(&[0; 36], DType::Q8_0, 1, 32).is_err());
+        assert!(transpose(&[0; 6], DType::BF16, 2, 2).is_err());
+    }
+
+    proptest! {
+        // Element (r, c) of the source is element (c, r) of the result, whatever its width.
+        #[test]
+        fn transpose_moves_every_element(rows in 1usize..9, cols in 1usize..9, wide in any::<bool>()) {
+            let (dtype, elem) = if wide { (DType::F32, 4) } else { (DType::BF16, 2) };
+            let bytes: Vec<u8> = (0..rows * cols * elem).map(|i| (i * 7 + i / 251) as u8).collect();
+            let t = transpose(&bytes, dtype, rows, cols).unwrap();
+            for r in 0..rows {
+                for c in 0..cols {
+                    let src = &bytes[(r * cols + c) * elem..][..elem];
+                    let dst = &t[(c * rows + r) * elem..][..elem];
+                    prop_assert_eq!(src, dst);
+                }
+            }
+        }
+    }
+}
