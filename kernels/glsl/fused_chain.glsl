@@ -15,17 +15,30 @@
 // inner dots (they are linear in it): x and nw are loaded together, and the x² sum is
 // exchanged at the barrier the staging needs anyway, with no reduction before the dots.
 //
+// The outer weights are stored transposed (compile-model lays them out so:
+// compiler/src/import/layout.rs), so that a workgroup's share of them is contiguous:
+// - Float weights, W2ᵀ [CH_J, CH_O]: the block's CB rows, read in steps of 4 output rows (one
+//   8- or 16-byte load). The invocations form OUT_NG groups of OUT_SPAN, group g taking act
+//   rows g*CB/OUT_NG .. of the block, each invocation OUT_Q steps; the groups' partial sums
+//   meet in shared memory (the staged input's array, free by then).
+// - Block formats, by whole blocks: row b holds block b (inputs 32b .. 32b + 32) of every
+//   output row, codes then scales (CB is 32, one block): invocation t takes output rows
+//   t + k * workgroup size (OUT_Q of them), one 16-byte (q4_0) or two (q8_0) code loads and
+//   the scale each.
+// Either way the loads are issued before the inner dots, and one atomic per output row adds
+// the block's share, a subgroup's on consecutive rows: one L2 line per instruction (each
+// invocation adding its own four rows, four lines per instruction, cost ~6 µs per layer on
+// an H100).
+//
 // The including source defines W_DTYPE, NORM, NW_DTYPE, NORM_ZC, PARTS, ZIPPED, EPILOGUE(row, a)
 // (over a[0..PER_ROW) only), W2_DTYPE, ADD_IN, CH_J, CH_I, CH_O (act length, inner columns,
-// output rows) and, when ADD_IN, IN0(row) reading binding W2_BINDING + 1.
+// output rows: a multiple of 4 for float weights) and, when ADD_IN, IN0(row) reading binding
+// W2_BINDING + 1; CH_CB (inner rows per workgroup, a multiple of 4 dividing CH_J; 32 for the
+// block formats), CH_DG (inner dots a subgroup takes at once, dividing CH_CB * PER_ROW),
+// OUT_Q, and for float weights OUT_NG (dividing CH_CB) and OUT_SPAN (OUT_NG * OUT_SPAN <=
+// workgroup size, OUT_SPAN * OUT_Q >= CH_O / 4).
 // Bindings: 0 = y f32[CH_O] (accumulated), 1 = w, 2 = x f32[CH_I], 3 = nw when NORM, then
-// W2_BINDING = w2 of W2_DTYPE, then in0 when ADD_IN.
-// OUTER_T (float outer weights): w2 is stored transposed, [CH_J, CH_O] (compile-model lays it
-// out so), and CH_O is a multiple of 4; else w2 is [CH_O, CH_J] (the block formats).
-// CH_CB: inner rows per workgroup (32, one quantisation block, for block formats; a multiple
-// of 4 dividing CH_J otherwise). CH_DG: inner dots a subgroup takes at once (dividing
-// CH_CB * PER_ROW). OUT_Q (OUTER_T): ceil(CH_O / 4 / workgroup size), the chunks of 4 output
-// rows per invocation.
+// W2_BINDING = w2ᵀ of W2_DTYPE, then in0 when ADD_IN.
 // Spec constants: 0 = workgroup size (a multiple of the subgroup size), 1 = EPS (f32).
 // Dispatch: CH_J / CH_CB workgroups.
 
@@ -59,27 +72,36 @@ layout(set = 0, binding = W2_BINDING, std430) readonly buffer W2 { uint w2[]; };
 layout(set = 0, binding = W2_BINDING, std430) readonly buffer W24 { uvec4 w2_4[]; };
 layout(set = 0, binding = W2_BINDING, std430) readonly buffer W22 { uvec2 w2_2[]; };
 
-// The staged input, then (OUTER_T) this block's share of the output rows: a subgroup's
-// atomics must land on consecutive rows, one L2 line per instruction (each invocation adding
-// its own four rows, four lines per instruction, cost ~6 µs per layer on an H100).
-const uint STAGE4 = (OUTER_T != 0 && CH_O > CH_I ? CH_O : CH_I) / 4u;
-shared vec4 xs4[STAGE4];
-shared float dots_s[NDOTS];
-shared vec4 act4[CB / 4u];
-
-#if OUTER_T
-// Weights 4q .. 4q + 3 of transposed outer row j (act row j), raw: converted only where used,
-// so that loading them does not wait for them.
+#if W2_DTYPE == Q8_0 || W2_DTYPE == Q4_0
+#define OUT_BLOCKS 1
+// 16-byte code loads per block.
+const uint CODE4 = W2_DTYPE == Q8_0 ? 2u : 1u;
+// Row b of the transposed blocks, as words: the codes of output row r's block at word
+// 4 * CODE4 * r, the scales after every row's codes.
+uint orow(uint b) {
+    return b * (q_row_bytes(W2_DTYPE, CH_O * 32u) / 4u);
+}
+const uint STAGE4 = CH_I / 4u;
+#else
+#define OUT_BLOCKS 0
+// Steps of 4 output rows per transposed row, and act rows per group.
+const uint OSTEPS = CH_O / 4u;
+const uint JPG = CB / OUT_NG;
 #if W2_DTYPE == F32
 #define OUTER_RAW uvec4
-#define OUTER_LOAD(j, q) w2_4[(j) * (CH_O / 4u) + (q)]
+#define OUTER_LOAD(j, s) w2_4[(j) * OSTEPS + (s)]
 #define OUTER_VEC(v) uintBitsToFloat(v)
 #else
 #define OUTER_RAW uvec2
-#define OUTER_LOAD(j, q) w2_2[(j) * (CH_O / 4u) + (q)]
+#define OUTER_LOAD(j, s) w2_2[(j) * OSTEPS + (s)]
 #define OUTER_VEC(v) vec4(PAIR(W2_DTYPE, (v).x), PAIR(W2_DTYPE, (v).y))
 #endif
+// The staged input, then the groups' partial sums of the output rows.
+const uint STAGE4 = (OUT_NG * CH_O > CH_I ? OUT_NG * CH_O : CH_I) / 4u;
 #endif
+shared vec4 xs4[STAGE4];
+shared float dots_s[NDOTS];
+shared vec4 act4[CB / 4u];
 
 // The vec4s of the input that step c (8 weights of a row) meets: 2c and 2c + 1, or the
 // block formats' order (quant.glsl).
@@ -101,21 +123,6 @@ float inner_step(uint row, uint c, vec4 xa, vec4 xb) {
            dot(vec4(PAIR(W_DTYPE, v.z), PAIR(W_DTYPE, v.w)), xb);
 #endif
 }
-
-#if !OUTER_T
-// W2[r, CB*b .. +CB) · act_b (the block formats: CB = 32, one block).
-float outer_block(uint r, uint b) {
-    float s = 0.0;
-    uint at = r * q_row_bytes(W2_DTYPE, CH_J);
-    for (uint i = 0u; i < 4u; i++) {
-        uint c = 4u * b + i;
-        uvec2 xi = step_x4(W2_DTYPE, c) - 8u * b;
-        s += Q_STEP_DOT(W2_DTYPE, w2, at / 4u, c, act4[xi.x], act4[xi.y]);
-    }
-    s *= Q_SCALE(W2_DTYPE, w2, at, CH_J, b);
-    return s;
-}
-#endif
 
 // Adds v, this block's share of output row r, into y (workgroup 0 adds the extra input too).
 void add_row(uint r, uint b, float v) {
@@ -154,14 +161,27 @@ void main() {
 #endif
     barrier();
 
-#if OUTER_T
     // The outer weights do not depend on act: loaded now, their latency overlaps the inner
-    // dots. Chunk q of invocation t's k-th: rows 4q .. 4q + 3, q = t + k * workgroup size.
-    OUTER_RAW pre[OUT_Q * CB];
+    // dots (loads past the end are clamped in bounds; their results are dropped).
+#if OUT_BLOCKS
+    uvec4 pre_c[OUT_Q * CODE4];
+    uint pre_s[OUT_Q];
     for (uint k = 0u; k < OUT_Q; k++) {
-        uint q = min(t + k * gl_WorkGroupSize.x, CH_O / 4u - 1u);
-        for (uint j = 0u; j < CB; j++) {
-            pre[k * CB + j] = OUTER_LOAD(CB * b + j, q);
+        uint r = min(t + k * gl_WorkGroupSize.x, CH_O - 1u);
+        for (uint i = 0u; i < CODE4; i++) {
+            pre_c[k * CODE4 + i] = w2_4[orow(b) / 4u + CODE4 * r + i];
+        }
+        pre_s[k] = w2[orow(b) + q_code_bytes(W2_DTYPE, CH_O * 32u) / 4u + r / 2u];
+    }
+#else
+    // Invocation t: group g, steps t % OUT_SPAN + k * OUT_SPAN.
+    uint g = t / OUT_SPAN;
+    uint jg = CB * b + min(g, OUT_NG - 1u) * JPG;
+    OUTER_RAW pre[OUT_Q * JPG];
+    for (uint k = 0u; k < OUT_Q; k++) {
+        uint s = min(t % OUT_SPAN + k * OUT_SPAN, OSTEPS - 1u);
+        for (uint i = 0u; i < JPG; i++) {
+            pre[k * JPG + i] = OUTER_LOAD(jg + i, s);
         }
     }
 #endif
@@ -206,25 +226,52 @@ void main() {
     barrier();
 
     // This block's share of every output row.
-#if OUTER_T
+#if OUT_BLOCKS
     for (uint k = 0u; k < OUT_Q; k++) {
-        uint q = t + k * gl_WorkGroupSize.x;
-        if (q >= CH_O / 4u) {
+        uint r = t + k * gl_WorkGroupSize.x;
+        if (r >= CH_O) {
             break;
         }
-        vec4 v = vec4(0.0);
-        for (uint j = 0u; j < CB; j++) {
-            v += act4[j / 4u][j % 4u] * OUTER_VEC(pre[k * CB + j]);
+        float v = 0.0;
+#if W2_DTYPE == Q4_0
+        // Byte i of the block: input i in its low nibble, i + 16 in its high one.
+        uvec4 c = pre_c[k];
+        for (uint w = 0u; w < 4u; w++) {
+            v += dot(q4_low(c[w]), act4[w]) + dot(q4_high(c[w]), act4[4u + w]);
         }
-        xs4[q] = v;
+#else
+        for (uint i = 0u; i < 2u; i++) {
+            uvec4 c = pre_c[k * 2u + i];
+            for (uint w = 0u; w < 4u; w++) {
+                v += dot(q8_codes(c[w]), act4[4u * i + w]);
+            }
+        }
+#endif
+        add_row(r, b, v * unpackHalf2x16(pre_s[k])[r & 1u]);
+    }
+#else
+    // Each group's partial sums, then their total.
+    if (g < OUT_NG) {
+        for (uint k = 0u; k < OUT_Q; k++) {
+            uint s = t % OUT_SPAN + k * OUT_SPAN;
+            if (s >= OSTEPS) {
+                break;
+            }
+            vec4 v = vec4(0.0);
+            for (uint i = 0u; i < JPG; i++) {
+                uint j = g * JPG + i;
+                v += act4[j / 4u][j % 4u] * OUTER_VEC(pre[k * JPG + i]);
+            }
+            xs4[g * OSTEPS + s] = v;
+        }
     }
     barrier();
     for (uint r = t; r < CH_O; r += gl_WorkGroupSize.x) {
-        add_row(r, b, xs4[r / 4u][r % 4u]);
-    }
-#else
-    for (uint r = t; r < CH_O; r += gl_WorkGroupSize.x) {
-        add_row(r, b, outer_block(r, b));
+        float v = 0.0;
+        for (uint h = 0u; h < OUT_NG; h++) {
+            v += xs4[h * OSTEPS + r / 4u][r % 4u];
+        }
+        add_row(r, b, v);
     }
 #endif
 }

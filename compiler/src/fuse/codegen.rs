@@ -281,7 +281,10 @@ pub struct ChainSpec {
     /// The inner kernel (no extra inputs).
     pub inner: MatvecSpec,
     /// The outer weights' dtype; the outer matrix is `[out_rows, inner.rows()]`, stored
-    /// transposed where [`ChainSpec::outer_transposed`].
+    /// transposed, `[inner.rows(), out_rows]` (the block formats quantised along its rows, the
+    /// output rows): each workgroup's share is then a run of whole rows where the checkpoint's
+    /// layout gave it a few bytes of every row (H100: the bf16 chained level 11.8 -> 11.2 µs
+    /// per layer; docs/perf.md).
     pub outer_dtype: DType,
     pub out_rows: usize,
     /// An extra input added to every output row (the residual), when the outer epilogue is
@@ -290,19 +293,9 @@ pub struct ChainSpec {
 }
 
 impl ChainSpec {
-    /// Inner rows per workgroup over block formats (one quantisation block of the outer rows;
-    /// float weights take 16): the rule asks for a multiple of it.
+    /// What the inner rows must be a multiple of (the rule asks): every block size the kernel
+    /// takes (16 by default, up to 32 through the knob of `chain_shape`) divides it.
     pub const BLOCK: usize = 32;
-
-    /// Whether the outer matrix is stored transposed, `[inner.rows(), out_rows]`: float
-    /// weights are (the rule asks for out_rows % 4 == 0 then). Each workgroup's share of the
-    /// outer matrix is then a run of whole rows, read in 4-wide loads, where the checkpoint's
-    /// layout gave it 32 bytes of every row: on the H100 that streams the chained level's
-    /// bytes faster (bf16 chain 11.8 -> 11.1 µs per layer at 512 invocations; docs/perf.md).
-    /// The block formats keep the checkpoint's rows (their blocks run along the inner rows).
-    pub fn outer_transposed(&self) -> bool {
-        self.outer_dtype.is_float()
-    }
 
     /// `norm bf16 [3072+3072]x1024 zipped: mul(silu(acc0), acc1) -> bf16 [1024]x3072
     /// transposed: add(in0, acc)`.
@@ -313,11 +306,7 @@ impl ChainSpec {
             self.outer_dtype,
             self.out_rows,
             self.inner.rows(),
-            if self.outer_transposed() {
-                " transposed"
-            } else {
-                ""
-            },
+            " transposed",
             if self.add_in.is_some() {
                 "add(in0, acc)"
             } else {
@@ -556,40 +545,58 @@ pub fn matvec(spec: &MatvecSpec) -> Generated {
     }
 }
 
-/// The chained kernel's shape: (inner rows per workgroup, workgroup size). Float weights (the
-/// outer matrix transposed): 16 rows, 192 workgroups for Qwen3-0.6B's 3072, of 512
-/// invocations; on the H100 that beat 8, 12, 24 or 32 rows and 256 or 1024 invocations
-/// (docs/perf.md; more workgroups pay more in atomics than they gain in balance). Block formats
-/// read whole blocks, 32 rows: q4_0 with 1024 invocations, the others 512 (H100: q4_0 +0.9%
-/// with 1024, q8_0 -0.5%). `VKFUSE_CHAIN=cb,wg` overrides them at compile time (the A/B knob
-/// of those measurements; a value that does not fit the dtypes or shapes is ignored).
-fn chain_shape(spec: &ChainSpec) -> (usize, u32) {
+/// The chained kernel's shape (`fused_chain.glsl`).
+struct ChainShape {
+    /// Inner rows (act rows) per workgroup.
+    cb: usize,
+    /// Invocations per workgroup.
+    wg: u32,
+    /// Groups of invocations splitting the block's act rows in the outer product.
+    ng: usize,
+}
+
+/// The chained kernel's shape. Float weights: 16 act rows per workgroup (192 workgroups for
+/// Qwen3-0.6B's 3072) of 512 invocations, the outer product in 2 groups of 8 act rows; on the
+/// H100 (bf16) that beat 8, 12, 24 or 32 rows, 256 or 1024 invocations and 1 group
+/// (docs/perf.md: more workgroups pay more in atomics than they gain in balance). Block
+/// formats: one block, 32 act rows, of 1024 invocations. `VKFUSE_CHAIN=cb,wg,ng` overrides
+/// them at compile time (the A/B knob of those measurements; values that do not fit the
+/// shapes fall back to the defaults, a group count to the largest that fits).
+fn chain_shape(spec: &ChainSpec) -> ChainShape {
     let j = spec.inner.rows();
-    let float = spec.outer_transposed() && !spec.inner.dtype.is_quantized();
-    let (cb, wg) = match (float, spec.inner.dtype) {
-        (true, _) => (16, 512),
-        (false, DType::Q4_0) => (ChainSpec::BLOCK, 1024),
-        (false, _) => (ChainSpec::BLOCK, 512),
-    };
+    let blocks = spec.outer_dtype.is_quantized();
     let knob: Vec<usize> = std::env::var("VKFUSE_CHAIN")
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_default();
-    let (kcb, kwg) = match knob[..] {
-        [c, w] => (c, w as u32),
-        _ => (cb, wg),
+    let cb = match knob.first() {
+        _ if blocks => ChainSpec::BLOCK,
+        Some(&c) if c > 0 && c % 4 == 0 && j.is_multiple_of(c) => c,
+        _ => 16,
     };
-    let cb = if float && kcb > 0 && kcb % 4 == 0 && j.is_multiple_of(kcb) {
-        kcb
-    } else {
-        cb
+    let wg = match knob.get(1) {
+        Some(&w) if w.is_power_of_two() && (64..=1024).contains(&w) => w as u32,
+        _ if blocks => 1024,
+        _ => 512,
     };
-    let wg = if kwg.is_power_of_two() && (64..=1024).contains(&kwg) {
-        kwg
-    } else {
-        wg
+    // Groups (float weights): a power of two dividing cb, every group's steps within the
+    // workgroup, their partial sums within the staged input's array or 16 KiB.
+    let steps = spec.out_rows / 4;
+    let fits = |ng: usize| {
+        ng == 1
+            || (cb.is_multiple_of(ng)
+                && ng * steps <= wg as usize
+                && ng * spec.out_rows <= spec.inner.cols.max(4096))
     };
-    (cb, wg)
+    let mut ng = match knob.get(2) {
+        _ if blocks => 1,
+        Some(&n) if n.is_power_of_two() => n,
+        _ => 2,
+    };
+    while !fits(ng) {
+        ng /= 2;
+    }
+    ChainShape { cb, wg, ng }
 }
 
 /// Inner dots a subgroup of the chained kernel takes at once: the workgroup's `ndots` spread
@@ -622,19 +629,23 @@ pub fn chain(spec: &ChainSpec) -> Generated {
     let _ = writeln!(s, "#define CH_J {}u", j);
     let _ = writeln!(s, "#define CH_I {}u", inner.cols);
     let _ = writeln!(s, "#define CH_O {}u", spec.out_rows);
-    let (cb, wg) = chain_shape(spec);
+    let ChainShape { cb, wg, ng } = chain_shape(spec);
+    // Per invocation: output rows (block formats) or steps of 4 of them (float weights).
+    let steps = if spec.outer_dtype.is_quantized() {
+        spec.out_rows
+    } else {
+        spec.out_rows / 4
+    };
+    let span = if ng > 1 { steps } else { wg as usize };
     let _ = writeln!(s, "#define CH_CB {cb}u");
     let _ = writeln!(
         s,
         "#define CH_DG {}u",
         chain_dots_per_subgroup(cb * inner.dots_per_row(), wg)
     );
-    let _ = writeln!(s, "#define OUTER_T {}", u8::from(spec.outer_transposed()));
-    let _ = writeln!(
-        s,
-        "#define OUT_Q {}u",
-        (spec.out_rows / 4).div_ceil(wg as usize).max(1)
-    );
+    let _ = writeln!(s, "#define OUT_NG {ng}u");
+    let _ = writeln!(s, "#define OUT_SPAN {span}u");
+    let _ = writeln!(s, "#define OUT_Q {}u", steps.div_ceil(span).max(1));
     s += "#include \"common.glsl\"\n";
     let extras: Vec<ExtraSpec> = spec.add_in.iter().cloned().collect();
     declare_inputs(&mut s, &extras, w2_binding + 1);

@@ -458,12 +458,11 @@ impl Builder<'_> {
                     out_rows: t2.shape.dims()[0],
                     add_in,
                 };
-                if spec.outer_transposed() {
-                    if !matches!(self.values[w2v], UValue::Leaf { .. }) {
-                        return Err(self.err("a chained outer weight that is no weight leaf"));
-                    }
-                    inputs[w2_at] = self.push_value(UValue::Transposed { of: w2v, ty: t2 });
+                // The kernel reads the outer weights transposed (`ChainSpec::outer_dtype`).
+                if !matches!(self.values[w2v], UValue::Leaf { .. }) {
+                    return Err(self.err("a chained outer weight that is no weight leaf"));
                 }
+                inputs[w2_at] = self.push_value(UValue::Transposed { of: w2v, ty: t2 });
                 let ty = self.ty(c)?;
                 let words = spec.out_rows;
                 // The zero kernel runs first and allocates the slot; the chain kernel is the

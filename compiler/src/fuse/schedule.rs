@@ -349,7 +349,13 @@ impl Lowering<'_> {
                 "transposed value {v} is no weight"
             )));
         };
-        let bytes = self.p.ty(v).bytes() as u64;
+        let ty = self.p.ty(v);
+        let &[rows, cols] = ty.shape.dims() else {
+            return Err(FuseError::Internal(format!(
+                "transposed weight {name} is no matrix"
+            )));
+        };
+        let bytes = layout::transposed_bytes(ty.dtype, rows, cols) as u64;
         let s = self.bufs[WEIGHTS].alloc(bytes);
         self.uploads.push(WeightUpload {
             tensor: layout::transposed(name),

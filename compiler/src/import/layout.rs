@@ -23,19 +23,50 @@ pub fn transposed_of(name: &str) -> Option<&str> {
     name.strip_suffix(TRANSPOSED)
 }
 
-/// The bytes of a row-major `[rows, cols]` matrix of `dtype` (a float dtype: the block formats
-/// have no element-wise layout) in `[cols, rows]` order, or why not.
+/// Bytes of matrix `[rows, cols]` of `dtype` transposed: the same elements; for the block
+/// formats [`transpose`]'s rows of blocks, padded as rows are.
+pub fn transposed_bytes(dtype: DType, rows: usize, cols: usize) -> usize {
+    if dtype.is_quantized() {
+        cols / DType::BLOCK * dtype.row_bytes(rows * DType::BLOCK)
+    } else {
+        rows * cols * dtype.size()
+    }
+}
+
+/// The bytes of a row-major `[rows, cols]` matrix of `dtype` in `[cols, rows]` order, or why
+/// not. Element dtypes move element by element. The block formats move whole blocks, so that
+/// the weights are the very ones the untransposed matrix holds (same blocks, same scales):
+/// block b of source row r becomes block r of row b, each row in vkfuse's layout (the codes of
+/// its blocks, then their scales, padded to 16 bytes). Row b then holds every output row's
+/// weights for inputs 32b .. 32b + 32: what one workgroup of the chained kernel reads.
 pub fn transpose(bytes: &[u8], dtype: DType, rows: usize, cols: usize) -> Result<Vec<u8>, String> {
-    let elem = match dtype {
-        DType::F32 => 4,
-        DType::F16 | DType::BF16 => 2,
-        d => return Err(format!("a {d} matrix has no transposed layout")),
-    };
-    if rows.checked_mul(cols).and_then(|n| n.checked_mul(elem)) != Some(bytes.len()) {
-        return Err(format!(
+    let shape = || {
+        format!(
             "{} bytes are no [{rows}, {cols}] matrix of {dtype}",
             bytes.len()
-        ));
+        )
+    };
+    if let Some(bits) = dtype.quant_bits() {
+        let row = dtype.row_bytes(cols);
+        if !cols.is_multiple_of(DType::BLOCK) || rows.checked_mul(row) != Some(bytes.len()) {
+            return Err(shape());
+        }
+        let (blocks, codes) = (cols / DType::BLOCK, DType::BLOCK * bits / 8);
+        let out_row = dtype.row_bytes(rows * DType::BLOCK);
+        let mut out = vec![0u8; blocks * out_row];
+        for (r, src) in bytes.chunks_exact(row).enumerate() {
+            for b in 0..blocks {
+                let dst = &mut out[b * out_row..][..out_row];
+                dst[r * codes..][..codes].copy_from_slice(&src[b * codes..][..codes]);
+                let (from, to) = (blocks * codes + 2 * b, rows * codes + 2 * r);
+                dst[to..to + 2].copy_from_slice(&src[from..from + 2]);
+            }
+        }
+        return Ok(out);
+    }
+    let elem = dtype.size();
+    if rows.checked_mul(cols).and_then(|n| n.checked_mul(elem)) != Some(bytes.len()) {
+        return Err(shape());
     }
     let mut out = vec![0u8; bytes.len()];
     for (r, row) in bytes.chunks_exact(cols * elem).enumerate() {
@@ -100,8 +131,9 @@ mod tests {
     }
 
     #[test]
-    fn block_formats_and_wrong_sizes_are_refused() {
+    fn wrong_sizes_are_refused() {
         assert!(transpose(&[0; 36], DType::Q8_0, 1, 32).is_err());
+        assert!(transpose(&[0; 48], DType::Q8_0, 1, 48).is_err());
         assert!(transpose(&[0; 6], DType::BF16, 2, 2).is_err());
     }
 
@@ -117,6 +149,29 @@ mod tests {
                     let src = &bytes[(r * cols + c) * elem..][..elem];
                     let dst = &t[(c * rows + r) * elem..][..elem];
                     prop_assert_eq!(src, dst);
+                }
+            }
+        }
+
+        // The block formats: dequantising the transposed blocks gives the transposed values
+        // of the source's own blocks (weights, not a new quantisation), rows of 1 to 5 blocks.
+        #[test]
+        fn blocks_keep_their_weights(rows in 1usize..7, blocks in 1usize..6, q4 in any::<bool>()) {
+            use crate::quant::blocks::{decode, encode};
+            let dtype = if q4 { DType::Q4_0 } else { DType::Q8_0 };
+            let cols = blocks * DType::BLOCK;
+            let v: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+            let mut bytes = vec![];
+            encode(dtype, &v, cols, &mut bytes);
+            let t = transpose(&bytes, dtype, rows, cols).unwrap();
+            prop_assert_eq!(t.len(), transposed_bytes(dtype, rows, cols));
+            let w = decode(dtype, &bytes, cols);
+            // Row b of the result: [rows x 32] weights, output row r's block at r.
+            let wt = decode(dtype, &t, rows * DType::BLOCK);
+            for r in 0..rows {
+                for c in 0..cols {
+                    let (b, i) = (c / DType::BLOCK, c % DType::BLOCK);
+                    prop_assert_eq!(w[r * cols + c], wt[b * rows * DType::BLOCK + r * DType::BLOCK + i]);
                 }
             }
         }

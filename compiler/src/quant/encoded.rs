@@ -67,15 +67,13 @@ impl<S: Borrow<TensorStore>> TensorBytes for EncodedWeights<S> {
             return Ok(bytes);
         }
         // A converted matrix transposed (others: the checkpoint's bytes transposed, which the
-        // store makes).
+        // store makes); the block formats by whole blocks, the same weights.
         if let Some((of, (dtype, cols, bytes))) =
             layout::transposed_of(tensor).and_then(|of| Some((of, self.converted.get(of)?)))
         {
             let rows = bytes.len() / dtype.row_bytes(*cols).max(1);
-            if let Some(made) = self
-                .derived
-                .transposed(of, || layout::transpose(bytes, *dtype, rows, *cols))
-            {
+            let make = || layout::transpose(bytes, *dtype, rows, *cols);
+            if let Some(made) = self.derived.transposed(of, make) {
                 return made.map_err(|m| format!("tensor \"{of}\" transposed: {m}"));
             }
         }

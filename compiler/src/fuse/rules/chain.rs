@@ -79,6 +79,7 @@ fn why_not(g: &FuseGraph, e2: Id, w2: Id, e1: Id, w1: Id, x: Id, i: Id) -> Optio
     if d2.len() != 2 || d2[1] != rows {
         return Some("the outer weight's columns are not the inner rows".into());
     }
+    // Float outer weights are stored transposed and read 4 output rows per load.
     if t2.dtype.is_float() && d2[0] % 4 != 0 {
         return Some(format!(
             "{} outer rows are not a multiple of 4 (the transposed outer weights' loads)",

@@ -1,0 +1,167 @@
+//! The chained kernel (`fused_chain.glsl`: SwiGLU's gate/up and down in one dispatch) against
+//! the CPU, at shapes the fixtures never reach: more output rows than invocations (each
+//! invocation several rows or steps, the last ones partial), the float outer product in one
+//! group and in two, the block formats by whole transposed blocks. The outer weights go in
+//! through `import::layout::transpose`, as compile-model lays them out; the CPU reads the
+//! untransposed matrix, dequantised by the format's own decoder (`quant::blocks::decode`), and
+//! sums in f64. On whatever Vulkan device is here (lavapipe on the CPU machines) with the
+//! validation layer on.
+
+mod common;
+
+use common::buffer;
+use std::time::Duration;
+use vkfuse_compiler::fuse::codegen::{self, ChainSpec, Epi, ExtraSpec, MatvecSpec, NormSpec};
+use vkfuse_compiler::import::layout;
+use vkfuse_compiler::ir::{DType, F32Attr};
+use vkfuse_compiler::quant::blocks;
+use vkfuse_runtime::{Buffer, Device, Instance, InstanceOptions, Requirements};
+
+const WAIT: Duration = Duration::from_secs(300);
+const EPS: f32 = 1e-6;
+
+/// A deterministic value in [-1, 1) per index and seed.
+fn noise(i: usize, seed: u64) -> f32 {
+    let mut z = (i as u64 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_add(1);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// `rows x cols` weights of `dtype` (seeded), as bytes and as the values they hold.
+fn weights(dtype: DType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|i| noise(i, seed) / (cols as f32).sqrt())
+        .collect();
+    let mut bytes = vec![];
+    blocks::encode(dtype, &v, cols, &mut bytes);
+    let held = blocks::decode(dtype, &bytes, cols);
+    (bytes, held)
+}
+
+/// y = in0 + W2 · (silu(gate · xn) * (up · xn)), xn = rms_norm(x) * nw: `j` act rows, `i`
+/// inputs, `o` outputs.
+fn check(dtype: DType, j: usize, i: usize, o: usize) {
+    let spec = ChainSpec {
+        inner: MatvecSpec {
+            dtype,
+            cols: i,
+            part_rows: vec![j, j],
+            zipped: true,
+            norm: Some(NormSpec {
+                eps: F32Attr(EPS),
+                zero_centered: false,
+                dtype: DType::F32,
+            }),
+            extras: vec![],
+            epi: Epi::Mul(
+                Box::new(Epi::Silu(Box::new(Epi::Part(0)))),
+                Box::new(Epi::Part(1)),
+            ),
+            step: false,
+        },
+        outer_dtype: dtype,
+        out_rows: o,
+        add_in: Some(ExtraSpec {
+            dtype: DType::F32,
+            scalar: false,
+        }),
+    };
+    let gen = codegen::chain(&spec);
+    let (gate_b, gate) = weights(dtype, j, i, 1);
+    let (up_b, up) = weights(dtype, j, i, 2);
+    let (down_b, down) = weights(dtype, o, j, 3);
+    let down_t = layout::transpose(&down_b, dtype, o, j).expect("transposed");
+    let x: Vec<f32> = (0..i).map(|k| 3.0 * noise(k, 4)).collect();
+    let nw: Vec<f32> = (0..i).map(|k| 1.0 + 0.5 * noise(k, 5)).collect();
+    let in0: Vec<f32> = (0..o).map(|k| noise(k, 6)).collect();
+
+    let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / i as f64;
+    let xn: Vec<f64> = x
+        .iter()
+        .zip(&nw)
+        .map(|(x, n)| *x as f64 * *n as f64 / (ms + EPS as f64).sqrt())
+        .collect();
+    let dot = |w: &[f32]| w.iter().zip(&xn).map(|(w, x)| *w as f64 * x).sum::<f64>();
+    let act: Vec<f64> = (0..j)
+        .map(|r| {
+            let (g, u) = (dot(&gate[r * i..][..i]), dot(&up[r * i..][..i]));
+            g / (1.0 + (-g).exp()) * u
+        })
+        .collect();
+    let want: Vec<f64> = (0..o)
+        .map(|r| {
+            let row = &down[r * j..][..j];
+            in0[r] as f64
+                + row
+                    .iter()
+                    .zip(&act)
+                    .map(|(w, a)| *w as f64 * a)
+                    .sum::<f64>()
+        })
+        .collect();
+
+    let instance =
+        Instance::new(&InstanceOptions::validated()).expect("Vulkan with the validation layer");
+    let log = instance.validation_log();
+    let adapter = instance.select_adapter(None).expect("a Vulkan device");
+    let device = Device::new(&instance, &adapter, &Requirements::none()).expect("device");
+    let pipeline = common::generated_pipeline(&device, &gen);
+    // y, gate and up packed, x, norm weight, down transposed, in0.
+    let inner: Vec<u8> = gate_b.iter().chain(&up_b).copied().collect();
+    let data: [&[u8]; 6] = [
+        &vec![0u8; 4 * o],
+        &inner,
+        bytemuck::cast_slice(&x),
+        bytemuck::cast_slice(&nw),
+        &down_t,
+        bytemuck::cast_slice(&in0),
+    ];
+    let mut bufs: Vec<Buffer> = data
+        .iter()
+        .map(|d| buffer(&device, d.len() as u64))
+        .collect();
+    assert_eq!(bufs.len(), gen.bindings);
+    for (b, d) in bufs.iter_mut().zip(data) {
+        device.upload_pod(b, 0, d).expect("upload");
+    }
+    let mut cmd = common::record_generated(&device, &pipeline, &gen, &bufs);
+    device.submit_and_wait(&mut cmd, WAIT).expect("run");
+
+    let y: Vec<f32> = device.readback_pod(&bufs[0], 0, o).expect("y");
+    let num: f64 = y
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (*a as f64 - b).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    let rel = (num / den).sqrt();
+    assert!(
+        rel < 1e-5,
+        "{dtype} j={j} i={i} o={o}: relative L2 {rel:.2e}"
+    );
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
+
+#[test]
+fn q8_0_chain_with_more_output_rows_than_invocations_matches_the_cpu() {
+    // 1024 invocations, 2080 output rows: three rows for some, two for the others.
+    check(DType::Q8_0, 64, 96, 2080);
+}
+
+#[test]
+fn q4_0_chain_matches_the_cpu() {
+    check(DType::Q4_0, 96, 64, 1056);
+}
+
+#[test]
+fn bf16_chain_with_more_steps_than_invocations_matches_the_cpu() {
+    // 1025 steps of 4 rows over 512 invocations: one group, three steps for some.
+    check(DType::BF16, 64, 40, 4100);
+}
+
+#[test]
+fn f32_chain_in_two_groups_matches_the_cpu() {
+    // 25 steps: two groups of 8 act rows each.
+    check(DType::F32, 32, 16, 100);
+}
