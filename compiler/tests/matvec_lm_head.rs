@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{argmax, buffer};
+use common::{argmax, buffer, noise, rel_l2};
 use std::time::Duration;
 use vkfuse_compiler::fuse::codegen::{self, Epi, MatvecSpec, NormSpec};
 use vkfuse_compiler::ir::{DType, F32Attr};
@@ -18,14 +18,6 @@ use vkfuse_runtime::{Buffer, Device, Instance, InstanceOptions, Requirements};
 
 const WAIT: Duration = Duration::from_secs(300);
 const EPS: f32 = 1e-6;
-
-/// A deterministic value in [-1, 1) per index and seed.
-fn noise(i: usize, seed: u64) -> f32 {
-    let mut z = (i as u64 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_add(1);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-}
 
 fn check(dtype: DType, rows: usize, cols: usize) {
     let spec = MatvecSpec {
@@ -99,13 +91,7 @@ fn check(dtype: DType, rows: usize, cols: usize) {
     device.submit_and_wait(&mut cmd, WAIT).expect("run");
 
     let y: Vec<f32> = device.readback_pod(&bufs[0], 0, rows).expect("logits");
-    let num: f64 = y
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (*a as f64 - b).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|b| b * b).sum();
-    let rel = (num / den).sqrt();
+    let rel = rel_l2(&y, &want);
     assert!(rel < 1e-5, "{dtype} [{rows}x{cols}]: relative L2 {rel:.2e}");
     let worst = y
         .iter()

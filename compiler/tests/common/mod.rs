@@ -29,6 +29,25 @@ pub fn argmax(x: &[f32]) -> usize {
     best
 }
 
+/// A deterministic value in [-1, 1) per index and seed.
+pub fn noise(i: usize, seed: u64) -> f32 {
+    let mut z = (i as u64 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_add(1);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// Relative L2 distance of a device result from the CPU's f64 values.
+pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - b).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    (num / den).sqrt()
+}
+
 /// The pipeline of a generated fused kernel, its spec constants applied in order.
 pub fn generated_pipeline(device: &Device, gen: &Generated) -> Pipeline {
     let spirv = kernels::compile_source(&gen.label, &gen.source).unwrap_or_else(|e| panic!("{e}"));
