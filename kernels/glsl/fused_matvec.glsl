@@ -61,6 +61,8 @@ layout(set = 0, binding = 2, std430) readonly buffer X { float x[]; };
 layout(set = 0, binding = 2, std430) readonly buffer X4 { vec4 x4[]; };
 #if NORM
 layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
+layout(set = 0, binding = 3, std430) readonly buffer NW2 { uvec2 nw2[]; };
+layout(set = 0, binding = 3, std430) readonly buffer NW4 { uvec4 nw4v[]; };
 #endif
 
 #include "matvec_rows.glsl"
@@ -72,6 +74,20 @@ layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
 // below have a constant trip count the compiler can unroll, every weight load of the
 // workgroup's rows in flight at once rather than one step's after another.
 const uint STEPS8 = (I / 8u + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;
+
+#if NORM
+// Norm weights 4v .. 4v + 3, in one load (eight scalar loads per step, as LOAD reads them,
+// cost q4_0's lm_head 2.5 µs on an H100: docs/perf.md).
+vec4 nw4_at(uint v) {
+#if NW_DTYPE == F32
+    vec4 n = uintBitsToFloat(nw4v[v]);
+#else
+    uvec2 p = nw2[v];
+    vec4 n = vec4(PAIR(NW_DTYPE, p.x), PAIR(NW_DTYPE, p.y));
+#endif
+    return NORM_ZC != 0 ? n + 1.0 : n;
+}
+#endif
 
 void main() {
     uint t = gl_LocalInvocationID.x;
@@ -114,10 +130,8 @@ void main() {
         vec4 xb = x4[xi.y];
 #if NORM
         ss += dot(xa, xa) + dot(xb, xb);
-        uint ea = 4u * xi.x;
-        uint eb = 4u * xi.y;
-        xa *= vec4(nw_at(ea), nw_at(ea + 1u), nw_at(ea + 2u), nw_at(ea + 3u));
-        xb *= vec4(nw_at(eb), nw_at(eb + 1u), nw_at(eb + 2u), nw_at(eb + 3u));
+        xa *= nw4_at(xi.x);
+        xb *= nw4_at(xi.y);
 #endif
         for (uint j = 0u; j < ndots; j++) {
             uint at = wrow[j] * rb;
@@ -133,8 +147,7 @@ void main() {
             vec4 xv = x4[c];
 #if NORM
             ss += dot(xv, xv);
-            uint e = 4u * c;
-            xv *= vec4(nw_at(e), nw_at(e + 1u), nw_at(e + 2u), nw_at(e + 3u));
+            xv *= nw4_at(c);
 #endif
             for (uint j = 0u; j < ndots; j++) {
                 acc[j] += dot(uintBitsToFloat(w4[wrow[j] * n4 + c]), xv);
@@ -151,9 +164,8 @@ void main() {
             vec4 xb = x4[2u * c + 1u];
 #if NORM
             ss += dot(xa, xa) + dot(xb, xb);
-            uint e = 8u * c;
-            xa *= vec4(nw_at(e), nw_at(e + 1u), nw_at(e + 2u), nw_at(e + 3u));
-            xb *= vec4(nw_at(e + 4u), nw_at(e + 5u), nw_at(e + 6u), nw_at(e + 7u));
+            xa *= nw4_at(2u * c);
+            xb *= nw4_at(2u * c + 1u);
 #endif
             for (uint j = 0u; j < ndots; j++) {
                 uvec4 wv = w4[wrow[j] * n8 + c];
