@@ -22,9 +22,9 @@
 //   rows g*CB/OUT_NG .. of the block, each invocation OUT_Q steps; the groups' partial sums
 //   meet in shared memory (the staged input's array, free by then).
 // - Block formats, by whole blocks: row b holds block b (inputs 32b .. 32b + 32) of every
-//   output row, codes then scales (CB is 32, one block): invocation t takes output rows
-//   t + k * workgroup size (OUT_Q of them), one 16-byte (q4_0) or two (q8_0) code loads and
-//   the scale each.
+//   output row, codes (q8_0's in two runs of 16-byte halves) then scales (CB is 32, one
+//   block): invocation t takes output rows t + k * workgroup size (OUT_Q of them), one
+//   16-byte (q4_0) or two (q8_0) code loads and the scale each.
 // Either way the loads are issued before the inner dots, and one atomic per output row adds
 // the block's share, a subgroup's on consecutive rows: one L2 line per instruction (each
 // invocation adding its own four rows, four lines per instruction, cost ~6 µs per layer on
@@ -76,8 +76,9 @@ layout(set = 0, binding = W2_BINDING, std430) readonly buffer W22 { uvec2 w2_2[]
 #define OUT_BLOCKS 1
 // 16-byte code loads per block.
 const uint CODE4 = W2_DTYPE == Q8_0 ? 2u : 1u;
-// Row b of the transposed blocks, as words: the codes of output row r's block at word
-// 4 * CODE4 * r, the scales after every row's codes.
+// Row b of the transposed blocks, as words: 16-byte piece i of output row r's codes at
+// uvec4 i * CH_O + r (q8_0's halves apart, so that neighbouring invocations read neighbouring
+// 16 bytes), the scales after every row's codes.
 uint orow(uint b) {
     return b * (q_row_bytes(W2_DTYPE, CH_O * 32u) / 4u);
 }
@@ -169,7 +170,7 @@ void main() {
     for (uint k = 0u; k < OUT_Q; k++) {
         uint r = min(t + k * gl_WorkGroupSize.x, CH_O - 1u);
         for (uint i = 0u; i < CODE4; i++) {
-            pre_c[k * CODE4 + i] = w2_4[orow(b) / 4u + CODE4 * r + i];
+            pre_c[k * CODE4 + i] = w2_4[orow(b) / 4u + i * CH_O + r];
         }
         pre_s[k] = w2[orow(b) + q_code_bytes(W2_DTYPE, CH_O * 32u) / 4u + r / 2u];
     }

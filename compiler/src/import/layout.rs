@@ -37,8 +37,11 @@ pub fn transposed_bytes(dtype: DType, rows: usize, cols: usize) -> usize {
 /// not. Element dtypes move element by element. The block formats move whole blocks, so that
 /// the weights are the very ones the untransposed matrix holds (same blocks, same scales):
 /// block b of source row r becomes block r of row b, each row in vkfuse's layout (the codes of
-/// its blocks, then their scales, padded to 16 bytes). Row b then holds every output row's
-/// weights for inputs 32b .. 32b + 32: what one workgroup of the chained kernel reads.
+/// its blocks, then their scales, padded to 16 bytes), except that q8_0's 32-byte codes are
+/// split in halves: the first 16 bytes of every block, then the second ones. Row b then holds
+/// every output row's weights for inputs 32b .. 32b + 32: what one workgroup of the chained
+/// kernel reads, each invocation one output row's block in 16-byte loads that neighbouring
+/// invocations make contiguous.
 pub fn transpose(bytes: &[u8], dtype: DType, rows: usize, cols: usize) -> Result<Vec<u8>, String> {
     let shape = || {
         format!(
@@ -57,7 +60,10 @@ pub fn transpose(bytes: &[u8], dtype: DType, rows: usize, cols: usize) -> Result
         for (r, src) in bytes.chunks_exact(row).enumerate() {
             for b in 0..blocks {
                 let dst = &mut out[b * out_row..][..out_row];
-                dst[r * codes..][..codes].copy_from_slice(&src[b * codes..][..codes]);
+                // 16-byte pieces: q4_0's one, q8_0's two (half h of every block together).
+                for (h, piece) in src[b * codes..][..codes].chunks_exact(16).enumerate() {
+                    dst[(h * rows + r) * 16..][..16].copy_from_slice(piece);
+                }
                 let (from, to) = (blocks * codes + 2 * b, rows * codes + 2 * r);
                 dst[to..to + 2].copy_from_slice(&src[from..from + 2]);
             }
@@ -166,7 +172,20 @@ mod tests {
             let t = transpose(&bytes, dtype, rows, cols).unwrap();
             prop_assert_eq!(t.len(), transposed_bytes(dtype, rows, cols));
             let w = decode(dtype, &bytes, cols);
-            // Row b of the result: [rows x 32] weights, output row r's block at r.
+            // Row b of the result: [rows x 32] weights, output row r's block at r (q8_0's
+            // halves put back together first).
+            let mut t = t;
+            if dtype == DType::Q8_0 {
+                let row = dtype.row_bytes(rows * DType::BLOCK);
+                for dst in t.chunks_exact_mut(row) {
+                    let halves = dst[..rows * 32].to_vec();
+                    for r in 0..rows {
+                        for h in 0..2 {
+                            dst[r * 32 + h * 16..][..16].copy_from_slice(&halves[(h * rows + r) * 16..][..16]);
+                        }
+                    }
+                }
+            }
             let wt = decode(dtype, &t, rows * DType::BLOCK);
             for r in 0..rows {
                 for c in 0..cols {
