@@ -142,12 +142,12 @@ fn q4_0_chain_matches_the_cpu() {
 
 #[test]
 fn bf16_chain_with_more_steps_than_invocations_matches_the_cpu() {
-    // 1025 steps of 4 rows over 512 invocations: one group, three steps for some.
+    // 1025 steps of 4 rows over 1024 invocations: one group, two steps for one of them.
     check(DType::BF16, 64, 40, 4100);
 }
 
 #[test]
 fn f32_chain_in_two_groups_matches_the_cpu() {
-    // 25 steps: two groups of 8 act rows each.
+    // 25 steps: four groups of 8 act rows each.
     check(DType::F32, 32, 16, 100);
 }

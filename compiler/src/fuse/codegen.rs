@@ -293,8 +293,8 @@ pub struct ChainSpec {
 }
 
 impl ChainSpec {
-    /// What the inner rows must be a multiple of (the rule asks): every block size the kernel
-    /// takes (16 by default, up to 32 through the knob of `chain_shape`) divides it.
+    /// What the inner rows must be a multiple of (the rule asks): the kernel's block of act rows
+    /// (32; the block formats' quantisation block).
     pub const BLOCK: usize = 32;
 
     /// `norm bf16 [3072+3072]x1024 zipped: mul(silu(acc0), acc1) -> bf16 [1024]x3072
@@ -555,13 +555,14 @@ struct ChainShape {
     ng: usize,
 }
 
-/// The chained kernel's shape. Float weights: 16 act rows per workgroup (192 workgroups for
-/// Qwen3-0.6B's 3072) of 512 invocations, the outer product in 2 groups of 8 act rows; on the
-/// H100 (bf16) that beat 8, 12, 24 or 32 rows, 256 or 1024 invocations and 1 group
-/// (docs/perf.md: more workgroups pay more in atomics than they gain in balance). Block
-/// formats: one block, 32 act rows, of 1024 invocations. `VKFUSE_CHAIN=cb,wg,ng` overrides
-/// them at compile time (the A/B knob of those measurements; values that do not fit the
-/// shapes fall back to the defaults, a group count to the largest that fits).
+/// The chained kernel's shape: 32 act rows per workgroup (96 workgroups for Qwen3-0.6B's
+/// 3072) of 1024 invocations, each subgroup two of the 64 gate/up dots; float weights split the outer
+/// product over 4 groups of 8 act rows. On the H100 that beat, for bf16, 16 rows of 512
+/// invocations in 2 groups (-2.1%), 8, 12, 24, 48 or 64 rows and 256 or 512 invocations;
+/// for q4_0 and q8_0, 512 invocations (-3%). More workgroups pay more in atomics than they
+/// gain in balance over the SMs (docs/perf.md). `VKFUSE_CHAIN=cb,wg,ng` overrides them at
+/// compile time (the A/B knob of those measurements; values that do not fit the shapes fall
+/// back to the defaults, a group count to the largest that fits).
 fn chain_shape(spec: &ChainSpec) -> ChainShape {
     let j = spec.inner.rows();
     let blocks = spec.outer_dtype.is_quantized();
@@ -570,14 +571,12 @@ fn chain_shape(spec: &ChainSpec) -> ChainShape {
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_default();
     let cb = match knob.first() {
-        _ if blocks => ChainSpec::BLOCK,
-        Some(&c) if c > 0 && c % 4 == 0 && j.is_multiple_of(c) => c,
-        _ => 16,
+        Some(&c) if !blocks && c > 0 && c % 4 == 0 && j.is_multiple_of(c) => c,
+        _ => ChainSpec::BLOCK,
     };
     let wg = match knob.get(1) {
         Some(&w) if w.is_power_of_two() && (64..=1024).contains(&w) => w as u32,
-        _ if blocks => 1024,
-        _ => 512,
+        _ => 1024,
     };
     // Groups (float weights): a power of two dividing cb, every group's steps within the
     // workgroup, their partial sums within the staged input's array or 16 KiB.
@@ -591,7 +590,7 @@ fn chain_shape(spec: &ChainSpec) -> ChainShape {
     let mut ng = match knob.get(2) {
         _ if blocks => 1,
         Some(&n) if n.is_power_of_two() => n,
-        _ => 2,
+        _ => 4,
     };
     while !fits(ng) {
         ng /= 2;
