@@ -15,7 +15,7 @@ use vkfuse_compiler::fuse::codegen::{self, ChainSpec, Epi, ExtraSpec, MatvecSpec
 use vkfuse_compiler::import::layout;
 use vkfuse_compiler::ir::{DType, F32Attr};
 use vkfuse_compiler::quant::blocks;
-use vkfuse_runtime::{Buffer, Device, Instance, InstanceOptions, Requirements};
+use vkfuse_runtime::Buffer;
 
 const WAIT: Duration = Duration::from_secs(300);
 const EPS: f32 = 1e-6;
@@ -93,11 +93,7 @@ fn check(dtype: DType, j: usize, i: usize, o: usize) {
         })
         .collect();
 
-    let instance =
-        Instance::new(&InstanceOptions::validated()).expect("Vulkan with the validation layer");
-    let log = instance.validation_log();
-    let adapter = instance.select_adapter(None).expect("a Vulkan device");
-    let device = Device::new(&instance, &adapter, &Requirements::none()).expect("device");
+    let (device, log) = common::validated_device();
     let pipeline = common::generated_pipeline(&device, &gen);
     // y, gate and up packed, x, norm weight, down transposed, in0.
     let inner: Vec<u8> = gate_b.iter().chain(&up_b).copied().collect();

@@ -14,7 +14,7 @@ use std::time::Duration;
 use vkfuse_compiler::fuse::codegen::{self, Epi, MatvecSpec, NormSpec};
 use vkfuse_compiler::ir::{DType, F32Attr};
 use vkfuse_compiler::quant::blocks;
-use vkfuse_runtime::{Buffer, Device, Instance, InstanceOptions, Requirements};
+use vkfuse_runtime::Buffer;
 
 const WAIT: Duration = Duration::from_secs(300);
 const EPS: f32 = 1e-6;
@@ -56,11 +56,7 @@ fn check(dtype: DType, rows: usize, cols: usize) {
         })
         .collect();
 
-    let instance =
-        Instance::new(&InstanceOptions::validated()).expect("Vulkan with the validation layer");
-    let log = instance.validation_log();
-    let adapter = instance.select_adapter(None).expect("a Vulkan device");
-    let device = Device::new(&instance, &adapter, &Requirements::none()).expect("device");
+    let (device, log) = common::validated_device();
     let pipeline = common::generated_pipeline(&device, &gen);
     // Logits, weights, x, norm weight, token state, position state, position, counters.
     let sizes = [

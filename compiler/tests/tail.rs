@@ -20,7 +20,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 use vkfuse_compiler::fuse::codegen::{self, Epi, MatvecSpec, TailSpec};
 use vkfuse_compiler::ir::DType;
-use vkfuse_runtime::{Buffer, Device, Instance, InstanceOptions, Requirements};
+use vkfuse_runtime::Buffer;
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -32,11 +32,7 @@ fn tail_matches(n: usize, logits: &[f32]) -> Result<(), TestCaseError> {
         groups > 1,
         "{n} logits take one workgroup: the test misses the combine"
     );
-    let instance =
-        Instance::new(&InstanceOptions::validated()).expect("Vulkan with the validation layer");
-    let log = instance.validation_log();
-    let adapter = instance.select_adapter(None).expect("a Vulkan device");
-    let device = Device::new(&instance, &adapter, &Requirements::none()).expect("device");
+    let (device, log) = common::validated_device();
     let gen = codegen::tail(&spec);
     let pipeline = common::generated_pipeline(&device, &gen);
     // Token state, logits, position state, position, partial bests (key, index), counter.
@@ -132,11 +128,7 @@ fn matvec_step_matches_as(values: &[f32], shared_fold: bool) -> Result<(), TestC
         epi: Epi::Acc,
         step: true,
     };
-    let instance =
-        Instance::new(&InstanceOptions::validated()).expect("Vulkan with the validation layer");
-    let log = instance.validation_log();
-    let adapter = instance.select_adapter(None).expect("a Vulkan device");
-    let device = Device::new(&instance, &adapter, &Requirements::none()).expect("device");
+    let (device, log) = common::validated_device();
     let mut gen = codegen::matvec(&spec);
     if shared_fold {
         gen.source = gen.source.replace(

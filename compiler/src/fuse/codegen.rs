@@ -281,10 +281,9 @@ pub struct ChainSpec {
     /// The inner kernel (no extra inputs).
     pub inner: MatvecSpec,
     /// The outer weights' dtype; the outer matrix is `[out_rows, inner.rows()]`, stored
-    /// transposed, `[inner.rows(), out_rows]` (the block formats quantised along its rows, the
-    /// output rows): each workgroup's share is then a run of whole rows where the checkpoint's
-    /// layout gave it a few bytes of every row (H100: the bf16 chained level 11.8 -> 11.2 µs
-    /// per layer; docs/perf.md).
+    /// transposed, `[inner.rows(), out_rows]` (the block formats by whole blocks, the same
+    /// weights: `import::layout::transpose`): each workgroup's share is then whole rows where
+    /// the checkpoint's layout gave it a few bytes of every row (docs/perf.md, session 10).
     pub outer_dtype: DType,
     pub out_rows: usize,
     /// An extra input added to every output row (the residual), when the outer epilogue is
@@ -301,12 +300,11 @@ impl ChainSpec {
     /// transposed: add(in0, acc)`.
     pub fn describe(&self) -> String {
         format!(
-            "{} -> {} [{}]x{}{}: {}",
+            "{} -> {} [{}]x{} transposed: {}",
             self.inner.describe(),
             self.outer_dtype,
             self.out_rows,
             self.inner.rows(),
-            " transposed",
             if self.add_in.is_some() {
                 "add(in0, acc)"
             } else {
@@ -580,7 +578,7 @@ fn chain_shape(spec: &ChainSpec) -> ChainShape {
     };
     // Groups (float weights): a power of two dividing cb, every group's steps within the
     // workgroup, their partial sums within the staged input's array or 16 KiB.
-    let steps = spec.out_rows / 4;
+    let steps = chain_outer_steps(spec);
     let fits = |ng: usize| {
         ng == 1
             || (cb.is_multiple_of(ng)
@@ -596,6 +594,16 @@ fn chain_shape(spec: &ChainSpec) -> ChainShape {
         ng /= 2;
     }
     ChainShape { cb, wg, ng }
+}
+
+/// What an invocation of the chained kernel's outer product takes at a time: output rows
+/// (block formats, a whole block each) or steps of 4 of them (float weights).
+fn chain_outer_steps(spec: &ChainSpec) -> usize {
+    if spec.outer_dtype.is_quantized() {
+        spec.out_rows
+    } else {
+        spec.out_rows / 4
+    }
 }
 
 /// Inner dots a subgroup of the chained kernel takes at once: the workgroup's `ndots` spread
@@ -629,12 +637,7 @@ pub fn chain(spec: &ChainSpec) -> Generated {
     let _ = writeln!(s, "#define CH_I {}u", inner.cols);
     let _ = writeln!(s, "#define CH_O {}u", spec.out_rows);
     let ChainShape { cb, wg, ng } = chain_shape(spec);
-    // Per invocation: output rows (block formats) or steps of 4 of them (float weights).
-    let steps = if spec.outer_dtype.is_quantized() {
-        spec.out_rows
-    } else {
-        spec.out_rows / 4
-    };
+    let steps = chain_outer_steps(spec);
     let span = if ng > 1 { steps } else { wg as usize };
     let _ = writeln!(s, "#define CH_CB {cb}u");
     let _ = writeln!(

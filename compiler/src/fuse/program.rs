@@ -32,9 +32,8 @@ pub enum UValue {
     },
     /// Weight leaves packed row after row at compile time.
     Packed { parts: Vec<usize>, ty: Type },
-    /// Weight leaf `of` (a matrix) stored transposed at compile time; `ty` is its own type
-    /// (the kernel knows the layout).
-    Transposed { of: usize, ty: Type },
+    /// Weight leaf `of` (a matrix) stored transposed at compile time (`import::layout`).
+    Transposed { of: usize },
     /// State `of` after kernel `writer` updated it in place.
     Written { of: usize, writer: usize },
     /// The effect of a kernel (no value).
@@ -436,9 +435,12 @@ impl Builder<'_> {
             MvChain([_, w2, e1, w1, x, pro, ins]) => {
                 let (inner, mut inputs) = self.matvec_spec(*e1, *w1, *x, *pro, vec![])?;
                 let t2 = self.ty(*w2)?;
+                // The kernel reads the outer weights transposed (`ChainSpec::outer_dtype`).
                 let w2v = self.value(*w2)?;
-                let w2_at = inputs.len();
-                inputs.push(w2v);
+                if !matches!(self.values[w2v], UValue::Leaf { .. }) {
+                    return Err(self.err("a chained outer weight that is no weight leaf"));
+                }
+                inputs.push(self.push_value(UValue::Transposed { of: w2v }));
                 let items = list_items(self.g, *ins).ok_or_else(|| self.err("bad extras"))?;
                 // The residual, when the outer epilogue is `acc + in0` (chain-matvecs' condition).
                 let add_in = match items.as_slice() {
@@ -458,11 +460,6 @@ impl Builder<'_> {
                     out_rows: t2.shape.dims()[0],
                     add_in,
                 };
-                // The kernel reads the outer weights transposed (`ChainSpec::outer_dtype`).
-                if !matches!(self.values[w2v], UValue::Leaf { .. }) {
-                    return Err(self.err("a chained outer weight that is no weight leaf"));
-                }
-                inputs[w2_at] = self.push_value(UValue::Transposed { of: w2v, ty: t2 });
                 let ty = self.ty(c)?;
                 let words = spec.out_rows;
                 // The zero kernel runs first and allocates the slot; the chain kernel is the

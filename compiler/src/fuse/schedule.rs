@@ -590,7 +590,7 @@ impl Lowering<'_> {
                 }
                 self.packed(&ids)?
             }
-            UValue::Transposed { of, .. } => {
+            UValue::Transposed { of } => {
                 let UValue::Leaf { leaf, .. } = &fu.values[*of] else {
                     return Err(FuseError::Internal("a transposed value is no leaf".into()));
                 };

@@ -7,9 +7,18 @@ use std::time::Duration;
 use vkfuse_compiler::fuse::codegen::Generated;
 use vkfuse_compiler::kernels;
 use vkfuse_runtime::{
-    Buffer, BufferBinding, BufferKind, CommandBuffer, DescriptorSet, Device, Pipeline,
-    SpecConstants,
+    Buffer, BufferBinding, BufferKind, CommandBuffer, DescriptorSet, Device, Instance,
+    InstanceOptions, Pipeline, Requirements, SpecConstants, ValidationLog,
 };
+
+/// The default Vulkan device with the validation layer on, and the layer's log.
+pub fn validated_device() -> (Device, ValidationLog) {
+    let instance =
+        Instance::new(&InstanceOptions::validated()).expect("Vulkan with the validation layer");
+    let adapter = instance.select_adapter(None).expect("a Vulkan device");
+    let device = Device::new(&instance, &adapter, &Requirements::none()).expect("device");
+    (device, instance.validation_log())
+}
 
 /// A device-local buffer of `bytes` (at least 4: a buffer must have an address).
 pub fn buffer(device: &Device, bytes: u64) -> Buffer {
