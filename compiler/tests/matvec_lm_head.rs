@@ -20,6 +20,11 @@ const WAIT: Duration = Duration::from_secs(300);
 const EPS: f32 = 1e-6;
 
 fn check(dtype: DType, rows: usize, cols: usize) {
+    check_at(dtype, rows, cols, None);
+}
+
+/// `wg`: run the kernel at this workgroup size instead of codegen's 32.
+fn check_at(dtype: DType, rows: usize, cols: usize, wg: Option<u32>) {
     let spec = MatvecSpec {
         dtype,
         cols,
@@ -34,8 +39,11 @@ fn check(dtype: DType, rows: usize, cols: usize) {
         epi: Epi::Acc,
         step: true,
     };
-    let gen = codegen::matvec(&spec);
+    let mut gen = codegen::matvec(&spec);
     assert_eq!(gen.spec_constants[0], 32, "one subgroup per workgroup");
+    if let Some(wg) = wg {
+        gen.spec_constants[0] = wg;
+    }
     assert_eq!(gen.spec_constants[3], 8, "8 rows per workgroup");
     let w: Vec<f32> = (0..rows * cols).map(|i| noise(i, 1)).collect();
     let mut codes = vec![];
@@ -107,6 +115,32 @@ fn check(dtype: DType, rows: usize, cols: usize) {
     assert!(log.is_clean(), "validation errors:\n{}", log.report());
 }
 
+/// The scales' shuffle path (fused_matvec.glsl's SCALE_SHUFFLE: a workgroup of one subgroup,
+/// a lane per scale word) at the device's subgroup size, so that lavapipe's subgroups of 8
+/// reach it too: 13 blocks (7 words, the last half padding; in the last step the lanes left
+/// read word 6, whose lane is past the row by then) and 3 blocks (2 words, most lanes holding
+/// none). At 32 (an H100's) the tests above take that path themselves, and 33 blocks there
+/// have the last step's lanes read word 16 of a lane past the row.
+#[test]
+fn lm_heads_match_the_cpu_with_one_subgroup_per_workgroup() {
+    let (device, _) = common::validated_device();
+    let sg = device.info().subgroup_size;
+    drop(device);
+    if sg >= 32 {
+        check(DType::Q4_0, 65536 + 3, 33 * 32);
+        check(DType::Q8_0, 65536 + 3, 33 * 32);
+        return;
+    }
+    assert!(
+        sg >= 8,
+        "8 rows per workgroup need subgroups of 8 (this one: {sg})"
+    );
+    for dtype in [DType::Q4_0, DType::Q8_0] {
+        check_at(dtype, 65536 + 3, 13 * 32, Some(sg));
+        check_at(dtype, 65536 + 5, 3 * 32, Some(sg));
+    }
+}
+
 #[test]
 fn q4_0_lm_head_of_39_blocks_matches_the_cpu() {
     check(DType::Q4_0, 65536 + 37, 39 * 32);
@@ -121,4 +155,23 @@ fn q8_0_lm_head_of_39_blocks_matches_the_cpu() {
 fn q4_0_and_q8_0_lm_heads_of_three_blocks_match_the_cpu() {
     check(DType::Q4_0, 65536 + 5, 96);
     check(DType::Q8_0, 65536 + 5, 96);
+}
+
+#[test]
+fn only_block_format_matvecs_declare_shuffles_which_the_runtime_then_requires() {
+    let decl = |dtype: DType| {
+        common::kernel_decl(&codegen::matvec(&MatvecSpec {
+            dtype,
+            cols: 64,
+            part_rows: vec![65536],
+            zipped: false,
+            norm: None,
+            extras: vec![],
+            epi: Epi::Acc,
+            step: false,
+        }))
+    };
+    assert!(decl(DType::Q4_0).uses_subgroup_shuffle());
+    assert!(decl(DType::Q8_0).uses_subgroup_shuffle());
+    assert!(!decl(DType::BF16).uses_subgroup_shuffle());
 }

@@ -241,9 +241,8 @@ fn argmax_in_the_logits_matvec_matches_at_the_qwen3_vocabulary_with_ties_at_both
 
 #[test]
 fn only_the_folded_kernel_declares_64_bit_atomics_which_the_runtime_then_requires() {
-    use vkfuse_runtime::schedule::KernelDecl;
     let decl = |step: bool| {
-        let gen = codegen::matvec(&MatvecSpec {
+        common::kernel_decl(&codegen::matvec(&MatvecSpec {
             dtype: DType::BF16,
             cols: 64,
             part_rows: vec![1000],
@@ -252,15 +251,7 @@ fn only_the_folded_kernel_declares_64_bit_atomics_which_the_runtime_then_require
             extras: vec![],
             epi: Epi::Acc,
             step,
-        });
-        KernelDecl {
-            label: gen.label.clone(),
-            spirv: vkfuse_compiler::kernels::compile_source(&gen.label, &gen.source)
-                .expect("compiles"),
-            bindings: gen.bindings as u32,
-            push_constant_bytes: 0,
-            spec_constants: gen.spec_constants,
-        }
+        }))
     };
     assert!(decl(true).uses_int64_atomics());
     assert!(!decl(false).uses_int64_atomics());

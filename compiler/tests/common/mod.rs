@@ -57,6 +57,17 @@ pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
     (num / den).sqrt()
 }
 
+/// `gen` as a schedule's kernel declaration (compiled), for what the runtime reads from one.
+pub fn kernel_decl(gen: &Generated) -> vkfuse_runtime::schedule::KernelDecl {
+    vkfuse_runtime::schedule::KernelDecl {
+        label: gen.label.clone(),
+        spirv: vkfuse_compiler::kernels::compile_source(&gen.label, &gen.source).expect("compiles"),
+        bindings: gen.bindings as u32,
+        push_constant_bytes: 0,
+        spec_constants: gen.spec_constants.clone(),
+    }
+}
+
 /// The pipeline of a generated fused kernel, its spec constants applied in order.
 pub fn generated_pipeline(device: &Device, gen: &Generated) -> Pipeline {
     let spirv = kernels::compile_source(&gen.label, &gen.source).unwrap_or_else(|e| panic!("{e}"));

@@ -131,6 +131,13 @@ impl KernelDecl {
         self.declares_capability(INT64_ATOMICS)
     }
 
+    /// Whether the SPIR-V declares subgroup shuffles (`GroupNonUniformShuffle`), which the
+    /// device must offer in compute.
+    pub fn uses_subgroup_shuffle(&self) -> bool {
+        const GROUP_NON_UNIFORM_SHUFFLE: u32 = 65;
+        self.declares_capability(GROUP_NON_UNIFORM_SHUFFLE)
+    }
+
     /// Whether an `OpCapability` of the SPIR-V names `capability`.
     fn declares_capability(&self, capability: u32) -> bool {
         const OP_CAPABILITY: u32 = 17;
@@ -247,5 +254,10 @@ impl Schedule {
     /// A kernel with 64-bit integer atomics (so the device must offer them).
     pub fn int64_atomic_kernel(&self) -> Option<&KernelDecl> {
         self.kernels.iter().find(|k| k.uses_int64_atomics())
+    }
+
+    /// A kernel with subgroup shuffles (so the device must offer them in compute).
+    pub fn shuffle_kernel(&self) -> Option<&KernelDecl> {
+        self.kernels.iter().find(|k| k.uses_subgroup_shuffle())
     }
 }

@@ -192,26 +192,29 @@ impl Loaded {
         mut options: LoadOptions<'_>,
     ) -> Result<Loaded, SessionError> {
         schedule.validate()?;
+        // What a kernel needs, and the compile-model flag that avoids it (if any does).
         let needs = [
             (
                 schedule.float_atomic_kernel(),
                 Feature::BufferFloat32AtomicAdd,
-                "--no-chain",
+                Some("--no-chain"),
             ),
             (
                 schedule.int64_atomic_kernel(),
                 Feature::BufferInt64Atomics,
-                "--no-argmax-in-matvec",
+                Some("--no-argmax-in-matvec"),
             ),
+            (schedule.shuffle_kernel(), Feature::SubgroupShuffle, None),
         ];
         for (kernel, feature, flag) in needs {
             if let Some(k) = kernel.filter(|_| !device.info().supports(feature)) {
+                let fix = match flag {
+                    Some(flag) => format!("; compile the model with `compile-model {flag}`"),
+                    None => String::new(),
+                };
                 return Err(SessionError::Vulkan(Error::UnsupportedDevice {
                     device: device.info().name.clone(),
-                    reason: format!(
-                        "kernel `{}` needs {feature}; compile the model with `compile-model {flag}`",
-                        k.label
-                    ),
+                    reason: format!("kernel `{}` needs {feature}{fix}", k.label),
                 }));
             }
         }
