@@ -210,7 +210,7 @@ void main() {
             vec4 xa = x4[2u * c];
             vec4 xb = x4[2u * c + 1u];
 #if NORM
-            ss += live ? dot(xa, xa) + dot(xb, xb) : 0.0;
+            ss += dot(xa, xa) + dot(xb, xb);
             xa *= nw4_at(2u * c);
             xb *= nw4_at(2u * c + 1u);
 #endif
