@@ -80,7 +80,7 @@ const uint STEPS8 = (I / 8u + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;
 // Words of a row's f16 scales (two per word; an odd count pads the last), and whether the
 // workgroup is one subgroup with a lane for each of them (lm_head's 32 invocations on a device
 // with subgroups of 32): then each lane loads one scale word per row and the steps take them
-// with a shuffle, one load per row instead of one per step (q8_0's lm_head 77.7 -> 71.4 µs on
+// with a shuffle, one load per row instead of one per step (q8_0's lm_head 79.1 -> 73.0 µs on
 // an H100, docs/perf.md).
 const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
 #define SCALE_SHUFFLE (gl_WorkGroupSize.x == gl_SubgroupSize && SCALE_WORDS <= gl_SubgroupSize)
@@ -155,7 +155,7 @@ void main() {
             sw[j] = t < SCALE_WORDS ? w[(at + q_code_bytes(W_DTYPE, I)) / 4u + t] : 0u;
         }
         for (uint k = 0u; k < STEPS8; k++) {
-            // Every lane takes every step (those past the row on its last word, adding
+            // Every lane takes every step (one past the row redoes the row's last step and adds
             // nothing), so that each shuffle finds the lane it reads still there. Shuffled
             // after the step's loads are issued: before them, the code loads would wait for
             // the scale words (lm_head q8_0 +6 µs on an H100).
