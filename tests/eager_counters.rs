@@ -52,6 +52,7 @@ fn eager_refuses_a_step_past_the_kv_capacity() {
             &model,
             &trace::TraceOptions {
                 max_context: Some(3),
+                ..Default::default()
             },
         )
         .unwrap();

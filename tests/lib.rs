@@ -260,3 +260,55 @@ pub fn write_fixture_file(name: &str, path: &Path) {
     let (model, schedule) = compiled_fixture(name);
     schedule.write_file(path, &model.tensors).unwrap();
 }
+
+/// Logits of `program` fed `ids` one at a time through its unfused schedule (eager) and its
+/// fused one (eager, with fused replay checked to agree at every step), on `device` with
+/// `weights`; returns (unfused rows, fused rows, the fused replay, positioned after `ids`).
+pub fn teacher_forced_rows(
+    what: &str,
+    program: &vkfuse_compiler::ir::Program,
+    architecture: &str,
+    weights: &dyn vkfuse_runtime::session::TensorBytes,
+    device: &vkfuse_runtime::Device,
+    ids: &[u32],
+) -> (
+    Vec<Vec<f32>>,
+    Vec<Vec<f32>>,
+    vkfuse_runtime::session::Replay,
+) {
+    use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
+    use vkfuse_compiler::lower::{self, Meta, SpirvCache};
+    use vkfuse_runtime::session::{Eager, Loaded, Replay};
+    let meta = Meta {
+        architecture: architecture.to_string(),
+        eos_token_ids: vec![],
+        tokenizer: None,
+    };
+    let mut spirv = SpirvCache::default();
+    let unfused = lower::lower(program, &meta, &mut spirv).unwrap();
+    let (fused, _) = lower_fused(program, &meta, &mut spirv, &FuseOptions::default()).unwrap();
+    let load = |s| Loaded::new(device.clone(), s, weights).unwrap();
+    let mut unfused = Eager::new(load(unfused)).unwrap();
+    let mut eager = Eager::new(load(fused.clone())).unwrap();
+    let atomics = fused.float_atomic_kernel().is_some();
+    let mut replay = Replay::new(load(fused)).unwrap();
+    let mut rows_u = vec![];
+    let mut rows_f = vec![];
+    for &t in ids {
+        rows_u.push(unfused.step(Some(t)).unwrap().logits);
+        let e = eager.step(Some(t)).unwrap().logits;
+        let r = replay.step(Some(t)).unwrap().logits;
+        same_kernels_agree(what, &r, &e, atomics);
+        rows_f.push(e);
+    }
+    (rows_u, rows_f, replay)
+}
+
+/// Rows as one [`Array2`].
+pub fn as_array(rows: &[Vec<f32>]) -> Array2 {
+    Array2 {
+        rows: rows.len(),
+        cols: rows[0].len(),
+        data: rows.concat(),
+    }
+}

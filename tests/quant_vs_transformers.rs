@@ -10,15 +10,12 @@
 //!   honest (random-weight fixtures are harder on 4-bit weights than trained ones);
 //!   docs/perf.md records the measured values (`ACCURACY` lines on stderr, `--nocapture`).
 
-use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
 use vkfuse_compiler::import;
 use vkfuse_compiler::ir::Program;
-use vkfuse_compiler::lower::{self, Meta, SpirvCache};
 use vkfuse_compiler::quant::{self, ConversionReport, EncodedWeights, WeightFormat};
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::trace;
-use vkfuse_runtime::session::{Eager, Loaded, Replay};
-use vkfuse_tests::{assert_rows_close, expected, fixture_dir, rel_l2, validated_device};
+use vkfuse_tests::{as_array, assert_rows_close, expected, fixture_dir, rel_l2, validated_device};
 
 fn argmax(v: &[f32]) -> usize {
     let mut best = 0;
@@ -75,33 +72,14 @@ fn check(name: &str, format: WeightFormat) {
 
     let (device, log) = validated_device();
     {
-        let meta = Meta {
-            architecture: model.config.architecture.clone(),
-            eos_token_ids: vec![],
-            tokenizer: None,
-        };
-        let mut spirv = SpirvCache::default();
-        let unfused = lower::lower(&program, &meta, &mut spirv).unwrap();
-        let (fused, _) = lower_fused(&program, &meta, &mut spirv, &FuseOptions::default()).unwrap();
-        let load = |s| Loaded::new(device.clone(), s, &weights).unwrap();
-        let mut unfused = Eager::new(load(unfused)).unwrap();
-        let mut eager = Eager::new(load(fused.clone())).unwrap();
-        let atomics = fused.float_atomic_kernel().is_some();
-        let mut replay = Replay::new(load(fused)).unwrap();
-        let mut rows_u = vec![];
-        let mut rows_f = vec![];
-        for &t in &want.teacher_ids {
-            rows_u.push(unfused.step(Some(t)).unwrap().logits);
-            let e = eager.step(Some(t)).unwrap().logits;
-            let r = replay.step(Some(t)).unwrap().logits;
-            vkfuse_tests::same_kernels_agree(&format!("{name} {format}"), &r, &e, atomics);
-            rows_f.push(e);
-        }
-        let as_array = |rows: &[Vec<f32>]| vkfuse_compiler::npy::Array2 {
-            rows: rows.len(),
-            cols: rows[0].len(),
-            data: rows.concat(),
-        };
+        let (rows_u, rows_f, _) = vkfuse_tests::teacher_forced_rows(
+            &format!("{name} {format}"),
+            &program,
+            &model.config.architecture,
+            &weights,
+            &device,
+            &want.teacher_ids,
+        );
         let oracle = as_array(&ref_rows);
         let eu = assert_rows_close(&format!("{name} {format} unfused"), &rows_u, &oracle, 1e-4);
         let ef = assert_rows_close(&format!("{name} {format} fused"), &rows_f, &oracle, 1e-4);

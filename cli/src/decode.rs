@@ -169,6 +169,7 @@ impl Source {
             .with_context(|| format!("loading {}", args.model.display()))?;
         let opts = trace::TraceOptions {
             max_context: args.max_context,
+            ..Default::default()
         };
         let mut program = trace::trace(&model, &opts).context("tracing the decode step")?;
         args.run.convert(&mut program)?;

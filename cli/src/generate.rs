@@ -241,6 +241,7 @@ fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)>
     let model = import::load(&args.model).with_context(|| format!("loading {origin}"))?;
     let opts = trace::TraceOptions {
         max_context: args.max_context,
+        ..Default::default()
     };
     let mut program = trace::trace(&model, &opts).context("tracing the decode step")?;
     args.run.convert(&mut program)?;

@@ -54,9 +54,24 @@ struct Shape {
     min_chunk: usize,
     /// Workgroup size; 0: the default for the head.
     wg: u32,
+    /// f16 caches (`--kv-cache f16`) instead of f32.
+    f16: bool,
 }
 
 impl Shape {
+    fn cache_dtype(&self) -> DType {
+        if self.f16 {
+            DType::F16
+        } else {
+            DType::F32
+        }
+    }
+
+    /// Bytes of one cache.
+    fn cache_bytes(&self) -> u64 {
+        (self.hkv * self.cap * self.d * if self.f16 { 2 } else { 4 }) as u64
+    }
+
     fn spec(&self) -> AttnSpec {
         let norm = NormSpec {
             eps: F32Attr(EPS),
@@ -64,6 +79,7 @@ impl Shape {
             dtype: DType::F32,
         };
         AttnSpec {
+            kv_dtype: self.cache_dtype(),
             hq: self.hq,
             hkv: self.hkv,
             head_dim: self.d,
@@ -94,7 +110,7 @@ struct Step {
 
 fn step_program(s: &Shape) -> Step {
     let mut p = Program::new();
-    let c = Type::f32([s.hkv, s.cap, s.d]);
+    let c = Type::new(s.cache_dtype(), [s.hkv, s.cap, s.d]);
     let kc = p.add_state("k", StateKind::KvCache, c.clone());
     let vc = p.add_state("v", StateKind::KvCache, c);
     let pos_state = p.add_state("position", StateKind::Position, Type::i32([1]));
@@ -186,8 +202,8 @@ fn block_buffers(device: &Device, s: &Shape) -> Vec<Buffer> {
         f(s.hq * s.d),
         f(s.hkv * s.d),
         f(s.hkv * s.d),
-        f(s.hkv * s.cap * s.d),
-        f(s.hkv * s.cap * s.d),
+        s.cache_bytes(),
+        s.cache_bytes(),
         4,
         f(s.d),
         f(s.d),
@@ -197,6 +213,31 @@ fn block_buffers(device: &Device, s: &Shape) -> Vec<Buffer> {
         sizes.push(spec.counter_bytes());
     }
     sizes.into_iter().map(|b| buffer(device, b)).collect()
+}
+
+/// Uploads a cache's values, as f16 words (two per word, low half first) for f16 caches.
+fn upload_cache(device: &Device, buf: &mut Buffer, values: &[f32], f16: bool) {
+    if f16 {
+        let bits: Vec<u16> = values
+            .iter()
+            .map(|v| half::f16::from_f32(*v).to_bits())
+            .collect();
+        device.upload_pod(buf, 0, &bits).expect("cache");
+    } else {
+        device.upload_pod(buf, 0, values).expect("cache");
+    }
+}
+
+/// A cache's `n` values, as f32.
+fn readback_cache(device: &Device, buf: &Buffer, n: usize, f16: bool) -> Vec<f32> {
+    if f16 {
+        let bits: Vec<u16> = device.readback_pod(buf, 0, n).expect("cache");
+        bits.iter()
+            .map(|b| half::f16::from_bits(*b).to_f32())
+            .collect()
+    } else {
+        device.readback_pod(buf, 0, n).expect("cache")
+    }
 }
 
 /// Runs the block at each of `positions` in turn (caches carried from step to step, as the
@@ -210,16 +251,23 @@ fn matches_the_reference_step_after_step(s: Shape, positions: &[i32]) {
     let mut cmd = common::record_generated(device, &pipeline, &gen, &bufs);
 
     let step = step_program(&s);
+    // The same bounds for f16 caches: on lavapipe their keys round exactly as the reference's
+    // (k cache error 0, output 2.5e-7 at worst).
+    let (y_tol, k_tol) = (1e-5, 1e-6);
     let mut rng = Rng(s.hq as u64 * 1000 + s.splits as u64);
     let cache_len = s.hkv * s.cap * s.d;
-    let mut kcache = Tensor::f32(&[s.hkv, s.cap, s.d], rng.vec(cache_len, -1.0, 1.0));
-    let mut vcache = Tensor::f32(&[s.hkv, s.cap, s.d], rng.vec(cache_len, -1.0, 1.0));
-    device
-        .upload_pod(&mut bufs[4], 0, floats(&kcache))
-        .expect("k cache");
-    device
-        .upload_pod(&mut bufs[5], 0, floats(&vcache))
-        .expect("v cache");
+    // f16 caches start from values f16 holds, so the reference and the device start equal.
+    let held = |v: Vec<f32>| -> Vec<f32> {
+        if s.f16 {
+            v.iter().map(|x| half::f16::from_f32(*x).to_f32()).collect()
+        } else {
+            v
+        }
+    };
+    let mut kcache = Tensor::f32(&[s.hkv, s.cap, s.d], held(rng.vec(cache_len, -1.0, 1.0)));
+    let mut vcache = Tensor::f32(&[s.hkv, s.cap, s.d], held(rng.vec(cache_len, -1.0, 1.0)));
+    upload_cache(device, &mut bufs[4], floats(&kcache), s.f16);
+    upload_cache(device, &mut bufs[5], floats(&vcache), s.f16);
     let qn = rng.vec(s.d, 0.8, 1.2);
     let kn = rng.vec(s.d, 0.8, 1.2);
     device.upload_pod(&mut bufs[7], 0, &qn).expect("qn");
@@ -258,13 +306,13 @@ fn matches_the_reference_step_after_step(s: Shape, positions: &[i32]) {
             .readback_pod(&bufs[0], 0, s.hq * s.d)
             .expect("readback");
         let e = rel_l2(&y, floats(want));
-        assert!(e < 1e-5, "{what}: output off by relative L2 {e:.2e}");
+        assert!(e < y_tol, "{what}: output off by relative L2 {e:.2e}");
         kcache = reference.state(step.kc).clone();
         vcache = reference.state(step.vc).clone();
-        let kgot: Vec<f32> = device.readback_pod(&bufs[4], 0, cache_len).expect("k");
-        let vgot: Vec<f32> = device.readback_pod(&bufs[5], 0, cache_len).expect("v");
+        let kgot = readback_cache(device, &bufs[4], cache_len, s.f16);
+        let vgot = readback_cache(device, &bufs[5], cache_len, s.f16);
         let e = rel_l2(&kgot, floats(&kcache));
-        assert!(e < 1e-6, "{what}: k cache off by relative L2 {e:.2e}");
+        assert!(e < k_tol, "{what}: k cache off by relative L2 {e:.2e}");
         assert_eq!(vgot, floats(&vcache), "{what}: v cache");
         if s.splits > 1 {
             let counters: Vec<u32> = device.readback_pod(&bufs[10], 0, s.hq).expect("counters");
@@ -295,6 +343,7 @@ fn should_match_the_reference_without_splits() {
             splits: 1,
             min_chunk: 32,
             wg: 0,
+            f16: false,
         },
         &POSITIONS,
     );
@@ -313,6 +362,7 @@ fn should_match_the_reference_split_in_two_past_one_tile_per_split() {
             splits: 2,
             min_chunk: 32,
             wg: 0,
+            f16: false,
         },
         &POSITIONS,
     );
@@ -332,27 +382,54 @@ fn should_match_the_reference_split_in_five_with_one_kv_head() {
             splits: 5,
             min_chunk: 16,
             wg: 256,
+            f16: false,
         },
         &POSITIONS,
     );
 }
 
+/// head_dim 20 (no early first tile), 64 invocations: 16-slot tiles inside every chunk.
+const UNALIGNED: Shape = Shape {
+    hq: 6,
+    hkv: 3,
+    d: 20,
+    rot: 12,
+    cap: 200,
+    splits: 7,
+    min_chunk: 8,
+    wg: 0,
+    f16: false,
+};
+const UNALIGNED_POSITIONS: [i32; 10] = [0, 3, 8, 9, 50, 55, 56, 120, 199, 199];
+
 #[test]
 fn should_match_the_reference_split_with_an_unaligned_head() {
-    // head_dim 20 (scalar loads), 64 invocations: 16-slot tiles inside every chunk.
-    matches_the_reference_step_after_step(
-        Shape {
-            hq: 6,
-            hkv: 3,
-            d: 20,
-            rot: 12,
-            cap: 200,
-            splits: 7,
-            min_chunk: 8,
-            wg: 0,
-        },
-        &[0, 3, 8, 9, 50, 55, 56, 120, 199, 199],
-    );
+    matches_the_reference_step_after_step(UNALIGNED, &UNALIGNED_POSITIONS);
+}
+
+/// f16 caches (`--kv-cache f16`): the same block reading two elements per word and writing
+/// the fresh rows in pairs, with and without splits, at head_dim 128 (the first tile loaded
+/// early) and 20 (every tile loaded in the loop).
+#[test]
+fn should_match_the_reference_with_f16_caches() {
+    let d128 = Shape {
+        hq: 4,
+        hkv: 2,
+        d: 128,
+        rot: 64,
+        cap: 600,
+        splits: 1,
+        min_chunk: 32,
+        wg: 0,
+        f16: true,
+    };
+    matches_the_reference_step_after_step(d128, &POSITIONS);
+    matches_the_reference_step_after_step(Shape { splits: 2, ..d128 }, &POSITIONS);
+    let unaligned = Shape {
+        f16: true,
+        ..UNALIGNED
+    };
+    matches_the_reference_step_after_step(unaligned, &UNALIGNED_POSITIONS);
 }
 
 /// Median GPU time (µs) of the block at `pos`, its operands rotated over copies totalling more
@@ -417,6 +494,7 @@ fn bench_attention_block_splits() {
                 splits,
                 min_chunk: codegen::ATTENTION_MIN_CHUNK,
                 wg,
+                f16: false,
             };
             if let Some(us) = time_block(&gpu, &s, pos) {
                 eprintln!("pos {pos:>5}  splits {splits:>2}  wg {wg:>4}  {us:>8.2} us");

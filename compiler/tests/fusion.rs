@@ -1216,6 +1216,7 @@ fn fused_matches_unfused_on_a_model() {
         &model,
         &trace::TraceOptions {
             max_context: Some(512),
+            ..Default::default()
         },
     )
     .unwrap();

@@ -42,6 +42,34 @@ fn sample_program_round_trips_exactly() {
 }
 
 #[test]
+fn f16_kv_caches_round_trip_and_need_an_even_head_dim() {
+    let f16 = SAMPLE
+        .replace("$k_cache_0: f32[2,16,8]", "$k_cache_0: f16[2,16,8]")
+        .replace("$v_cache_0: f32[2,16,8]", "$v_cache_0: f16[2,16,8]")
+        .replace("%9: f32[2,16,8]", "%9: f16[2,16,8]")
+        .replace("%10: f32[2,16,8]", "%10: f16[2,16,8]");
+    let p = parse(&f16).expect("f16 caches parse");
+    assert_eq!(p.to_string(), f16);
+    // Head_dim 7: an f16 cache is written two elements per word.
+    let mut p = Program::new();
+    let c = p.add_state("k", StateKind::KvCache, Type::new(DType::F16, [1, 4, 7]));
+    let pos = p.add_state("position", StateKind::Position, Type::i32([1]));
+    let pos = build(&mut p, OpKind::ReadState { state: pos }, &[]);
+    let x = p
+        .push(
+            OpKind::Weight { name: "x".into() },
+            vec![],
+            Some(Type::f32([1, 7])),
+        )
+        .unwrap()
+        .unwrap();
+    let err = p
+        .value(OpKind::KvWrite { state: c }, vec![x, pos])
+        .unwrap_err();
+    assert!(err.to_string().contains("even head_dim"), "{err}");
+}
+
+#[test]
 fn comments_and_blank_lines_are_ignored() {
     let text = SAMPLE.replace("%5:", "; a comment\n\n%5:");
     assert_eq!(parse(&text).unwrap().to_string(), SAMPLE);

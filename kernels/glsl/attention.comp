@@ -11,8 +11,8 @@
 //            positions g, g + G, .. of the tile for its output dim (coalesced rows of v), with
 //            its own running sum of weights; groups are summed at the end.
 // Shared memory depends on D and WG only, never on the capacity.
-// Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D], 2 = k cache f32[HKV, CAP, D],
-// 3 = v cache f32[HKV, CAP, D], 4 = pos i32[1].
+// Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D], 2 = k cache [HKV, CAP, D], 3 = v cache
+// [HKV, CAP, D] (f32, or f16 with KV_DTYPE F16: kv_cache.glsl), 4 = pos i32[1].
 // Spec constants: 0 = workgroup size (power of two, >= 4 and >= D), 1 = HQ, 2 = HKV, 3 = CAP,
 // 4 = D, 5 = SCALE (f32).
 // Dispatch: HQ workgroups (one per query head).
@@ -26,9 +26,10 @@ layout(constant_id = 5) const float SCALE = 1.0;
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer Q { float q[]; };
-layout(set = 0, binding = 2, std430) readonly buffer K { float k[]; };
-layout(set = 0, binding = 2, std430) readonly buffer K4 { vec4 k4[]; };
-layout(set = 0, binding = 3, std430) readonly buffer V { float v[]; };
+#define KV_K_BINDING 2
+#define KV_V_BINDING 3
+#define KV_WRITABLE 0
+#include "kv_cache.glsl"
 layout(set = 0, binding = 4, std430) readonly buffer Pos { int pos[]; };
 
 // Invocations per position in the score phase.
@@ -71,11 +72,11 @@ void main() {
             if (D % 4u == 0u) {
                 for (uint c4 = lane; c4 < D / 4u; c4 += P) {
                     uint e = 4u * c4;
-                    d += dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]), k4[row / 4u + c4]);
+                    d += dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]), kv_k4(row / 4u + c4));
                 }
             } else {
                 for (uint e = lane; e < D; e += P) {
-                    d += q_s[e] * k[row + e];
+                    d += q_s[e] * kv_k(row + e);
                 }
             }
         }
@@ -116,7 +117,7 @@ void main() {
             float ws = 0.0;
             for (uint jj = g; jj < count; jj += G) {
                 float w = w_s[jj];
-                a += w * v[vrow + jj * D];
+                a += w * kv_v(vrow + jj * D);
                 ws += w;
             }
             acc = a;

@@ -21,11 +21,13 @@
 // writing; slots before pos were written by earlier dispatches.
 //
 // The including source defines QK_NORM (0/1), QN_DTYPE and KN_DTYPE (norm weights' dtypes),
+// KV_DTYPE (the caches', F32 or F16),
 // NORM_ZC, ROT (rotary dims, even), SPLITS (>= 1), MIN_CHUNK (>= 1), PREFETCH (0/1: D % 16 == 0,
 // the first tile's K and V rows loaded before the norms and rope, which they do not depend on),
 // `float inv_freq(uint i)` for i < ROT/2 and, when SPLITS > 1, PART_BINDING and COUNT_BINDING.
 // Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D], 2 = k f32[HKV, D], 3 = v f32[HKV, D],
-// 4 = k cache f32[HKV, CAP, D], 5 = v cache f32[HKV, CAP, D], 6 = pos i32[1],
+// 4 = k cache [HKV, CAP, D], 5 = v cache [HKV, CAP, D] (f32, or f16 with KV_DTYPE F16, the
+// fresh rows rounded as stored: kv_cache.glsl), 6 = pos i32[1],
 // 7 = q norm weight [D], 8 = k norm weight [D] (when QK_NORM); when SPLITS > 1:
 // PART_BINDING = partials f32[HQ, SPLITS, D + 2] (scratch), COUNT_BINDING = arrival counters
 // u32[HQ] (zero before the dispatch, zero again after it).
@@ -47,9 +49,10 @@ layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer Q { float q[]; };
 layout(set = 0, binding = 2, std430) readonly buffer Kn { float k_new[]; };
 layout(set = 0, binding = 3, std430) readonly buffer Vn { float v_new[]; };
-layout(set = 0, binding = 4, std430) buffer K { float k[]; };
-layout(set = 0, binding = 4, std430) readonly buffer K4 { vec4 k4[]; };
-layout(set = 0, binding = 5, std430) buffer V { float v[]; };
+#define KV_K_BINDING 4
+#define KV_V_BINDING 5
+#define KV_WRITABLE 1
+#include "kv_cache.glsl"
 layout(set = 0, binding = 6, std430) readonly buffer Pos { int pos[]; };
 #if QK_NORM
 layout(set = 0, binding = 7, std430) readonly buffer QN { uint qn[]; };
@@ -139,7 +142,7 @@ vec2 prepare(vec2 v, vec2 wn, vec2 pv, vec2 pwn, float angle_pos) {
 
 // The v element c of slot j: the fresh row for the slot being written, else the cache.
 float v_at(uint kv_base, uint j, uint c, uint fresh) {
-    return j == fresh ? vf_s[c] : v[kv_base + j * D + c];
+    return j == fresh ? vf_s[c] : kv_v(kv_base + j * D + c);
 }
 
 // Decode attention of the query row in q_s over slots lo..hi-1 of kv head base kv_base; slot
@@ -179,11 +182,11 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
             if (D % 4u == 0u) {
                 for (uint c4 = lane; c4 < D / 4u; c4 += P) {
                     uint e = 4u * c4;
-                    d += dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]), k4[row / 4u + c4]);
+                    d += dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]), kv_k4(row / 4u + c4));
                 }
             } else {
                 for (uint e = lane; e < D; e += P) {
-                    d += q_s[e] * k[row + e];
+                    d += q_s[e] * kv_k(row + e);
                 }
             }
         }
@@ -412,13 +415,13 @@ void main() {
         uint slot = t / P;
         uint row = kv_base + min(lo + slot, hi - 1u) * D;
         for (uint i = 0u; i < KP; i++) {
-            kp[i] = k4[row / 4u + t % P + i * P];
+            kp[i] = kv_k4(row / 4u + t % P + i * P);
         }
         uint gg = t / D;
         uint c = t - gg * D;
         for (uint i = 0u; i < VP; i++) {
             uint j = min(lo + gg + i * G, hi - 1u);
-            vp[i] = gg < G ? v[kv_base + j * D + c] : 0.0;
+            vp[i] = gg < G ? kv_v(kv_base + j * D + c) : 0.0;
         }
     }
 #endif
@@ -427,14 +430,26 @@ void main() {
     vec2 qk = prepare(raw, wn, praw, pwn, angle_pos);
     if (t < D) {
         q_s[t] = qk.x;
-        kf_s[t] = qk.y;
-        vf_s[t] = vv;
+        // As the cache holds them (kv_round: f16 caches), so that the fresh slot attends to
+        // what later steps read back.
+        kf_s[t] = kv_round(qk.y);
+        vf_s[t] = kv_round(vv);
+#if KV_DTYPE != F16
         if (in_cache && writer) {
             k[kv_base + uint(p) * D + t] = qk.y;
             v[kv_base + uint(p) * D + t] = vv;
         }
+#endif
     }
     barrier();
+#if KV_DTYPE == F16
+    // Two elements per word, from shared memory (D is even).
+    if (t < D / 2u && in_cache && writer) {
+        uint at = (kv_base + uint(p) * D) / 2u + t;
+        k[at] = packHalf2x16(vec2(kf_s[2u * t], kf_s[2u * t + 1u]));
+        v[at] = packHalf2x16(vec2(vf_s[2u * t], vf_s[2u * t + 1u]));
+    }
+#endif
     float m, total, lsum;
     attend(kv_base, lo, hi, fresh,
 #if PREFETCH

@@ -49,6 +49,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("argbest.glsl", include_str!("../glsl/argbest.glsl")),
     ("matvec_core.glsl", include_str!("../glsl/matvec_core.glsl")),
     ("quant.glsl", include_str!("../glsl/quant.glsl")),
+    ("kv_cache.glsl", include_str!("../glsl/kv_cache.glsl")),
     // Anchors of the fused kernels: the compiler generates the sources that include them.
     (
         "fused_matvec.glsl",

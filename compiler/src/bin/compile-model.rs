@@ -30,6 +30,11 @@ struct Args {
     /// KV-cache capacity in tokens (default: the model's max_position_embeddings, at most 4096).
     #[arg(long, value_name = "N")]
     max_context: Option<usize>,
+    /// The KV caches' element type: f32, or f16, which halves the bytes attention reads per
+    /// position (keys and values are rounded to f16 as they are written: the logits move by
+    /// about that rounding). Worth most at long contexts.
+    #[arg(long, value_name = "TYPE", default_value = "f32")]
+    kv_cache: trace::KvCache,
     /// Write the unfused schedule: one dispatch per op (the eager baseline).
     #[arg(long)]
     no_fuse: bool,
@@ -124,6 +129,7 @@ fn run(args: Args) -> Result<()> {
     })?;
     let opts = trace::TraceOptions {
         max_context: args.max_context,
+        kv_cache: args.kv_cache,
     };
     let mut program = st.run("trace", || {
         trace::trace(&model, &opts).context("tracing the decode step")

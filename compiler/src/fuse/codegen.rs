@@ -341,6 +341,8 @@ pub struct AttnSpec {
     pub min_chunk: usize,
     /// Workgroup size (a power of two, at least `head_dim`): [`attention_wg`] unless tuned.
     pub workgroup: u32,
+    /// The caches' element type: F32, or F16 (`--kv-cache f16`; kv_cache.glsl).
+    pub kv_dtype: DType,
 }
 
 impl AttnSpec {
@@ -897,6 +899,7 @@ pub fn attention(spec: &AttnSpec) -> Generated {
     let splits = spec.splits.max(1);
     let _ = writeln!(s, "#define SPLITS {splits}");
     let _ = writeln!(s, "#define MIN_CHUNK {}u", spec.min_chunk.max(1));
+    let _ = writeln!(s, "#define KV_DTYPE {}", dtype_code(spec.kv_dtype));
     // The first tile's K and V loaded before the norms and rope (whole 16-byte chunks per lane).
     let _ = writeln!(
         s,
@@ -934,12 +937,17 @@ pub fn attention(spec: &AttnSpec) -> Generated {
     ];
     Generated {
         label: format!(
-            "fused_attention[hq={},hkv={},d={},rot={}{},splits={splits}]",
+            "fused_attention[hq={},hkv={},d={},rot={}{}{},splits={splits}]",
             spec.hq,
             spec.hkv,
             spec.head_dim,
             spec.rotary_dim,
-            if norm.is_some() { ",qk_norm" } else { "" }
+            if norm.is_some() { ",qk_norm" } else { "" },
+            if spec.kv_dtype == DType::F16 {
+                ",kv=f16"
+            } else {
+                ""
+            }
         ),
         source: s,
         spec_constants,

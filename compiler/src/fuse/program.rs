@@ -11,7 +11,7 @@ use super::extract::Extraction;
 use super::lang::{Attr, FuseGraph, FuseLang};
 use super::rules::list_items;
 use super::unit::{LeafRef, Root, Unit};
-use crate::ir::{OpKind, Program, StateId, Type};
+use crate::ir::{DType, OpKind, Program, StateId, Type};
 use egg::{Id, Language};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -512,6 +512,7 @@ impl Builder<'_> {
                     codegen::attention_splits(hq, head_dim, capacity, units)
                 });
                 let spec = AttnSpec {
+                    kv_dtype: tc.dtype,
                     hq,
                     hkv: tk.shape.dims()[0],
                     head_dim,
@@ -1154,6 +1155,10 @@ impl UKernel {
                     format!(", context in {} splits", a.splits)
                 } else {
                     String::new()
+                } + if a.kv_dtype == DType::F16 {
+                    ", f16 cache"
+                } else {
+                    ""
                 }
             ),
             KernelKind::Tail(TailSpec::Argmax { .. }) => "argmax -> token".to_string(),

@@ -216,6 +216,10 @@ pub fn infer(
             expect(c.len() == 3 && dims(0) == [c[0], c[2]], 0, t[0], || {
                 format!("f32[{},{}]", c[0], c[2])
             })?;
+            // f16 caches are written two elements per word.
+            attr(decl.ty.dtype != DType::F16 || c[2] % 2 == 0, || {
+                format!("an f16 KV cache needs an even head_dim, not {}", c[2])
+            })?;
             scalar_i32(1)?;
             decl.ty.clone()
         }
@@ -337,11 +341,13 @@ pub fn infer(
             rank(0, 2)?;
             let (hq, d) = (dims(0)[0], dims(0)[1]);
             for i in [1, 2] {
-                f32_(i)?;
+                // The caches: f32, or f16 (`--kv-cache f16`).
+                let cache = matches!(t[i].dtype, DType::F32 | DType::F16);
+                expect(cache, i, t[i], || "an f32 or f16 cache".into())?;
                 rank(i, 3)?;
                 let c = dims(i);
                 expect(c[2] == d && c[0] > 0 && hq % c[0] == 0, i, t[i], || {
-                    format!("f32[kv_heads dividing {hq}, capacity, {d}]")
+                    format!("[kv_heads dividing {hq}, capacity, {d}]")
                 })?;
             }
             same(2, 1)?;

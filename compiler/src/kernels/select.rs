@@ -69,13 +69,16 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
             call("copy", vec![], vec![wg, u(words)], elementwise(words))
         }
         KvWrite { state } => {
-            let c = program.state(*state).ty.shape.dims();
+            let cache = &program.state(*state).ty;
+            let c = cache.shape.dims();
             let (hkv, cap, d) = (c[0], c[1], c[2]);
+            // f16: one word (two elements) per invocation.
+            let per = if cache.dtype == DType::F16 { 2 } else { 1 };
             call(
                 "kv_write",
-                vec![],
+                vec![("KV_DTYPE", dtype(cache))],
                 vec![wg, u(hkv), u(cap), u(d)],
-                elementwise(hkv * d),
+                elementwise(hkv * d / per),
             )
         }
         Embedding => {
@@ -229,7 +232,7 @@ pub fn select(program: &Program, id: OpId) -> Option<KernelCall> {
             let wg = attention_wg(d);
             call(
                 "attention",
-                vec![],
+                vec![("KV_DTYPE", dtype(arg(1)))],
                 vec![wg, u(hq), u(hkv), u(cap), u(d), scale.0.to_bits()],
                 hq,
             )

@@ -9,7 +9,7 @@ mod tensor;
 pub use tensor::{Data, Tensor};
 
 use crate::import::{ImportError, TensorStore};
-use crate::ir::{OpKind, Program, StateId, StateKind};
+use crate::ir::{DType, OpKind, Program, StateId, StateKind};
 use std::collections::HashMap;
 
 /// Where the interpreter reads weights from: a checkpoint, or (in kernel tests) values in memory.
@@ -214,10 +214,17 @@ impl<'a> Reference<'a> {
                     continue;
                 }
                 KvWrite { state } => {
+                    let f16 = self.program.state(*state).ty.dtype == DType::F16;
                     let cache = &mut self.state[state.index()];
                     let (hkv, cap, d) = (cache.dims()[0], cache.dims()[1], cache.dims()[2]);
                     let pos = a(1).i()[0] as usize;
-                    let x = a(0).f().to_vec();
+                    let mut x = a(0).f().to_vec();
+                    if f16 {
+                        // An f16 cache holds the values rounded as the kernels store them.
+                        for v in &mut x {
+                            *v = half::f16::from_f32(*v).to_f32();
+                        }
+                    }
                     if let Data::F32(c) = &mut cache.data {
                         for h in 0..hkv {
                             c[(h * cap + pos) * d..(h * cap + pos + 1) * d]

@@ -9,6 +9,8 @@ pub struct Tracer<'m> {
     pub model: &'m Model,
     pub p: Program,
     pub capacity: usize,
+    /// The KV caches' element type (f32 or f16).
+    pub kv_dtype: DType,
     pub pos: Option<ValueId>,
     /// Values of weights already emitted, by tensor name (a tied lm_head reuses the embedding).
     weights: Vec<(String, ValueId)>,
@@ -22,6 +24,7 @@ impl<'m> Tracer<'m> {
             model,
             p: Program::new(),
             capacity,
+            kv_dtype: DType::F32,
             pos: None,
             weights: vec![],
         }
@@ -182,7 +185,7 @@ impl<'m> Tracer<'m> {
             .filter(|s| s.kind == StateKind::KvCache)
             .count()
             / 2;
-        let cache_ty = Type::f32([hkv, self.capacity, d]);
+        let cache_ty = Type::new(self.kv_dtype, [hkv, self.capacity, d]);
         let kc = self.state(format!("k_cache_{n}"), StateKind::KvCache, cache_ty.clone());
         let vc = self.state(format!("v_cache_{n}"), StateKind::KvCache, cache_ty);
         let pos = self.pos.expect("head() read it");

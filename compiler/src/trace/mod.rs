@@ -10,7 +10,7 @@ mod hybrid;
 pub use builder::Tracer;
 
 use crate::import::{Family, ImportError, Model};
-use crate::ir::{Program, VerifyError};
+use crate::ir::{DType, Program, VerifyError};
 
 /// Options of the trace.
 #[derive(Clone, Debug, Default)]
@@ -18,6 +18,39 @@ pub struct TraceOptions {
     /// KV-cache capacity in positions; `None` means the model's max_position_embeddings,
     /// capped at [`TraceOptions::DEFAULT_MAX_CONTEXT`].
     pub max_context: Option<usize>,
+    /// The KV caches' element type: f32 (the default) or f16, which halves the bytes attention
+    /// reads per position (keys and values are rounded to f16 as they are written).
+    pub kv_cache: KvCache,
+}
+
+/// The KV caches' element type ([`TraceOptions::kv_cache`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvCache {
+    #[default]
+    F32,
+    F16,
+}
+
+impl std::str::FromStr for KvCache {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(KvCache::F32),
+            "f16" => Ok(KvCache::F16),
+            other => Err(format!("`{other}` is not a KV-cache type: f32 or f16")),
+        }
+    }
+}
+
+impl KvCache {
+    /// The IR dtype of a cache of this kind.
+    pub fn dtype(self) -> DType {
+        match self {
+            KvCache::F32 => DType::F32,
+            KvCache::F16 => DType::F16,
+        }
+    }
 }
 
 impl TraceOptions {
@@ -51,6 +84,7 @@ pub fn max_context(model: &Model, opts: &TraceOptions) -> Result<usize, TraceErr
 pub fn trace(model: &Model, opts: &TraceOptions) -> Result<Program, TraceError> {
     let capacity = max_context(model, opts)?;
     let mut t = Tracer::new(model, capacity);
+    t.kv_dtype = opts.kv_cache.dtype();
     match model.config.family {
         Family::Llama | Family::Qwen3 => dense::trace(&mut t)?,
         Family::Qwen3Next => hybrid::trace(&mut t)?,
