@@ -2,7 +2,8 @@
 //! layer on. Two oracles:
 //! - the CPU reference interpreter of the same program (its kv_write rounds to f16 as the
 //!   kernels store): the unfused and the fused schedules, teacher-forced, within relative L2
-//!   1.5e-4 at every position, and fused replay equal to fused eager;
+//!   1.5e-4 at every position, and fused replay within 2e-4 of fused eager (float atomics
+//!   reassociate, and a key can round to the other f16 for it);
 //! - transformers' float32 logits: the rounding of keys and values moves the logits by about
 //!   f16's precision, within the 5e-3 the f32 caches are held to, and the greedy tokens are
 //!   transformers' own.
@@ -48,6 +49,9 @@ fn check(name: &str) {
     {
         let (rows_u, rows_f, mut replay) = vkfuse_tests::teacher_forced_rows(
             &format!("{name} f16 cache"),
+            // The chain's float atomics reassociate between runs; a key that moves by an f32
+            // rounding can round to the neighbouring f16 (seen: 4.5e-5).
+            2e-4,
             &program,
             &model.config.architecture,
             &model.tensors,

@@ -74,6 +74,7 @@ fn check(name: &str, format: WeightFormat) {
     {
         let (rows_u, rows_f, _) = vkfuse_tests::teacher_forced_rows(
             &format!("{name} {format}"),
+            1e-5,
             &program,
             &model.config.architecture,
             &weights,
