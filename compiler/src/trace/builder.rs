@@ -178,6 +178,9 @@ impl<'m> Tracer<'m> {
     pub fn attention(&mut self, q: ValueId, k: ValueId, v: ValueId) -> R<ValueId> {
         let kt = self.p.ty(k).clone();
         let (hkv, d) = (kt.shape.0[0], kt.shape.0[1]);
+        if self.kv_dtype == DType::F16 && d % 2 != 0 {
+            return Err(TraceError::KvCacheOddHead { head_dim: d });
+        }
         let n = self
             .p
             .states

@@ -65,6 +65,8 @@ pub enum TraceError {
     Verify(#[from] VerifyError),
     #[error("--max-context {requested} must be between 1 and {limit}")]
     MaxContext { requested: usize, limit: usize },
+    #[error("--kv-cache f16 needs an even head_dim (f16 caches are written two elements per word); this model's is {head_dim}: use --kv-cache f32")]
+    KvCacheOddHead { head_dim: usize },
 }
 
 /// The resolved KV capacity for a model.
