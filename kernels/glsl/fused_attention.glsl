@@ -71,6 +71,11 @@ const uint NSPLITS = uint(SPLITS);
 const uint P = 4u;
 const uint T = gl_WorkGroupSize.x / P;
 const uint G = gl_WorkGroupSize.x / D;
+// f16 caches: the values phase takes two elements (one word) per invocation, in G2 groups of
+// D2 invocations, so each V load serves two outputs (a load per element cost more than the
+// halved bytes saved at long contexts: docs/perf.md).
+const uint D2 = (D + 1u) / 2u;
+const uint G2 = gl_WorkGroupSize.x / D2;
 // Rope pairs element t < HALF_ROT with t + HALF_ROT.
 const uint HALF_ROT = ROT / 2u;
 
@@ -82,7 +87,7 @@ shared float vf_s[D];
 shared float part[gl_WorkGroupSize.x];
 shared float w_s[T];
 // Each slot group's weight sum (attend()), each invocation group's in the combine.
-shared float l_s[G];
+shared float l_s[G + G2];
 #if SPLITS > 1
 // Each invocation group's max in the combine, and the splits each group loads.
 shared float m_s[G];
@@ -97,7 +102,13 @@ const uint SPG = (NSPLITS + G - 1u) / G;
 // resident workgroups. As it is: 256 tokens 854.0 -> 873.0, 1024 819.3 -> 826.0, 4000
 // 710.9 -> 701.3 (docs/perf.md).
 const uint KP = D / 16u;
+#if KV_DTYPE == F16
+const uint VP_TILE = (T + G2 - 1u) / G2;
+#define VP_T uint
+#else
 const uint VP_TILE = (T + G - 1u) / G;
+#define VP_T float
+#endif
 const uint VP = VP_TILE < 8u ? VP_TILE : 8u;
 #endif
 
@@ -145,13 +156,21 @@ float v_at(uint kv_base, uint j, uint c, uint fresh) {
     return j == fresh ? vf_s[c] : kv_v(kv_base + j * D + c);
 }
 
+#if KV_DTYPE == F16
+// The v elements 2 c2 and 2 c2 + 1 of slot j, from one word of the cache.
+vec2 v2_at(uint kv_base, uint j, uint c2, uint fresh) {
+    return j == fresh ? vec2(vf_s[2u * c2], vf_s[2u * c2 + 1u])
+                      : unpackHalf2x16(v[(kv_base + j * D) / 2u + c2]);
+}
+#endif
+
 // Decode attention of the query row in q_s over slots lo..hi-1 of kv head base kv_base; slot
 // `fresh` comes from kf_s / vf_s (see the top). Leaves the running max in `m` (the same in
 // every invocation) and, in invocations t < D, the unnormalised output element t in `total`
 // and the sum of the weights in `lsum`.
 void attend(uint kv_base, uint lo, uint hi, uint fresh,
 #if PREFETCH
-            in vec4 kp[KP], in float vp[VP],
+            in vec4 kp[KP], in VP_T vp[VP],
 #endif
             out float m, out float total, out float lsum) {
     uint t = gl_LocalInvocationID.x;
@@ -162,6 +181,11 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
     m = NEG_BIG;
     float l = 0.0;
     float acc = 0.0;
+#if KV_DTYPE == F16
+    uint g2 = t / D2;
+    uint c2 = t - g2 * D2;
+    vec2 acc2 = vec2(0.0);
+#endif
     for (uint tile = lo; tile < hi; tile += T) {
         uint j = tile + slot;
         float d = 0.0;
@@ -211,6 +235,50 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
             w_s[t] = tile + t < hi ? exp(w_s[t] - m_new) : 0.0;
         }
         barrier();
+#if KV_DTYPE == F16
+        if (g2 < G2) {
+            uint count = min(T, hi - tile);
+            vec2 a = acc2 * alpha;
+            float ws = 0.0;
+            uint jj = g2;
+#if PREFETCH
+            if (tile == lo) {
+                for (uint i = 0u; i < VP; i++) {
+                    uint at = g2 + i * G2;
+                    if (at < count) {
+                        float w = w_s[at];
+                        a += w * (tile + at == fresh ? vec2(vf_s[2u * c2], vf_s[2u * c2 + 1u])
+                                                     : unpackHalf2x16(vp[i]));
+                        ws += w;
+                    }
+                }
+                jj = g2 + VP * G2;
+            }
+#endif
+            for (; jj + 3u * G2 < count; jj += 4u * G2) {
+                vec2 v0 = v2_at(kv_base, tile + jj, c2, fresh);
+                vec2 v1 = v2_at(kv_base, tile + jj + G2, c2, fresh);
+                vec2 v2 = v2_at(kv_base, tile + jj + 2u * G2, c2, fresh);
+                vec2 v3 = v2_at(kv_base, tile + jj + 3u * G2, c2, fresh);
+                float w0 = w_s[jj], w1 = w_s[jj + G2], w2 = w_s[jj + 2u * G2], w3 = w_s[jj + 3u * G2];
+                a += w0 * v0;
+                a += w1 * v1;
+                a += w2 * v2;
+                a += w3 * v3;
+                ws += w0;
+                ws += w1;
+                ws += w2;
+                ws += w3;
+            }
+            for (; jj < count; jj += G2) {
+                float w = w_s[jj];
+                a += w * v2_at(kv_base, tile + jj, c2, fresh);
+                ws += w;
+            }
+            acc2 = a;
+            l = l * alpha + ws;
+        }
+#else
         if (g < G) {
             uint count = min(T, hi - tile);
             float a = acc * alpha;
@@ -254,6 +322,7 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
             acc = a;
             l = l * alpha + ws;
         }
+#endif
         // The next tile rewrites part and w_s: it waits for this one's readers. After the last
         // tile nothing does (part was last read before wg_max's barriers, w_s is not written).
         if (tile + T < hi) {
@@ -261,6 +330,22 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
         }
     }
     // The slot groups' outputs and weight sums, in one exchange.
+#if KV_DTYPE == F16
+    // red2_s was last read in prepare(), before its closing barrier.
+    red2_s[t] = g2 < G2 ? acc2 : vec2(0.0);
+    if (g2 < G2 && c2 == 0u) {
+        l_s[g2] = l;
+    }
+    barrier();
+    total = 0.0;
+    lsum = 0.0;
+    if (t < D) {
+        for (uint i = 0u; i < G2; i++) {
+            total += red2_s[i * D2 + t / 2u][t & 1u];
+            lsum += l_s[i];
+        }
+    }
+#else
     part[t] = g < G ? acc : 0.0;
     if (g < G && c == 0u) {
         l_s[g] = l;
@@ -274,6 +359,7 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
             lsum += l_s[i];
         }
     }
+#endif
 }
 
 #if SPLITS > 1
@@ -410,19 +496,28 @@ void main() {
     // used (attend() takes that slot from shared memory), so reading it while the writer
     // stores it does not matter; slots past the chunk are clamped into it and never used.
     vec4 kp[KP];
-    float vp[VP];
+    VP_T vp[VP];
     {
         uint slot = t / P;
         uint row = kv_base + min(lo + slot, hi - 1u) * D;
         for (uint i = 0u; i < KP; i++) {
             kp[i] = kv_k4(row / 4u + t % P + i * P);
         }
+#if KV_DTYPE == F16
+        uint g2 = t / D2;
+        uint c2 = t - g2 * D2;
+        for (uint i = 0u; i < VP; i++) {
+            uint j = min(lo + g2 + i * G2, hi - 1u);
+            vp[i] = g2 < G2 ? v[(kv_base + j * D) / 2u + c2] : 0u;
+        }
+#else
         uint gg = t / D;
         uint c = t - gg * D;
         for (uint i = 0u; i < VP; i++) {
             uint j = min(lo + gg + i * G, hi - 1u);
             vp[i] = gg < G ? kv_v(kv_base + j * D + c) : 0.0;
         }
+#endif
     }
 #endif
     // The fresh K and V rows of the group: written to the caches by the writer, attended to
