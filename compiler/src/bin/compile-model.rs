@@ -32,8 +32,8 @@ struct Args {
     max_context: Option<usize>,
     /// The KV caches' element type: f32, or f16, which halves their memory and the bytes
     /// attention reads per position (keys and values are rounded to f16 as they are written:
-    /// the logits move by about that rounding). On an H100: +0.5% tokens/s up to 1024 tokens,
-    /// −5% at 3000 (docs/perf.md).
+    /// the logits move by about that rounding). On an H100: +1.4% tokens/s at 256 tokens, +5.8%
+    /// at 3000 (docs/perf.md).
     #[arg(long, value_name = "TYPE", default_value = "f32")]
     kv_cache: trace::KvCache,
     /// Write the unfused schedule: one dispatch per op (the eager baseline).
