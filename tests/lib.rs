@@ -82,10 +82,17 @@ pub fn assert_rows_close(what: &str, got: &[Vec<f32>], want: &Array2, tol: f64) 
 }
 
 /// Replay and eager run the same kernels in the same order: the same bits, or (where a kernel
-/// sums with float atomics, whose order varies between runs) the same up to f32 reassociation.
+/// sums with float atomics, whose order varies between runs) the same up to f32 reassociation,
+/// which f16 KV caches (the default) can turn into a key rounded to the neighbouring f16:
+/// [`ATOMICS_TOL`].
 pub fn same_kernels_agree(name: &str, replay: &[f32], eager: &[f32], atomics: bool) {
-    same_kernels_agree_within(name, replay, eager, atomics, 1e-5);
+    same_kernels_agree_within(name, replay, eager, atomics, ATOMICS_TOL);
 }
+
+/// Relative L2 between two runs of kernels that sum with float atomics, with f16 KV caches: a
+/// key that moves by one f32 rounding can round to the other f16 (4.5e-5 seen; f32 caches stay
+/// within 1e-5).
+pub const ATOMICS_TOL: f64 = 2e-4;
 
 /// [`same_kernels_agree`] with `tol` for the float atomics' reassociation (relative L2).
 pub fn same_kernels_agree_within(

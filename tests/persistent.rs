@@ -7,7 +7,7 @@
 //!
 //! Each level computes its rows as its own kernel does, but from weights held in registers and
 //! reduced over lane clusters (a different summation order), so the logits must match the levels run one dispatch each
-//! within 1e-5 relative L2 at every position, and transformers within 5e-3, with the same
+//! within 2e-4 relative L2 at every position (f16 KV caches: a key may round the other way), and transformers within 5e-3, with the same
 //! greedy tokens.
 
 use vkfuse_compiler::fuse::FuseOptions;
@@ -59,8 +59,10 @@ fn check(name: &str) {
         let a = plain.step(Some(t)).unwrap();
         let b = persistent.step(Some(t)).unwrap();
         let d = rel_l2(&b.logits, &a.logits);
+        // Regions sum in another order; with f16 KV caches (the default) a key that moves by
+        // one f32 rounding can round to the other f16.
         assert!(
-            d <= 1e-5,
+            d <= vkfuse_tests::ATOMICS_TOL,
             "{name}: position {i}: persistent regions change the logits by {d:.2e} relative L2"
         );
         rows.push(b.logits);

@@ -1,9 +1,10 @@
 //! Block-quantised weights (`--weights q8_0|q4_0`) on every fixture, with the validation layer
 //! on. Two oracles:
 //! - the CPU reference interpreter run on the same quantised bytes (it dequantises them): the
-//!   unfused and the fused schedules, teacher-forced, within relative L2 1e-4 at every
-//!   position (the kernels dequantise exactly; only the summation order differs), and fused
-//!   replay bit for bit equal to fused eager;
+//!   unfused and the fused schedules, teacher-forced, within relative L2 1.5e-4 at every
+//!   position (the kernels dequantise exactly; only the summation order differs, and with f16
+//!   KV caches a key may round to the neighbouring f16), and fused replay equal to fused eager
+//!   (up to the float atomics' reassociation);
 //! - transformers' float32 logits (the unquantised model): the accuracy report. Relative L2
 //!   per position and top-1 agreement, teacher-forced, and how many greedy tokens the
 //!   quantised model generates before it first differs. The bounds asserted are loose and
@@ -74,7 +75,7 @@ fn check(name: &str, format: WeightFormat) {
     {
         let (rows_u, rows_f, _) = vkfuse_tests::teacher_forced_rows(
             &format!("{name} {format}"),
-            1e-5,
+            vkfuse_tests::ATOMICS_TOL,
             &program,
             &model.config.architecture,
             &weights,
@@ -82,8 +83,15 @@ fn check(name: &str, format: WeightFormat) {
             &want.teacher_ids,
         );
         let oracle = as_array(&ref_rows);
-        let eu = assert_rows_close(&format!("{name} {format} unfused"), &rows_u, &oracle, 1e-4);
-        let ef = assert_rows_close(&format!("{name} {format} fused"), &rows_f, &oracle, 1e-4);
+        // 1.5e-4, not 1e-4: with f16 KV caches (the default) a key the kernels compute within
+        // f32 rounding of the reference's can round to the neighbouring f16.
+        let eu = assert_rows_close(
+            &format!("{name} {format} unfused"),
+            &rows_u,
+            &oracle,
+            1.5e-4,
+        );
+        let ef = assert_rows_close(&format!("{name} {format} fused"), &rows_f, &oracle, 1.5e-4);
 
         // Accuracy against the unquantised model.
         let errs: Vec<f64> = ref_rows

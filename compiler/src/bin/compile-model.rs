@@ -30,11 +30,11 @@ struct Args {
     /// KV-cache capacity in tokens (default: the model's max_position_embeddings, at most 4096).
     #[arg(long, value_name = "N")]
     max_context: Option<usize>,
-    /// The KV caches' element type: f32, or f16, which halves their memory and the bytes
-    /// attention reads per position (keys and values are rounded to f16 as they are written:
-    /// the logits move by about that rounding). On an H100: +1.4% tokens/s at 256 tokens, +5.8%
-    /// at 3000 (docs/perf.md).
-    #[arg(long, value_name = "TYPE", default_value = "f32")]
+    /// The KV caches' element type: f16 (keys and values rounded to f16 as they are written:
+    /// half the memory and the bytes attention reads; on an H100 +1.4% tokens/s at 256 tokens
+    /// and +5.8% at 3000 over f32, docs/perf.md), or f32 (unrounded; the logits move by about
+    /// f16's rounding between the two).
+    #[arg(long, value_name = "TYPE", default_value = "f16")]
     kv_cache: trace::KvCache,
     /// Write the unfused schedule: one dispatch per op (the eager baseline).
     #[arg(long)]

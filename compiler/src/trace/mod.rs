@@ -18,16 +18,17 @@ pub struct TraceOptions {
     /// KV-cache capacity in positions; `None` means the model's max_position_embeddings,
     /// capped at [`TraceOptions::DEFAULT_MAX_CONTEXT`].
     pub max_context: Option<usize>,
-    /// The KV caches' element type: f32 (the default) or f16, which halves the bytes attention
-    /// reads per position (keys and values are rounded to f16 as they are written).
+    /// The KV caches' element type: f16 (the default: half the memory, and faster on an H100
+    /// at every context length measured) or f32 (keys and values kept unrounded).
     pub kv_cache: KvCache,
 }
 
 /// The KV caches' element type ([`TraceOptions::kv_cache`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KvCache {
-    #[default]
     F32,
+    /// The default: keys and values rounded to f16 as they are written.
+    #[default]
     F16,
 }
 

@@ -1,5 +1,6 @@
-//! KV caches in f16 (`compile-model --kv-cache f16`) on every fixture, with the validation
-//! layer on. Two oracles:
+//! Both KV-cache types on every fixture, with the validation layer on: f16 (the default,
+//! `compile-model --kv-cache f16`) and f32 (`--kv-cache f32`, which the other suites no longer
+//! reach). Two oracles:
 //! - the CPU reference interpreter of the same program (its kv_write rounds to f16 as the
 //!   kernels store): the unfused and the fused schedules, teacher-forced, within relative L2
 //!   1.5e-4 at every position, and fused replay within 2e-4 of fused eager (float atomics
@@ -8,16 +9,16 @@
 //!   f16's precision, within the 5e-3 the f32 caches are held to, and the greedy tokens are
 //!   transformers' own.
 
-use vkfuse_compiler::ir::DType;
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
 use vkfuse_tests::{as_array, assert_rows_close, expected, fixture_dir, validated_device};
 
-fn check(name: &str) {
+fn check(name: &str, kv: trace::KvCache) {
+    let f16 = kv == trace::KvCache::F16;
     let want = expected(name);
     let model = import::load(&fixture_dir(name)).unwrap();
     let opts = trace::TraceOptions {
-        kv_cache: trace::KvCache::F16,
+        kv_cache: kv,
         ..Default::default()
     };
     let program = trace::trace(&model, &opts).unwrap();
@@ -28,7 +29,7 @@ fn check(name: &str) {
         .collect();
     assert!(!caches.is_empty(), "{name}: no KV caches");
     for s in &caches {
-        assert_eq!(s.ty.dtype, DType::F16, "{name}: {}", s.name);
+        assert_eq!(s.ty.dtype, kv.dtype(), "{name}: {}", s.name);
     }
 
     // The oracle on the same program, teacher-forced.
@@ -39,7 +40,7 @@ fn check(name: &str) {
         .map(|&t| reference.step(Some(t)).unwrap().logits)
         .collect();
     let worst_t = assert_rows_close(
-        &format!("{name} f16 cache reference"),
+        &format!("{name} {kv:?} cache reference"),
         &ref_rows,
         &want.teacher_logits,
         5e-3,
@@ -48,10 +49,10 @@ fn check(name: &str) {
     let (device, log) = validated_device();
     {
         let (rows_u, rows_f, mut replay) = vkfuse_tests::teacher_forced_rows(
-            &format!("{name} f16 cache"),
+            &format!("{name} {kv:?} cache"),
             // The chain's float atomics reassociate between runs; a key that moves by an f32
             // rounding can round to the neighbouring f16 (seen: 4.5e-5).
-            2e-4,
+            if f16 { vkfuse_tests::ATOMICS_TOL } else { 1e-5 },
             &program,
             &model.config.architecture,
             &model.tensors,
@@ -62,18 +63,23 @@ fn check(name: &str) {
         // Looser than f32 caches' 1e-4: a key the kernels compute within f32 rounding of the
         // reference's can round to the neighbouring f16 (lavapipe: unfused 9.3e-5 at worst).
         // Tight enough that attending to the fresh slot unrounded fails (2.8e-4..3.9e-4).
-        let tol = 1.5e-4;
-        let eu = assert_rows_close(&format!("{name} f16 cache unfused"), &rows_u, &oracle, tol);
-        let ef = assert_rows_close(&format!("{name} f16 cache fused"), &rows_f, &oracle, tol);
+        let tol = if f16 { 1.5e-4 } else { 1e-4 };
+        let eu = assert_rows_close(
+            &format!("{name} {kv:?} cache unfused"),
+            &rows_u,
+            &oracle,
+            tol,
+        );
+        let ef = assert_rows_close(&format!("{name} {kv:?} cache fused"), &rows_f, &oracle, tol);
 
         // Greedy on the device: transformers' tokens.
         let ids = vkfuse_tests::replay_greedy_ids(&mut replay, &want);
         assert_eq!(
             ids, want.greedy_ids,
-            "{name}: greedy tokens with f16 caches differ from transformers'"
+            "{name}: greedy tokens with {kv:?} caches differ from transformers'"
         );
         eprintln!(
-            "KV F16 {name}: reference vs transformers worst {worst_t:.2e}; kernels vs \
+            "KV {kv:?} {name}: reference vs transformers worst {worst_t:.2e}; kernels vs \
              reference: unfused {eu:.1e}, fused {ef:.1e}"
         );
     }
@@ -85,21 +91,41 @@ fn check(name: &str) {
 }
 
 #[test]
-fn qwen3_tied() {
-    check("qwen3-tied");
+fn f16_qwen3_tied() {
+    check("qwen3-tied", trace::KvCache::F16);
 }
 
 #[test]
-fn qwen3_untied() {
-    check("qwen3-untied");
+fn f16_qwen3_untied() {
+    check("qwen3-untied", trace::KvCache::F16);
 }
 
 #[test]
-fn llama_gqa() {
-    check("llama-gqa");
+fn f16_llama_gqa() {
+    check("llama-gqa", trace::KvCache::F16);
 }
 
 #[test]
-fn qwen3_next() {
-    check("qwen3-next");
+fn f16_qwen3_next() {
+    check("qwen3-next", trace::KvCache::F16);
+}
+
+#[test]
+fn f32_qwen3_tied() {
+    check("qwen3-tied", trace::KvCache::F32);
+}
+
+#[test]
+fn f32_qwen3_untied() {
+    check("qwen3-untied", trace::KvCache::F32);
+}
+
+#[test]
+fn f32_llama_gqa() {
+    check("llama-gqa", trace::KvCache::F32);
+}
+
+#[test]
+fn f32_qwen3_next() {
+    check("qwen3-next", trace::KvCache::F32);
 }
