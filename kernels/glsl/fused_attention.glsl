@@ -71,11 +71,16 @@ const uint NSPLITS = uint(SPLITS);
 const uint P = 4u;
 const uint T = gl_WorkGroupSize.x / P;
 const uint G = gl_WorkGroupSize.x / D;
-// f16 caches: the values phase takes two elements (one word) per invocation, in G2 groups of
-// D2 invocations, so each V load serves two outputs (a load per element cost more than the
-// halved bytes saved at long contexts: docs/perf.md).
-const uint D2 = (D + 1u) / 2u;
-const uint G2 = gl_WorkGroupSize.x / D2;
+// The values phase: VW elements of a V row per invocation (f16 caches: two, one word, so each
+// load serves two outputs; a load per element cost more than the halved bytes saved at long
+// contexts: docs/perf.md), in GV groups of DV invocations.
+#if KV_DTYPE == F16
+const uint VW = 2u;
+#else
+const uint VW = 1u;
+#endif
+const uint DV = (D + VW - 1u) / VW;
+const uint GV = gl_WorkGroupSize.x / DV;
 // Rope pairs element t < HALF_ROT with t + HALF_ROT.
 const uint HALF_ROT = ROT / 2u;
 
@@ -87,7 +92,7 @@ shared float vf_s[D];
 shared float part[gl_WorkGroupSize.x];
 shared float w_s[T];
 // Each slot group's weight sum (attend()), each invocation group's in the combine.
-shared float l_s[G + G2];
+shared float l_s[GV > G ? GV : G];
 #if SPLITS > 1
 // Each invocation group's max in the combine, and the splits each group loads.
 shared float m_s[G];
@@ -96,19 +101,13 @@ const uint SPG = (NSPLITS + G - 1u) / G;
 
 #if PREFETCH
 // Per invocation, the first tile's share: 16-byte chunks lane + i * P of its slot's K row, and
-// the V elements of slots g + i * G for i < VP (see attend()). VP covers the first 8 G slots
+// the V elements of slots gv + i * GV for i < VP (see attend()). VP covers the first 8 GV slots
 // only, a short position's whole chunk: prefetching a whole tile's V (32 registers more) made
 // long contexts slower on the H100 (1024 tokens: 819.7 -> 776.1 tokens/s), likely fewer
 // resident workgroups. As it is: 256 tokens 854.0 -> 873.0, 1024 819.3 -> 826.0, 4000
 // 710.9 -> 701.3 (docs/perf.md).
 const uint KP = D / 16u;
-#if KV_DTYPE == F16
-const uint VP_TILE = (T + G2 - 1u) / G2;
-#define VP_T uint
-#else
-const uint VP_TILE = (T + G - 1u) / G;
-#define VP_T float
-#endif
+const uint VP_TILE = (T + GV - 1u) / GV;
 const uint VP = VP_TILE < 8u ? VP_TILE : 8u;
 #endif
 
@@ -151,18 +150,32 @@ vec2 prepare(vec2 v, vec2 wn, vec2 pv, vec2 pwn, float angle_pos) {
     return v;
 }
 
-// The v element c of slot j: the fresh row for the slot being written, else the cache.
-float v_at(uint kv_base, uint j, uint c, uint fresh) {
-    return j == fresh ? vf_s[c] : kv_v(kv_base + j * D + c);
-}
-
+// A values-phase invocation's VW elements cv * VW .. of a V row: VT as loaded (VT_RAW) and as
+// floats; the fresh row's from shared memory; the groups' sums exchanged through shared memory.
 #if KV_DTYPE == F16
-// The v elements 2 c2 and 2 c2 + 1 of slot j, from one word of the cache.
-vec2 v2_at(uint kv_base, uint j, uint c2, uint fresh) {
-    return j == fresh ? vec2(vf_s[2u * c2], vf_s[2u * c2 + 1u])
-                      : unpackHalf2x16(v[(kv_base + j * D) / 2u + c2]);
-}
+#define VT vec2
+#define VT_RAW uint
+VT_RAW vt_raw(uint kv_base, uint j, uint cv) { return v[(kv_base + j * D) / 2u + cv]; }
+VT vt_unpack(VT_RAW r) { return unpackHalf2x16(r); }
+VT vt_fresh(uint cv) { return vec2(vf_s[2u * cv], vf_s[2u * cv + 1u]); }
+// red2_s was last read in prepare(), before its closing barrier.
+void vt_share(uint t, VT a) { red2_s[t] = a; }
+float vt_shared(uint i, uint e) { return red2_s[i * DV + e / 2u][e & 1u]; }
+#else
+#define VT float
+#define VT_RAW float
+VT_RAW vt_raw(uint kv_base, uint j, uint cv) { return v[kv_base + j * D + cv]; }
+VT vt_unpack(VT_RAW r) { return r; }
+VT vt_fresh(uint cv) { return vf_s[cv]; }
+void vt_share(uint t, VT a) { part[t] = a; }
+float vt_shared(uint i, uint e) { return part[i * DV + e]; }
 #endif
+
+// The values of slot j for invocation cv: the fresh row for the slot being written, else the
+// cache.
+VT v_at(uint kv_base, uint j, uint cv, uint fresh) {
+    return j == fresh ? vt_fresh(cv) : vt_unpack(vt_raw(kv_base, j, cv));
+}
 
 // Decode attention of the query row in q_s over slots lo..hi-1 of kv head base kv_base; slot
 // `fresh` comes from kf_s / vf_s (see the top). Leaves the running max in `m` (the same in
@@ -170,22 +183,17 @@ vec2 v2_at(uint kv_base, uint j, uint c2, uint fresh) {
 // and the sum of the weights in `lsum`.
 void attend(uint kv_base, uint lo, uint hi, uint fresh,
 #if PREFETCH
-            in vec4 kp[KP], in VP_T vp[VP],
+            in vec4 kp[KP], in VT_RAW vp[VP],
 #endif
             out float m, out float total, out float lsum) {
     uint t = gl_LocalInvocationID.x;
     uint lane = t % P;
     uint slot = t / P;
-    uint g = t / D;
-    uint c = t - g * D;
+    uint gv = t / DV;
+    uint cv = t - gv * DV;
     m = NEG_BIG;
     float l = 0.0;
-    float acc = 0.0;
-#if KV_DTYPE == F16
-    uint g2 = t / D2;
-    uint c2 = t - g2 * D2;
-    vec2 acc2 = vec2(0.0);
-#endif
+    VT acc = VT(0.0);
     for (uint tile = lo; tile < hi; tile += T) {
         uint j = tile + slot;
         float d = 0.0;
@@ -235,76 +243,32 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
             w_s[t] = tile + t < hi ? exp(w_s[t] - m_new) : 0.0;
         }
         barrier();
-#if KV_DTYPE == F16
-        if (g2 < G2) {
+        if (gv < GV) {
             uint count = min(T, hi - tile);
-            vec2 a = acc2 * alpha;
-            float ws = 0.0;
-            uint jj = g2;
-#if PREFETCH
-            if (tile == lo) {
-                for (uint i = 0u; i < VP; i++) {
-                    uint at = g2 + i * G2;
-                    if (at < count) {
-                        float w = w_s[at];
-                        a += w * (tile + at == fresh ? vec2(vf_s[2u * c2], vf_s[2u * c2 + 1u])
-                                                     : unpackHalf2x16(vp[i]));
-                        ws += w;
-                    }
-                }
-                jj = g2 + VP * G2;
-            }
-#endif
-            for (; jj + 3u * G2 < count; jj += 4u * G2) {
-                vec2 v0 = v2_at(kv_base, tile + jj, c2, fresh);
-                vec2 v1 = v2_at(kv_base, tile + jj + G2, c2, fresh);
-                vec2 v2 = v2_at(kv_base, tile + jj + 2u * G2, c2, fresh);
-                vec2 v3 = v2_at(kv_base, tile + jj + 3u * G2, c2, fresh);
-                float w0 = w_s[jj], w1 = w_s[jj + G2], w2 = w_s[jj + 2u * G2], w3 = w_s[jj + 3u * G2];
-                a += w0 * v0;
-                a += w1 * v1;
-                a += w2 * v2;
-                a += w3 * v3;
-                ws += w0;
-                ws += w1;
-                ws += w2;
-                ws += w3;
-            }
-            for (; jj < count; jj += G2) {
-                float w = w_s[jj];
-                a += w * v2_at(kv_base, tile + jj, c2, fresh);
-                ws += w;
-            }
-            acc2 = a;
-            l = l * alpha + ws;
-        }
-#else
-        if (g < G) {
-            uint count = min(T, hi - tile);
-            float a = acc * alpha;
+            VT a = acc * alpha;
             float ws = 0.0;
             // Four independent loads in flight per step: this loop is latency-bound.
-            uint jj = g;
+            uint jj = gv;
 #if PREFETCH
             if (tile == lo) {
                 // The first tile's V, loaded at the start (same order of the sums).
                 for (uint i = 0u; i < VP; i++) {
-                    uint at = g + i * G;
+                    uint at = gv + i * GV;
                     if (at < count) {
                         float w = w_s[at];
-                        a += w * (tile + at == fresh ? vf_s[c] : vp[i]);
+                        a += w * (tile + at == fresh ? vt_fresh(cv) : vt_unpack(vp[i]));
                         ws += w;
                     }
                 }
-                jj = g + VP * G;
+                jj = gv + VP * GV;
             }
 #endif
-            for (; jj + 3u * G < count; jj += 4u * G) {
-                float v0 = v_at(kv_base, tile + jj, c, fresh);
-                float v1 = v_at(kv_base, tile + jj + G, c, fresh);
-                float v2 = v_at(kv_base, tile + jj + 2u * G, c, fresh);
-                float v3 = v_at(kv_base, tile + jj + 3u * G, c, fresh);
-                float w0 = w_s[jj], w1 = w_s[jj + G], w2 = w_s[jj + 2u * G], w3 = w_s[jj + 3u * G];
+            for (; jj + 3u * GV < count; jj += 4u * GV) {
+                VT v0 = v_at(kv_base, tile + jj, cv, fresh);
+                VT v1 = v_at(kv_base, tile + jj + GV, cv, fresh);
+                VT v2 = v_at(kv_base, tile + jj + 2u * GV, cv, fresh);
+                VT v3 = v_at(kv_base, tile + jj + 3u * GV, cv, fresh);
+                float w0 = w_s[jj], w1 = w_s[jj + GV], w2 = w_s[jj + 2u * GV], w3 = w_s[jj + 3u * GV];
                 a += w0 * v0;
                 a += w1 * v1;
                 a += w2 * v2;
@@ -314,15 +278,14 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
                 ws += w2;
                 ws += w3;
             }
-            for (; jj < count; jj += G) {
+            for (; jj < count; jj += GV) {
                 float w = w_s[jj];
-                a += w * v_at(kv_base, tile + jj, c, fresh);
+                a += w * v_at(kv_base, tile + jj, cv, fresh);
                 ws += w;
             }
             acc = a;
             l = l * alpha + ws;
         }
-#endif
         // The next tile rewrites part and w_s: it waits for this one's readers. After the last
         // tile nothing does (part was last read before wg_max's barriers, w_s is not written).
         if (tile + T < hi) {
@@ -330,36 +293,19 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
         }
     }
     // The slot groups' outputs and weight sums, in one exchange.
-#if KV_DTYPE == F16
-    // red2_s was last read in prepare(), before its closing barrier.
-    red2_s[t] = g2 < G2 ? acc2 : vec2(0.0);
-    if (g2 < G2 && c2 == 0u) {
-        l_s[g2] = l;
+    vt_share(t, gv < GV ? acc : VT(0.0));
+    if (gv < GV && cv == 0u) {
+        l_s[gv] = l;
     }
     barrier();
     total = 0.0;
     lsum = 0.0;
     if (t < D) {
-        for (uint i = 0u; i < G2; i++) {
-            total += red2_s[i * D2 + t / 2u][t & 1u];
+        for (uint i = 0u; i < GV; i++) {
+            total += vt_shared(i, t);
             lsum += l_s[i];
         }
     }
-#else
-    part[t] = g < G ? acc : 0.0;
-    if (g < G && c == 0u) {
-        l_s[g] = l;
-    }
-    barrier();
-    total = 0.0;
-    lsum = 0.0;
-    if (t < D) {
-        for (uint i = 0u; i < G; i++) {
-            total += part[i * D + t];
-            lsum += l_s[i];
-        }
-    }
-#endif
 }
 
 #if SPLITS > 1
@@ -496,28 +442,19 @@ void main() {
     // used (attend() takes that slot from shared memory), so reading it while the writer
     // stores it does not matter; slots past the chunk are clamped into it and never used.
     vec4 kp[KP];
-    VP_T vp[VP];
+    VT_RAW vp[VP];
     {
         uint slot = t / P;
         uint row = kv_base + min(lo + slot, hi - 1u) * D;
         for (uint i = 0u; i < KP; i++) {
             kp[i] = kv_k4(row / 4u + t % P + i * P);
         }
-#if KV_DTYPE == F16
-        uint g2 = t / D2;
-        uint c2 = t - g2 * D2;
+        uint gv = t / DV;
+        uint cv = t - gv * DV;
         for (uint i = 0u; i < VP; i++) {
-            uint j = min(lo + g2 + i * G2, hi - 1u);
-            vp[i] = g2 < G2 ? v[(kv_base + j * D) / 2u + c2] : 0u;
+            uint j = min(lo + gv + i * GV, hi - 1u);
+            vp[i] = gv < GV ? vt_raw(kv_base, j, cv) : VT_RAW(0);
         }
-#else
-        uint gg = t / D;
-        uint c = t - gg * D;
-        for (uint i = 0u; i < VP; i++) {
-            uint j = min(lo + gg + i * G, hi - 1u);
-            vp[i] = gg < G ? kv_v(kv_base + j * D + c) : 0.0;
-        }
-#endif
     }
 #endif
     // The fresh K and V rows of the group: written to the caches by the writer, attended to
