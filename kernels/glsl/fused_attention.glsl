@@ -99,14 +99,24 @@ shared float m_s[G];
 const uint SPG = (NSPLITS + G - 1u) / G;
 #endif
 
+// A score-phase lane loads KC elements of a K row at once, 16 bytes (KC_RAW as loaded): f16
+// caches eight, half the loads per position of four, the f32 width.
+#if KV_DTYPE == F16
+#define KC_RAW uvec4
+const uint KC = 8u;
+#else
+#define KC_RAW vec4
+const uint KC = 4u;
+#endif
+
 #if PREFETCH
-// Per invocation, the first tile's share: 16-byte chunks lane + i * P of its slot's K row, and
+// Per invocation, the first tile's share: KC-element chunks lane + i * P of its slot's K row, and
 // the V elements of slots gv + i * GV for i < VP (see attend()). VP covers the first 8 GV slots
 // only, a short position's whole chunk: prefetching a whole tile's V (32 registers more) made
 // long contexts slower on the H100 (1024 tokens: 819.7 -> 776.1 tokens/s), likely fewer
 // resident workgroups. As it is: 256 tokens 854.0 -> 873.0, 1024 819.3 -> 826.0, 4000
 // 710.9 -> 701.3 (docs/perf.md).
-const uint KP = D / 16u;
+const uint KP = (D / KC + P - 1u) / P;
 const uint VP_TILE = (T + GV - 1u) / GV;
 const uint VP = VP_TILE < 8u ? VP_TILE : 8u;
 #endif
@@ -171,6 +181,22 @@ void vt_share(uint t, VT a) { part[t] = a; }
 float vt_shared(uint i, uint e) { return part[i * DV + e]; }
 #endif
 
+// A score-phase lane's K loads (KC elements, see above) and their dot products with q.
+#if KV_DTYPE == F16
+KC_RAW kc_raw(uint i) { return k8[i]; }
+float kc_dot(uint e, KC_RAW r) {
+    return dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]),
+               vec4(unpackHalf2x16(r.x), unpackHalf2x16(r.y)))
+         + dot(vec4(q_s[e + 4u], q_s[e + 5u], q_s[e + 6u], q_s[e + 7u]),
+               vec4(unpackHalf2x16(r.z), unpackHalf2x16(r.w)));
+}
+#else
+KC_RAW kc_raw(uint i) { return kv_k4(i); }
+float kc_dot(uint e, KC_RAW r) {
+    return dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]), r);
+}
+#endif
+
 // The values of slot j for invocation cv: the fresh row for the slot being written, else the
 // cache.
 VT v_at(uint kv_base, uint j, uint cv, uint fresh) {
@@ -183,7 +209,7 @@ VT v_at(uint kv_base, uint j, uint cv, uint fresh) {
 // and the sum of the weights in `lsum`.
 void attend(uint kv_base, uint lo, uint hi, uint fresh,
 #if PREFETCH
-            in vec4 kp[KP], in VT_RAW vp[VP],
+            in KC_RAW kp[KP], in VT_RAW vp[VP],
 #endif
             out float m, out float total, out float lsum) {
     uint t = gl_LocalInvocationID.x;
@@ -206,12 +232,18 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
 #if PREFETCH
             if (tile == lo) {
                 for (uint i = 0u; i < KP; i++) {
-                    uint e = 4u * (lane + i * P);
-                    d += dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]), kp[i]);
+                    uint c = lane + i * P;
+                    if (c < D / KC) {
+                        d += kc_dot(KC * c, kp[i]);
+                    }
                 }
             } else
 #endif
-            if (D % 4u == 0u) {
+            if (D % KC == 0u) {
+                for (uint c = lane; c < D / KC; c += P) {
+                    d += kc_dot(KC * c, kc_raw(row / KC + c));
+                }
+            } else if (D % 4u == 0u) {
                 for (uint c4 = lane; c4 < D / 4u; c4 += P) {
                     uint e = 4u * c4;
                     d += dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]), kv_k4(row / 4u + c4));
@@ -441,13 +473,14 @@ void main() {
     // latency overlaps the loads, norms and rope below. The fresh slot's entries are never
     // used (attend() takes that slot from shared memory), so reading it while the writer
     // stores it does not matter; slots past the chunk are clamped into it and never used.
-    vec4 kp[KP];
+    KC_RAW kp[KP];
     VT_RAW vp[VP];
     {
         uint slot = t / P;
         uint row = kv_base + min(lo + slot, hi - 1u) * D;
         for (uint i = 0u; i < KP; i++) {
-            kp[i] = kv_k4(row / 4u + t % P + i * P);
+            // Lanes past the row's last chunk (D / KC < KP * P) load its last, unused.
+            kp[i] = kc_raw(row / KC + min(t % P + i * P, D / KC - 1u));
         }
         uint gv = t / DV;
         uint cv = t - gv * DV;

@@ -15,6 +15,7 @@
 #if KV_DTYPE == F16
 layout(set = 0, binding = KV_K_BINDING, std430) KV_ACCESS buffer K { uint k[]; };
 layout(set = 0, binding = KV_K_BINDING, std430) readonly buffer K2 { uvec2 k2[]; };
+layout(set = 0, binding = KV_K_BINDING, std430) readonly buffer K8 { uvec4 k8[]; };
 layout(set = 0, binding = KV_V_BINDING, std430) KV_ACCESS buffer V { uint v[]; };
 // Elements 4i .. 4i + 3 of the K cache.
 vec4 kv_k4(uint i) {
