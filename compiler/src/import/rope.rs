@@ -204,13 +204,19 @@ impl RopeConfig {
             head_dim
         };
         if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+            // Name the factor only where it applies: the default RoPE of Llama and Qwen3
+            // rotates the whole head whatever config.json says.
+            let what = if applies_partial {
+                format!(
+                    "the rotary dimension int(head_dim {head_dim} * partial_rotary_factor {}) = {rotary_dim}",
+                    partial.unwrap_or(1.0)
+                )
+            } else {
+                format!("the rotary dimension (the whole head_dim) {rotary_dim}")
+            };
             return Err(ImportError::Inconsistent {
                 file: top.file().to_path_buf(),
-                message: format!(
-                    "the rotary dimension int(head_dim {head_dim} * partial_rotary_factor {}) = {rotary_dim} \
-                     must be even, positive and at most head_dim",
-                    partial.unwrap_or(1.0)
-                ),
+                message: format!("{what} must be even, positive and at most head_dim"),
             });
         }
         Ok(RopeConfig {
@@ -421,6 +427,17 @@ mod tests {
         let text = e.to_string();
         assert!(
             text.contains("rope_parameters.rope_type") && text.contains("yarn"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_odd_head_is_reported_without_a_factor_the_family_ignores() {
+        let e =
+            resolve(r#"{"partial_rotary_factor": 0.4}"#, Family::Qwen3, 15).expect_err("15 is odd");
+        let text = e.to_string();
+        assert!(
+            text.contains("(the whole head_dim) 15") && !text.contains("partial_rotary_factor"),
             "{text}"
         );
     }
