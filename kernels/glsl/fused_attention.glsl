@@ -181,20 +181,19 @@ void vt_share(uint t, VT a) { part[t] = a; }
 float vt_shared(uint i, uint e) { return part[i * DV + e]; }
 #endif
 
+// Elements e .. e + 3 of the query row.
+vec4 q4(uint e) { return vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]); }
+
 // A score-phase lane's K loads (KC elements, see above) and their dot products with q.
 #if KV_DTYPE == F16
 KC_RAW kc_raw(uint i) { return k8[i]; }
 float kc_dot(uint e, KC_RAW r) {
-    return dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]),
-               vec4(unpackHalf2x16(r.x), unpackHalf2x16(r.y)))
-         + dot(vec4(q_s[e + 4u], q_s[e + 5u], q_s[e + 6u], q_s[e + 7u]),
-               vec4(unpackHalf2x16(r.z), unpackHalf2x16(r.w)));
+    return dot(q4(e), vec4(unpackHalf2x16(r.x), unpackHalf2x16(r.y)))
+         + dot(q4(e + 4u), vec4(unpackHalf2x16(r.z), unpackHalf2x16(r.w)));
 }
 #else
 KC_RAW kc_raw(uint i) { return kv_k4(i); }
-float kc_dot(uint e, KC_RAW r) {
-    return dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]), r);
-}
+float kc_dot(uint e, KC_RAW r) { return dot(q4(e), r); }
 #endif
 
 // The values of slot j for invocation cv: the fresh row for the slot being written, else the
@@ -245,8 +244,7 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
                 }
             } else if (D % 4u == 0u) {
                 for (uint c4 = lane; c4 < D / 4u; c4 += P) {
-                    uint e = 4u * c4;
-                    d += dot(vec4(q_s[e], q_s[e + 1u], q_s[e + 2u], q_s[e + 3u]), kv_k4(row / 4u + c4));
+                    d += dot(q4(4u * c4), kv_k4(row / 4u + c4));
                 }
             } else {
                 for (uint e = lane; e < D; e += P) {
