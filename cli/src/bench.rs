@@ -258,12 +258,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             });
         }
     }
-    if rows.iter().any(|r| r.report.ids != rows[0].report.ids) {
-        bail!(
-            "configurations disagree on the generated tokens: {:?}",
-            rows.iter().map(|r| &r.report.ids).collect::<Vec<_>>()
-        );
-    }
     writeln!(
         out,
         "{:<7} {:<7} {:>2} {:<10} {:>7} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>8}",
@@ -306,6 +300,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             p.submits_per_token
         )?;
     }
+    // After the table, so that a disagreement still shows what each configuration measured,
+    // and named by row and first differing token (whole token lists buried the figures).
+    let disagree = disagreements(&rows);
+    if !disagree.is_empty() {
+        bail!(
+            "configurations disagree on the generated tokens with row 1: {}",
+            disagree.join(", ")
+        );
+    }
     if args.profile {
         // The fused schedule where there is one (the configuration that matters).
         let (_, schedule) = schedules
@@ -320,4 +323,68 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         writeln!(out, "{}", serde_json::to_string(&rows)?)?;
     }
     Ok(())
+}
+
+/// Each row whose tokens differ from the first row's, as "row N from token I" (rows counted
+/// from 1 as printed, I the first differing index).
+fn disagreements(rows: &[Row]) -> Vec<String> {
+    let Some(first) = rows.first() else {
+        return vec![];
+    };
+    let want = &first.report.ids;
+    rows.iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let got = &r.report.ids;
+            let at = got
+                .iter()
+                .zip(want)
+                .position(|(a, b)| a != b)
+                .or((got.len() != want.len()).then(|| got.len().min(want.len())))?;
+            Some(format!("row {} from token {at}", i + 1))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(ids: &[u32]) -> Row {
+        Row {
+            fused: true,
+            backend: "replay",
+            tokens_per_submit: 8,
+            write_back: "copy",
+            persistent_groups: 0,
+            report: RunReport {
+                backend: "replay".into(),
+                ids: ids.to_vec(),
+                tokens_per_s: 1.0,
+                host_us_per_token: 0.0,
+                gpu_us_per_token: None,
+                dispatches_per_token: 0.0,
+                barriers_per_token: 0.0,
+                descriptor_writes_per_token: 0.0,
+                recordings_per_token: 0.0,
+                submits_per_token: 0.0,
+            },
+        }
+    }
+
+    #[test]
+    fn should_name_each_disagreeing_row_and_its_first_differing_token() {
+        let rows = [
+            row(&[1, 2, 3]),
+            row(&[1, 2, 3]),
+            row(&[1, 9, 3]),
+            row(&[1, 2]),
+        ];
+        assert_eq!(
+            disagreements(&rows),
+            ["row 3 from token 1", "row 4 from token 2"]
+        );
+        assert!(disagreements(&rows[..2]).is_empty());
+        assert!(disagreements(&[]).is_empty());
+    }
 }
