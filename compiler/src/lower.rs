@@ -288,6 +288,7 @@ pub fn lower_with_report(
                     bindings: call.bindings as u32,
                     push_constant_bytes: call.push_constants.len() as u32,
                     spec_constants: call.spec_constants.clone(),
+                    subgroups: call.subgroups(),
                 });
                 kernel_ids.insert(key, k);
                 k
@@ -415,6 +416,7 @@ pub(crate) fn declare_kernel(
         bindings: bindings as u32,
         push_constant_bytes: 0,
         spec_constants,
+        subgroups: None,
     });
     Ok(KernelId(decls.len() as u32 - 1))
 }

@@ -140,6 +140,7 @@ fn sample() -> (Schedule, MapWeights) {
             bindings: 3,
             push_constant_bytes: 8,
             spec_constants: vec![64],
+            subgroups: None,
         },
         KernelDecl {
             label: "rms_norm+matvec_f16".into(),
@@ -147,6 +148,7 @@ fn sample() -> (Schedule, MapWeights) {
             bindings: 4,
             push_constant_bytes: 4,
             spec_constants: vec![64, 1e-6f32.to_bits()],
+            subgroups: Some(2),
         },
         KernelDecl {
             label: "argmax".into(),
@@ -154,6 +156,7 @@ fn sample() -> (Schedule, MapWeights) {
             bindings: 2,
             push_constant_bytes: 0,
             spec_constants: vec![],
+            subgroups: None,
         },
     ];
     let pc = |words: &[u32]| {
@@ -440,6 +443,22 @@ fn should_refuse_to_write_a_schedule_that_does_not_validate() {
 }
 
 #[test]
+fn should_refuse_a_load_time_workgroup_without_a_size_or_out_of_range() {
+    for (subgroups, spec) in [(0, vec![64]), (33, vec![64]), (2, vec![])] {
+        let (mut schedule, weights) = sample();
+        schedule.kernels[2].subgroups = Some(subgroups);
+        schedule.kernels[2].spec_constants = spec;
+        let err = schedule.write_to(&mut Vec::new(), &weights).unwrap_err();
+        assert!(matches!(err, ScheduleFileError::Unwritable(_)), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("kernel 2 `argmax`") && msg.contains(&format!("{subgroups} subgroups")),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
 fn should_name_a_missing_or_missized_weight_and_leave_no_file() {
     let (schedule, mut weights) = sample();
     weights.0.remove("model.layers.0.input_layernorm.weight");
@@ -538,8 +557,8 @@ fn should_reject_a_newer_version_saying_which() {
 
 #[test]
 fn should_refuse_a_version_1_file_asking_to_recompile() {
-    // Version 1 had no tokenizer in its metadata; this build reads version 3 only.
-    assert_eq!(FORMAT_VERSION, 3);
+    // Version 1 had no tokenizer in its metadata; this build reads version 4 only.
+    assert_eq!(FORMAT_VERSION, 4);
     let (_, mut b) = sample_file("version-1-src");
     b[8..12].copy_from_slice(&1u32.to_le_bytes());
     fix_checksums(&mut b);
@@ -549,7 +568,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
             err,
             ScheduleFileError::UnsupportedVersion {
                 found: 1,
-                supported: 3,
+                supported: 4,
                 ..
             }
         ),
@@ -557,7 +576,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 3)"),
+        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 4)"),
         "{msg}"
     );
     assert!(msg.contains("recompile the model"), "{msg}");
@@ -738,7 +757,7 @@ fn should_dump_every_table_readably() {
         "b0   weights          8192 (8.0 KiB)  weights",
         "b2   state             256 (256 B)  kv",
         "k1   rms_norm+matvec_f16: 42 words of SPIR-V, 4 bindings, 4 push-constant bytes, \
-         spec [64, 897988541]",
+         spec [64, 897988541], workgroup 2 subgroups (at load)",
         "  level 1\n    d1    k1 [4,1,1] b3[+0,64] b0[+256,100] b0[+8064,64] b3[+256,64] \
          push [16] rms_norm+q\n    d2    k1 [4,2,1]",
         "d3    k2 [1,1,1] b1[+64,64] b1[+0,4] argmax",
@@ -750,7 +769,7 @@ fn should_dump_every_table_readably() {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     let whole = file.to_string();
-    assert!(whole.contains("vkfuse schedule format 3"), "{whole}");
+    assert!(whole.contains("vkfuse schedule format 4"), "{whole}");
     assert!(whole.contains("tensors in the file (3):"), "{whole}");
     assert!(whole.contains(&text), "{whole}");
 }

@@ -129,6 +129,7 @@ pub fn add_regions(
                     bindings: bindings as u32,
                     push_constant_bytes: 0,
                     spec_constants: vec![wg],
+                    subgroups: None,
                 });
                 kernel_of_source.insert(source, id);
                 id

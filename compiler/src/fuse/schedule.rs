@@ -436,6 +436,7 @@ impl Lowering<'_> {
                                 bindings: call.bindings as u32,
                                 push_constant_bytes: call.push_constants.len() as u32,
                                 spec_constants: call.spec_constants.clone(),
+                                subgroups: call.subgroups(),
                             });
                             self.kernel_ids.insert(key, id);
                             id
@@ -469,6 +470,13 @@ impl Lowering<'_> {
                                 bindings: gen.bindings as u32,
                                 push_constant_bytes: 0,
                                 spec_constants: gen.spec_constants.clone(),
+                                subgroups: match &k.kind {
+                                    KernelKind::Matvec(_) => gen
+                                        .spec_constants
+                                        .first()
+                                        .and_then(|&wg| crate::kernels::matvec_subgroups(wg)),
+                                    _ => None,
+                                },
                             });
                             self.kernel_ids.insert(key, id);
                             if let KernelKind::Matvec(spec) = &k.kind {

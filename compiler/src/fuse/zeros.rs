@@ -105,6 +105,7 @@ mod tests {
             bindings,
             push_constant_bytes: 0,
             spec_constants: vec![],
+            subgroups: None,
         }
     }
 

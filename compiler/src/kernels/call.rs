@@ -22,6 +22,21 @@ pub struct KernelCall {
     pub bindings: usize,
 }
 
+impl KernelCall {
+    /// The subgroups per workgroup the runtime keeps when it chooses the workgroup size at
+    /// load (`KernelDecl::subgroups`): the plain matvec's; every other kernel's size is as
+    /// compiled.
+    pub fn subgroups(&self) -> Option<u32> {
+        match self.kernel {
+            "matvec" => self
+                .spec_constants
+                .first()
+                .and_then(|&wg| super::matvec_subgroups(wg)),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for KernelCall {
     /// `matvec[DTYPE_1=BF16] spec=[128,1024,64,2,1] groups=512x1x1 bindings=3`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

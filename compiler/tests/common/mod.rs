@@ -65,6 +65,7 @@ pub fn kernel_decl(gen: &Generated) -> vkfuse_runtime::schedule::KernelDecl {
         bindings: gen.bindings as u32,
         push_constant_bytes: 0,
         spec_constants: gen.spec_constants.clone(),
+        subgroups: None,
     }
 }
 

@@ -121,12 +121,16 @@ impl fmt::Display for Schedule {
         for (i, k) in self.kernels.iter().enumerate() {
             writeln!(
                 f,
-                "  k{i:<3} {}: {} words of SPIR-V, {} bindings, {} push-constant bytes, spec {:?}",
+                "  k{i:<3} {}: {} words of SPIR-V, {} bindings, {} push-constant bytes, spec {:?}{}",
                 k.label,
                 k.spirv.len(),
                 k.bindings,
                 k.push_constant_bytes,
-                k.spec_constants
+                k.spec_constants,
+                match k.subgroups {
+                    Some(n) => format!(", workgroup {n} subgroups (at load)"),
+                    None => String::new(),
+                }
             )?;
         }
 

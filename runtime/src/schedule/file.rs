@@ -33,7 +33,7 @@ pub const MAGIC: [u8; 8] = *b"VKFUSE\0\n";
 /// The last 8 bytes of every schedule file (versions 1 to 3).
 pub const END_MAGIC: [u8; 8] = *b"VKFEND\0\n";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// Every tensor (and the weights section itself) starts at a multiple of this many bytes.
 pub const WEIGHT_ALIGN: u64 = 4096;
 
@@ -659,6 +659,7 @@ fn encode(
         e.u32(k.bindings);
         e.u32(k.push_constant_bytes);
         e.u32s(&k.spec_constants, "spec_constants")?;
+        e.u32(k.subgroups.unwrap_or(0));
     }
 
     e.count(s.dispatches.len(), "dispatches")?;
@@ -859,13 +860,17 @@ fn decode(bytes: &[u8]) -> Decoded<(Schedule, Vec<TensorRecord>)> {
         };
         Ok(BufferDecl { label, size, role })
     })?;
-    let kernels = d.vec(4 * 5, "kernels", |d| {
+    let kernels = d.vec(4 * 6, "kernels", |d| {
         Ok(KernelDecl {
             label: d.str("kernel label")?,
             spirv: d.u32s("spirv")?,
             bindings: d.u32("kernel bindings")?,
             push_constant_bytes: d.u32("push_constant_bytes")?,
             spec_constants: d.u32s("spec_constants")?,
+            subgroups: match d.u32("kernel subgroups")? {
+                0 => None,
+                n => Some(n),
+            },
         })
     })?;
     let dispatches = d.vec(DISPATCH_MIN, "dispatches", Decoder::dispatch)?;

@@ -114,9 +114,34 @@ pub struct KernelDecl {
     pub push_constant_bytes: u32,
     /// constant_id i = spec_constants[i] (f32 as bits).
     pub spec_constants: Vec<u32>,
+    /// `Some(n)`: the workgroup size (constant 0) is chosen at load from the device, `n` of its
+    /// subgroups ([`KernelDecl::workgroup_size`]); `spec_constants[0]` is the size for the
+    /// device class the schedule was compiled for. `None`: constant 0 as compiled (kernels whose
+    /// grid or shape depends on it).
+    pub subgroups: Option<u32>,
 }
 
+/// Most subgroups a load-time workgroup may span ([`KernelDecl::subgroups`]).
+pub const MAX_WORKGROUP_SUBGROUPS: u32 = 32;
+
 impl KernelDecl {
+    /// The workgroup size (specialization constant 0) on a device with `subgroup_size`-wide
+    /// subgroups and at most `max_invocations` per workgroup: `subgroups` subgroups where the
+    /// kernel says so (the same subgroups per workgroup, and so the same loads in flight per
+    /// invocation group, on 8-, 32- and 64-wide devices), else the compiled size.
+    pub fn workgroup_size(&self, subgroup_size: u32, max_invocations: u32) -> Option<u32> {
+        let compiled = self.spec_constants.first().copied();
+        match self.subgroups {
+            Some(n) if subgroup_size.is_power_of_two() => {
+                // Power-of-two counts of power-of-two subgroups; never past the device.
+                let cap = max_invocations.max(1);
+                let cap = 1u32 << (31 - cap.leading_zeros());
+                Some(n.saturating_mul(subgroup_size).clamp(1, cap))
+            }
+            _ => compiled,
+        }
+    }
+
     /// Whether the SPIR-V declares float atomic add (`AtomicFloat32AddEXT`), which the device
     /// must offer as `shaderBufferFloat32AtomicAdd`.
     pub fn adds_floats_atomically(&self) -> bool {
@@ -259,5 +284,39 @@ impl Schedule {
     /// A kernel with subgroup shuffles (so the device must offer them in compute).
     pub fn shuffle_kernel(&self) -> Option<&KernelDecl> {
         self.kernels.iter().find(|k| k.uses_subgroup_shuffle())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(subgroups: Option<u32>, spec: &[u32]) -> KernelDecl {
+        KernelDecl {
+            label: "k".into(),
+            spirv: vec![],
+            bindings: 1,
+            push_constant_bytes: 0,
+            spec_constants: spec.to_vec(),
+            subgroups,
+        }
+    }
+
+    #[test]
+    fn should_size_an_open_workgroup_in_the_devices_subgroups() {
+        let k = kernel(Some(4), &[128, 7]);
+        // NVIDIA (the class it was compiled for), lavapipe, AMD's wave64.
+        assert_eq!(k.workgroup_size(32, 1024), Some(128));
+        assert_eq!(k.workgroup_size(8, 1024), Some(32));
+        assert_eq!(k.workgroup_size(64, 1024), Some(256));
+        // Never past the device's limit, kept a power of two.
+        assert_eq!(k.workgroup_size(64, 128), Some(128));
+        assert_eq!(k.workgroup_size(64, 200), Some(128));
+        // A subgroup width that is no power of two: the compiled size.
+        assert_eq!(k.workgroup_size(48, 1024), Some(128));
+        // A fixed workgroup stays as compiled; none at all stays none.
+        assert_eq!(kernel(None, &[1024]).workgroup_size(8, 1024), Some(1024));
+        assert_eq!(kernel(None, &[]).workgroup_size(8, 1024), None);
+        assert_eq!(kernel(Some(1), &[32]).workgroup_size(8, 1024), Some(8));
     }
 }

@@ -56,6 +56,19 @@ impl Schedule {
                 ));
             }
         }
+        for (i, k) in self.kernels.iter().enumerate() {
+            if let Some(n) = k.subgroups {
+                if k.spec_constants.is_empty() || !(1..=super::MAX_WORKGROUP_SUBGROUPS).contains(&n)
+                {
+                    return invalid(format!(
+                        "kernel {i} `{}`: a workgroup of {n} subgroups (1..={}), chosen at load, \
+                         needs specialization constant 0",
+                        k.label,
+                        super::MAX_WORKGROUP_SUBGROUPS
+                    ));
+                }
+            }
+        }
         let regions = self.persistent.iter().enumerate().map(|(i, r)| {
             (
                 format!("persistent region {i} ({})", r.dispatch.label),

@@ -326,6 +326,13 @@ impl Loaded {
         Ok(())
     }
 
+    /// The workgroup size kernel `k`'s pipeline was created with (its specialization constant
+    /// 0): chosen at load from the device's subgroup width where the schedule leaves it open
+    /// ([`crate::schedule::KernelDecl::subgroups`]), else the compiled one.
+    pub fn workgroup_size(&self, k: crate::schedule::KernelId) -> Option<u32> {
+        self.pipelines[k.index()].spec_constants().get_u32(0)
+    }
+
     /// The position the next step will run at (read from the device-written I/O buffer).
     pub fn position(&self) -> Result<u32, SessionError> {
         let p = self.schedule.io.position;
@@ -412,6 +419,14 @@ fn create_pipelines(
         let mut spec = SpecConstants::new();
         for (i, v) in k.spec_constants.iter().enumerate() {
             spec = spec.u32(i as u32, *v);
+        }
+        // The workgroup size chosen here for this device where the kernel leaves it open.
+        let info = device.info();
+        if let (Some(_), Some(wg)) = (
+            k.subgroups,
+            k.workgroup_size(info.subgroup_size, info.max_workgroup_invocations),
+        ) {
+            spec = spec.u32(0, wg);
         }
         pipelines.push(device.create_pipeline_with(&crate::PipelineDesc {
             label: &k.label,

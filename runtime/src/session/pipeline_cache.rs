@@ -54,6 +54,7 @@ pub fn schedule_checksum(s: &Schedule) -> u64 {
             bytemuck::cast_slice(&k.spec_constants),
             &k.bindings.to_le_bytes(),
             &k.push_constant_bytes.to_le_bytes(),
+            &k.subgroups.unwrap_or(0).to_le_bytes(),
         ] {
             lo.update(&(part.len() as u64).to_le_bytes());
             lo.update(part);

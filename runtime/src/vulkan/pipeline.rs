@@ -58,6 +58,14 @@ impl SpecConstants {
         self.entries.is_empty()
     }
 
+    /// The 4 bytes of constant `id` as a `u32`, if set.
+    pub fn get_u32(&self, id: u32) -> Option<u32> {
+        self.entries
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, b)| u32::from_ne_bytes(*b))
+    }
+
     fn map_and_data(&self) -> (Vec<vk::SpecializationMapEntry>, Vec<u8>) {
         let mut map = Vec::with_capacity(self.entries.len());
         let mut data = Vec::with_capacity(4 * self.entries.len());
@@ -153,6 +161,8 @@ pub(crate) struct PipelineInner {
     pub(crate) layout: vk::PipelineLayout,
     pub(crate) set_layout: Arc<SetLayout>,
     pub(crate) push_constant_bytes: u32,
+    /// The specialization it was created with.
+    pub(crate) spec_constants: SpecConstants,
     pub(crate) label: String,
     pub(crate) shared: Arc<DeviceShared>,
 }
@@ -176,6 +186,11 @@ impl Pipeline {
     /// Bytes of push constants it takes.
     pub fn push_constant_bytes(&self) -> u32 {
         self.inner.push_constant_bytes
+    }
+
+    /// The specialization constants the pipeline was created with.
+    pub fn spec_constants(&self) -> &SpecConstants {
+        &self.inner.spec_constants
     }
 
     /// The label given at creation.
@@ -347,6 +362,7 @@ impl Device {
                 layout,
                 set_layout,
                 push_constant_bytes: desc.push_constant_bytes,
+                spec_constants: desc.spec_constants.clone(),
                 label: desc.label.to_string(),
                 shared: Arc::clone(shared),
             }),
