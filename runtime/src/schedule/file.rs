@@ -30,7 +30,7 @@ use crate::session::TensorBytes;
 
 /// The first 8 bytes of every schedule file, in every version.
 pub const MAGIC: [u8; 8] = *b"VKFUSE\0\n";
-/// The last 8 bytes of every schedule file (versions 1 to 3).
+/// The last 8 bytes of every schedule file (every version so far).
 pub const END_MAGIC: [u8; 8] = *b"VKFEND\0\n";
 /// The format version this build writes, and the newest it reads.
 pub const FORMAT_VERSION: u32 = 4;

@@ -415,13 +415,13 @@ fn create_pipelines(
         },
     };
     let mut pipelines = Vec::with_capacity(schedule.kernels.len());
+    let info = device.info();
     for k in &schedule.kernels {
         let mut spec = SpecConstants::new();
         for (i, v) in k.spec_constants.iter().enumerate() {
             spec = spec.u32(i as u32, *v);
         }
         // The workgroup size chosen here for this device where the kernel leaves it open.
-        let info = device.info();
         if let (Some(_), Some(wg)) = (
             k.subgroups,
             k.workgroup_size(info.subgroup_size, info.max_workgroup_invocations),
