@@ -107,3 +107,39 @@ fn persistent_regions_match_llama_gqa() {
 fn persistent_regions_match_qwen3_next() {
     check(FIXTURES[3]);
 }
+
+/// On a device that does not report its compute units (lavapipe), more than one workgroup per
+/// region is refused by name: its grid barriers could hang, and lavapipe's atomic loads let
+/// waiters pass early (wrong tokens from run to run, silently, before this check).
+#[test]
+fn should_refuse_several_region_workgroups_where_residency_is_unknown() {
+    let (device, _log) = validated_device();
+    if device.info().compute_units.is_some() {
+        eprintln!("skipped: this device reports its compute units");
+        return;
+    }
+    let opts = FuseOptions {
+        chain: false,
+        ..FuseOptions::default()
+    };
+    let (model, schedule, _) = fused_schedule_with("llama-gqa", &opts);
+    assert!(!schedule.persistent.is_empty());
+    for (groups, refused) in [(1, false), (2, true), (64, true)] {
+        let options = LoadOptions {
+            persistence: Persistence::Groups(groups),
+            ..LoadOptions::default()
+        };
+        match Loaded::load(device.clone(), schedule.clone(), &model.tensors, options) {
+            Ok(_) => assert!(!refused, "{groups} workgroups were not refused"),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(refused, "{groups} workgroups refused: {msg}");
+                assert!(
+                    msg.contains(&format!("{groups} workgroups"))
+                        && msg.contains("--persistent off"),
+                    "{msg}"
+                );
+            }
+        }
+    }
+}

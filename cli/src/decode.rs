@@ -120,8 +120,22 @@ fn vulkan_engine(
         progress: Some(&mut |p| upload.update(p)),
         persistence,
     };
+    let (levels, regions) = (schedule.levels.len(), schedule.persistent.len());
     let loaded = Loaded::load(device.clone(), schedule, weights, options)
         .context("loading the schedule on the device")?;
+    // Asked for regions that do not run: say why rather than run as `off` in silence.
+    if persistence != Persistence::Off && loaded.schedule.levels.len() == levels {
+        let why = if regions == 0 {
+            "the schedule offers none (compile-model offers them over runs of matvec levels)"
+                .to_string()
+        } else {
+            format!(
+                "this device does not report its compute units ({})",
+                device.info().name
+            )
+        };
+        eprintln!("note: --persistent: no persistent region runs: {why}");
+    }
     if let Some(w) = loaded.pipeline_cache.warning() {
         eprintln!("{w}");
     }

@@ -59,8 +59,9 @@ pub enum Backend {
 
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// A Hugging Face model directory (config.json + *.safetensors), compiled in memory, or a
-    /// schedule file from `compile-model -o`.
+    /// A Hugging Face model directory (config.json + *.safetensors), compiled in memory without
+    /// fusion (one dispatch per op: the baseline), or a schedule file from `compile-model -o`
+    /// (fused by default).
     pub model: PathBuf,
     /// Which executor runs the decode step (default: replay for a schedule file, reference for
     /// a model directory).

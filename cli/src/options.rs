@@ -16,7 +16,8 @@ pub struct RunOptions {
     /// Persistent regions (one dispatch for a run of matvec levels, grid barriers in device
     /// memory between them): `off` (the default: they measured slower on the H100), `units`
     /// (one workgroup per compute unit where the device reports them) or a workgroup count
-    /// (never more than the device keeps resident at once: that deadlocks). `bench` also
+    /// (never more than the device keeps resident at once: that deadlocks; a device that does
+    /// not report its compute units, such as lavapipe, refuses more than one). `bench` also
     /// measures the fused replay rows without them where they run.
     #[arg(long, default_value = "off", value_name = "off|units|N")]
     pub persistent: Persistence,

@@ -101,11 +101,14 @@ fn zero_new_tokens_gives_one_row_per_id() {
 fn bad_input_is_a_clear_error_not_a_panic() {
     let dir = fixture_dir("qwen3-tied");
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["run", "/nonexistent/model", "--ids", "1"],
             "/nonexistent/model",
         ),
+        // A model directory where a schedule file belongs.
+        (&["inspect", d], "is a directory, not a schedule file"),
+        (&["inspect", "/nonexistent.vkf"], "/nonexistent.vkf"),
         (&["run", d, "--ids", "99999"], "outside the vocabulary"),
         (
             &[
@@ -134,6 +137,11 @@ fn bad_input_is_a_clear_error_not_a_panic() {
             "{args:?}: `{stderr}` should mention `{needle}`"
         );
         assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+        // The operating system's message once, not repeated by the error chain.
+        assert!(
+            stderr.matches("(os error").count() <= 1,
+            "{args:?}: {stderr}"
+        );
     }
 }
 

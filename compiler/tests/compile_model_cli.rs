@@ -69,8 +69,14 @@ fn emit_trace_prints_parseable_ir_with_a_summary() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let cases: [(&[&str], &str); 3] = [
+    let tied = fixture("qwen3-tied");
+    let cases: [(&[&str], &str); 4] = [
         (&["/nonexistent"], "nothing to do"),
+        // Refused before compiling, naming the folder.
+        (
+            &[&tied, "-o", "/nonexistent/dir/x.vkf"],
+            "the folder /nonexistent/dir does not exist",
+        ),
         (&["/nonexistent", "--emit-trace"], "/nonexistent"),
         (
             &[&fixture("qwen3-tied"), "--emit-trace", "--max-context", "0"],

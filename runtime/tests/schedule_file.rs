@@ -580,6 +580,29 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
         "{msg}"
     );
     assert!(msg.contains("recompile the model"), "{msg}");
+    assert!(!msg.contains("damaged"), "{msg}");
+}
+
+#[test]
+fn should_say_a_version_byte_may_be_damaged_when_the_header_checksum_fails() {
+    let (_, mut b) = sample_file("version-flip-src");
+    b[8] ^= 0xf0;
+    let err = open_bytes("version-flip", &b).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ScheduleFileError::UnsupportedVersion {
+                header_intact: false,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("newer than this vkfuse") && msg.contains("damaged"),
+        "{msg}"
+    );
 }
 
 #[test]

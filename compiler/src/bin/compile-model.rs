@@ -119,6 +119,17 @@ fn run(args: Args) -> Result<()> {
             "nothing to do: pass -o FILE to write a schedule, or --emit-trace to print the trace"
         );
     }
+    // Before the compile, not after it: the folder the schedule goes to must exist.
+    if let Some(out) = &args.output {
+        let dir = out.parent().filter(|d| !d.as_os_str().is_empty());
+        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
+            bail!(
+                "-o {}: the folder {} does not exist",
+                out.display(),
+                dir.display()
+            );
+        }
+    }
     if let Some(wg) = args.attention_wg {
         if !wg.is_power_of_two() || !(4..=1024).contains(&wg) {
             bail!("--attention-wg {wg}: a power of two from 4 to 1024");
@@ -237,7 +248,8 @@ fn run(args: Args) -> Result<()> {
         schedule.dispatches.len()
     );
     println!(
-        "levels:      {} ({} barriers per token in replay; eager puts one after every dispatch)",
+        "levels:      {} ({} barriers between them per token in replay, besides those around \
+         the copies of each step's token and logits; eager puts one after every dispatch)",
         schedule.levels.len(),
         schedule.levels.len().saturating_sub(1)
     );

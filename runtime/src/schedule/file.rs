@@ -70,12 +70,22 @@ impl fmt::Display for Section {
 #[derive(Debug, thiserror::Error)]
 pub enum ScheduleFileError {
     /// The file could not be opened, mapped or written.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
-        /// The operating system's error.
-        source: io::Error,
+        /// The operating system's error (in the message, so not also a `source()`: callers
+        /// printing the chain would repeat it).
+        error: io::Error,
+    },
+    /// The path is a directory.
+    #[error(
+        "{}: is a directory, not a schedule file (compile-model MODEL_DIR -o FILE writes one)",
+        path.display()
+    )]
+    IsADirectory {
+        /// The path.
+        path: PathBuf,
     },
     /// The first bytes are not [`MAGIC`].
     #[error("{}: not a vkfuse schedule file (it does not start with the vkfuse magic bytes)", path.display())]
@@ -84,7 +94,7 @@ pub enum ScheduleFileError {
         path: PathBuf,
     },
     /// The file is of a format version this build does not read.
-    #[error("{}: {}", path.display(), version_message(*found, *supported))]
+    #[error("{}: {}", path.display(), version_message(*found, *supported, *header_intact))]
     UnsupportedVersion {
         /// The file.
         path: PathBuf,
@@ -92,6 +102,9 @@ pub enum ScheduleFileError {
         found: u32,
         /// The version this build reads.
         supported: u32,
+        /// Whether the header's checksum, where this version keeps it, matches: when it does
+        /// not, the version field itself may be what is damaged.
+        header_intact: bool,
     },
     /// The file ends before a section does.
     #[error(
@@ -162,8 +175,8 @@ pub enum ScheduleFileError {
     },
 }
 
-fn version_message(found: u32, supported: u32) -> String {
-    if found > supported {
+fn version_message(found: u32, supported: u32, header_intact: bool) -> String {
+    let what = if found > supported {
         format!(
             "schedule format version {found} is newer than this vkfuse reads (version \
              {supported}); upgrade vkfuse or recompile the model with this version"
@@ -172,6 +185,14 @@ fn version_message(found: u32, supported: u32) -> String {
         format!(
             "schedule format version {found} is not supported (this vkfuse reads version \
              {supported}); recompile the model"
+        )
+    };
+    if header_intact {
+        what
+    } else {
+        format!(
+            "{what} (or the file is damaged: its header checksum does not match, so the \
+             version may be a flipped byte)"
         )
     }
 }
@@ -286,12 +307,18 @@ impl ScheduleFile {
         verify: Verify,
     ) -> Result<ScheduleFile, ScheduleFileError> {
         let path = path.as_ref();
-        let io_err = |source| ScheduleFileError::Io {
+        let io_err = |error| ScheduleFileError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let file = File::open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
+        let metadata = file.metadata().map_err(io_err)?;
+        if metadata.is_dir() {
+            return Err(ScheduleFileError::IsADirectory {
+                path: path.to_path_buf(),
+            });
+        }
+        let len = metadata.len();
         if len == 0 {
             return Err(ScheduleFileError::Truncated {
                 path: path.to_path_buf(),
@@ -476,9 +503,9 @@ impl Schedule {
         let mut partial = path.as_os_str().to_owned();
         partial.push(".partial");
         let partial = PathBuf::from(partial);
-        let io_err = |p: &Path, source| ScheduleFileError::Io {
+        let io_err = |p: &Path, error| ScheduleFileError::Io {
             path: p.to_path_buf(),
-            source,
+            error,
         };
         let file = File::create(&partial).map_err(|e| io_err(&partial, e))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
@@ -960,10 +987,14 @@ fn parse(
     }
     let version = read_u32(file, 8);
     if version != FORMAT_VERSION {
+        // Every version so far keeps the header checksum where this one does.
+        let header_intact = len >= HEADER_LEN
+            && read_u32(file, HEADER_CRC_SPAN) == crc32::checksum(&file[..HEADER_CRC_SPAN]);
         return Err(ScheduleFileError::UnsupportedVersion {
             path: p(),
             found: version,
             supported: FORMAT_VERSION,
+            header_intact,
         });
     }
     if len < HEADER_LEN {

@@ -124,7 +124,8 @@ pub enum Persistence {
     /// elsewhere (lavapipe runs workgroups a few at a time, not all at once).
     Units,
     /// Exactly this many workgroups (at most each region's widest level): tests run regions
-    /// with 1 on lavapipe, measurements compare counts.
+    /// with 1 on lavapipe, measurements compare counts. More than one is refused at load on a
+    /// device that does not report its compute units (lavapipe).
     Groups(u32),
 }
 
@@ -215,6 +216,22 @@ impl Loaded {
                 return Err(SessionError::Vulkan(Error::UnsupportedDevice {
                     device: device.info().name.clone(),
                     reason: format!("kernel `{}` needs {feature}{fix}", k.label),
+                }));
+            }
+        }
+        // A grid barrier waits for every workgroup of its dispatch: a device that does not say
+        // how many it keeps resident (lavapipe runs a few at a time, one per thread) can hang
+        // on more than one, and lavapipe's atomic loads let waiters pass early besides: wrong
+        // tokens, silently (docs/perf.md). One workgroup never waits.
+        if let Persistence::Groups(n @ 2..) = options.persistence {
+            if device.info().compute_units.is_none() && !schedule.persistent.is_empty() {
+                return Err(SessionError::Vulkan(Error::UnsupportedDevice {
+                    device: device.info().name.clone(),
+                    reason: format!(
+                        "persistent regions with {n} workgroups need them all resident at \
+                         once, and this device does not report its compute units: use \
+                         `--persistent off` or 1"
+                    ),
                 }));
             }
         }
