@@ -263,10 +263,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let steps = args.ids.len() + args.max_new_tokens.saturating_sub(1);
     if steps > capacity {
         bail!(
-            "{} prompt ids + {} new tokens need {steps} positions, more than the KV capacity of {capacity} \
-             (raise --max-context)",
+            "{} prompt ids + {} new token{} need {steps} positions, more than the KV capacity of \
+             {capacity} (raise --max-context)",
             args.ids.len(),
-            args.max_new_tokens
+            args.max_new_tokens,
+            if args.max_new_tokens == 1 { "" } else { "s" }
         );
     }
     if let Some(bad) = args.ids.iter().find(|&&t| t as usize >= vocab) {

@@ -138,10 +138,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let steps = prompt.len() + args.max_new_tokens.saturating_sub(1);
     if steps > meta.max_context as usize {
         bail!(
-            "{} prompt ids + {} new tokens need {steps} positions, more than the KV capacity of \
+            "{} prompt ids + {} new token{} need {steps} positions, more than the KV capacity of \
              {} (raise --max-context, or compile-model --max-context)",
             prompt.len(),
             args.max_new_tokens,
+            if args.max_new_tokens == 1 { "" } else { "s" },
             meta.max_context
         );
     }

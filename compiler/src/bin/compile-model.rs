@@ -44,7 +44,8 @@ struct Args {
     no_plan: bool,
     /// Workgroups per query head of the fused attention block, each over a chunk of the context
     /// (1: one workgroup walks the whole context). Default: chosen from the shapes for the
-    /// device class (132 compute units, an H100).
+    /// device class the compiler tunes for (132 compute units, an H100): about two workgroups
+    /// per compute unit over all heads. On a GPU with far fewer units, fewer splits may do.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     attention_splits: Option<u32>,
     /// Workgroup size of the fused attention block (a power of two up to 1024, raised to the
