@@ -471,10 +471,9 @@ impl Lowering<'_> {
                                 push_constant_bytes: 0,
                                 spec_constants: gen.spec_constants.clone(),
                                 subgroups: match &k.kind {
-                                    KernelKind::Matvec(_) => gen
-                                        .spec_constants
-                                        .first()
-                                        .and_then(|&wg| crate::kernels::matvec_subgroups(wg)),
+                                    KernelKind::Matvec(_) => {
+                                        crate::kernels::matvec_subgroups(&gen.spec_constants)
+                                    }
                                     _ => None,
                                 },
                             });

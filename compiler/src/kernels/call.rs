@@ -28,10 +28,7 @@ impl KernelCall {
     /// compiled.
     pub fn subgroups(&self) -> Option<u32> {
         match self.kernel {
-            "matvec" => self
-                .spec_constants
-                .first()
-                .and_then(|&wg| super::matvec_subgroups(wg)),
+            "matvec" => super::matvec_subgroups(&self.spec_constants),
             _ => None,
         }
     }

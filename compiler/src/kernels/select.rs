@@ -389,11 +389,13 @@ pub(crate) fn matvec_tuning(o: usize, w: DType) -> (u32, u32) {
 /// compile-time workgroup sizes above are measured in it.
 pub const CLASS_SUBGROUP: u32 = 32;
 
-/// The subgroups per workgroup a matvec-family kernel compiled with workgroup size `wg` keeps
-/// on every device: its grid does not depend on the size, so the runtime chooses the size at
-/// load from the device's subgroup width (`KernelDecl::subgroups`): 128 invocations on a
-/// 32-wide device are 4 subgroups, 32 invocations on lavapipe's 8-wide ones, 256 on 64-wide.
-pub fn matvec_subgroups(wg: u32) -> Option<u32> {
+/// The subgroups per workgroup a matvec-family kernel with these specialization constants
+/// (constant 0: its compiled workgroup size) keeps on every device: its grid does not depend
+/// on the size, so the runtime chooses the size at load from the device's subgroup width
+/// (`KernelDecl::subgroups`): 128 invocations on a 32-wide device are 4 subgroups, 32
+/// invocations on lavapipe's 8-wide ones, 256 on 64-wide.
+pub fn matvec_subgroups(spec_constants: &[u32]) -> Option<u32> {
+    let &wg = spec_constants.first()?;
     (wg >= CLASS_SUBGROUP && wg.is_multiple_of(CLASS_SUBGROUP)).then_some(wg / CLASS_SUBGROUP)
 }
 

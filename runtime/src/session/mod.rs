@@ -438,11 +438,9 @@ fn create_pipelines(
         for (i, v) in k.spec_constants.iter().enumerate() {
             spec = spec.u32(i as u32, *v);
         }
-        // The workgroup size chosen here for this device where the kernel leaves it open.
-        if let (Some(_), Some(wg)) = (
-            k.subgroups,
-            k.workgroup_size(info.subgroup_size, info.max_workgroup_invocations),
-        ) {
+        // The workgroup size for this device: chosen here where the kernel leaves it open,
+        // else the compiled one again.
+        if let Some(wg) = k.workgroup_size(info.subgroup_size, info.max_workgroup_invocations) {
             spec = spec.u32(0, wg);
         }
         pipelines.push(device.create_pipeline_with(&crate::PipelineDesc {
