@@ -18,7 +18,7 @@ use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::{
     writeback, Eager, LoadOptions, Loaded, Replay, TensorBytes, WriteBack,
 };
-use vkfuse_runtime::{Device, Persistence};
+use vkfuse_runtime::{Device, Handoffs, Persistence};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -55,6 +55,8 @@ struct Row {
     write_back: &'static str,
     /// Workgroups of the persistent regions (0: none run).
     persistent_groups: u32,
+    /// Levels handed over per step instead of a barrier before them (0: none).
+    handed_levels: usize,
     #[serde(flatten)]
     report: RunReport,
 }
@@ -66,6 +68,7 @@ struct Config {
     k: u32,
     write_back: WriteBack,
     persistence: Persistence,
+    handoffs: Handoffs,
 }
 
 /// A fresh sequence: token 1, then greedy tokens, one step per submit, re-recorded each time.
@@ -92,12 +95,14 @@ fn load(
     schedule: &Schedule,
     weights: &dyn TensorBytes,
     persistence: Persistence,
+    handoffs: Handoffs,
 ) -> Result<Loaded> {
     let mut upload = UploadDisplay::new();
     let options = LoadOptions {
         pipeline_cache: None,
         progress: Some(&mut |p| upload.update(p)),
         persistence,
+        handoffs,
     };
     Ok(Loaded::load(
         device.clone(),
@@ -107,17 +112,25 @@ fn load(
     )?)
 }
 
-/// One configuration; returns its report and the write-back it ran with.
+/// One configuration; returns its report, the write-back it ran with and the levels it handed
+/// over per step.
 fn measure(
     device: &Device,
     schedule: &Schedule,
     weights: &dyn TensorBytes,
     config: Config,
     tokens: usize,
-) -> Result<(RunReport, &'static str)> {
+) -> Result<(RunReport, &'static str, usize)> {
     let k = config.k;
     let mut write_back = "-";
-    let loaded = load(device, schedule, weights, config.persistence)?;
+    let loaded = load(
+        device,
+        schedule,
+        weights,
+        config.persistence,
+        config.handoffs,
+    )?;
+    let mut handed = 0;
     let capacity = loaded.schedule.meta.max_context as usize;
     if tokens + 1 > capacity {
         bail!(
@@ -139,6 +152,7 @@ fn measure(
     } else {
         let mut r = Replay::with_write_back(loaded, config.write_back)?;
         write_back = effective(&r);
+        handed = r.handed_levels();
         let rest = (tokens - 1) as u32;
         r.prepare(k.min(rest.max(1)))?;
         r.prepare(rest % k)?;
@@ -155,7 +169,7 @@ fn measure(
     c.tokens = tokens as u64;
     let per = c.per_token().context("no tokens")?;
     let report = RunReport::new(if k == 0 { "eager" } else { "replay" }, ids, &per);
-    Ok((report, write_back))
+    Ok((report, write_back, handed))
 }
 
 /// The write-back a replay really runs with (ping-pong only where the schedule copies state).
@@ -216,6 +230,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 k,
                 write_back: WriteBack::default(),
                 persistence: args.run.persistent,
+                handoffs: args.run.handoffs,
             })
             .to_vec();
         // With persistent regions running, the replay rows without them too.
@@ -231,6 +246,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 k,
                 write_back: WriteBack::default(),
                 persistence: Persistence::Off,
+                handoffs: args.run.handoffs,
+            }));
+        }
+        // With handoffs running, the fused replay rows without them too.
+        if fused && args.run.handoffs.enabled(device.info()) {
+            configs.extend([1u32, 8].map(|k| Config {
+                k,
+                write_back: WriteBack::default(),
+                persistence: args.run.persistent,
+                handoffs: Handoffs::Off,
             }));
         }
         // With state copied back, the other write-back too (same tokens, both timed).
@@ -243,10 +268,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 k,
                 write_back: other,
                 persistence: args.run.persistent,
+                handoffs: args.run.handoffs,
             }));
         }
         for config in configs {
-            let (report, write_back) =
+            let (report, write_back, handed_levels) =
                 measure(&device, schedule, weights.as_ref(), config, args.tokens)?;
             rows.push(Row {
                 fused,
@@ -254,18 +280,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 tokens_per_submit: config.k.max(1),
                 write_back,
                 persistent_groups: groups(config.persistence),
+                handed_levels,
                 report,
             });
         }
     }
     writeln!(
         out,
-        "{:<7} {:<7} {:>2} {:<10} {:>7} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>8}",
+        "{:<7} {:<7} {:>2} {:<10} {:>7} {:>8} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>8}",
         "fused",
         "backend",
         "K",
         "write-back",
         "persist",
+        "handoffs",
         "tokens/s",
         "ms/token",
         "host µs",
@@ -280,7 +308,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let p = &r.report;
         writeln!(
             out,
-            "{:<7} {:<7} {:>2} {:<10} {:>7} {:>10.1} {:>9.3} {:>9.1} {:>9} {:>10.0} {:>9.1} {:>10.0} {:>10.3} {:>8.3}",
+            "{:<7} {:<7} {:>2} {:<10} {:>7} {:>8} {:>10.1} {:>9.3} {:>9.1} {:>9} {:>10.0} {:>9.1} {:>10.0} {:>10.3} {:>8.3}",
             if r.fused { "yes" } else { "no" },
             r.backend,
             r.tokens_per_submit,
@@ -288,6 +316,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             match r.persistent_groups {
                 0 => "-".to_string(),
                 g => format!("{g} wg"),
+            },
+            match r.handed_levels {
+                0 => "-".to_string(),
+                n => format!("{n} lv"),
             },
             p.tokens_per_s,
             1e3 / p.tokens_per_s.max(1e-9),
@@ -315,7 +347,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .iter()
             .find(|(fused, _)| *fused)
             .unwrap_or(&schedules[0]);
-        let loaded = load(&device, schedule, weights.as_ref(), args.run.persistent)?;
+        let loaded = load(
+            &device,
+            schedule,
+            weights.as_ref(),
+            args.run.persistent,
+            args.run.handoffs,
+        )?;
         let mut replay = Replay::new(loaded)?;
         crate::profile::print(&mut out, &mut replay, args.profile_steps)?;
     }
@@ -357,6 +395,7 @@ mod tests {
             tokens_per_submit: 8,
             write_back: "copy",
             persistent_groups: 0,
+            handed_levels: 0,
             report: RunReport {
                 backend: "replay".into(),
                 ids: ids.to_vec(),

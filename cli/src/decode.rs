@@ -17,7 +17,9 @@ use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::{
     pipeline_cache, CacheFile, Eager, LoadOptions, Loaded, Replay, TensorBytes,
 };
-use vkfuse_runtime::{Counters, Device, Instance, InstanceOptions, Persistence, Requirements};
+use vkfuse_runtime::{
+    Counters, Device, Handoffs, Instance, InstanceOptions, Persistence, Requirements,
+};
 
 /// What a decode loop needs from a backend.
 trait Engine {
@@ -112,6 +114,7 @@ fn vulkan_engine(
     chains: &[u32],
     pipeline_cache: Option<CacheFile>,
     persistence: Persistence,
+    handoffs: Handoffs,
 ) -> Result<Box<dyn Engine>> {
     let device = open_device(device)?;
     let mut upload = UploadDisplay::new();
@@ -119,6 +122,7 @@ fn vulkan_engine(
         pipeline_cache,
         progress: Some(&mut |p| upload.update(p)),
         persistence,
+        handoffs,
     };
     let (levels, regions) = (schedule.levels.len(), schedule.persistent.len());
     let loaded = Loaded::load(device.clone(), schedule, weights, options)
@@ -213,6 +217,7 @@ impl Source {
         device: Option<usize>,
         chains: &[u32],
         persistence: Persistence,
+        handoffs: Handoffs,
     ) -> Result<Box<dyn Engine + '_>> {
         Ok(match (self, backend) {
             (Source::Model { model, program, .. }, Backend::Reference) => Box::new(
@@ -231,6 +236,7 @@ impl Source {
                     chains,
                     None,
                     persistence,
+                    handoffs,
                 )?
             }
             (Source::File(_), Backend::Reference) => {
@@ -248,6 +254,7 @@ impl Source {
                     chains,
                     Some(cache),
                     persistence,
+                    handoffs,
                 )?
             }
         })
@@ -286,7 +293,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
     // The chain lengths the greedy loop will submit, recorded before timing starts.
     let k = args.tokens_per_submit as usize;
     let chains = [k, args.max_new_tokens.saturating_sub(1) % k].map(|c| c as u32);
-    let mut engine = source.engine(backend_kind, args.device, &chains, args.run.persistent)?;
+    let mut engine = source.engine(
+        backend_kind,
+        args.device,
+        &chains,
+        args.run.persistent,
+        args.run.handoffs,
+    )?;
     let backend = format!("{backend_kind:?}").to_lowercase();
 
     let mut logits = Vec::with_capacity(steps * vocab);

@@ -97,6 +97,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         validation: false,
         pipeline_cache: true,
         persistence: args.run.persistent,
+        handoffs: args.run.handoffs,
     };
     if args.tokens_per_submit == 0 || args.tokens_per_submit > 64 {
         bail!("--tokens-per-submit must be between 1 and 64");
@@ -157,6 +158,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         pipeline_cache: cache,
         progress: Some(&mut |p| upload.update(p)),
         persistence: args.run.persistent,
+        handoffs: args.run.handoffs,
     };
     let mut session = Session::load_with(schedule, weights.as_ref(), &opts, load)
         .context("loading the schedule on the device")?;

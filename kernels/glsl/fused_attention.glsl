@@ -35,6 +35,10 @@
 // 4 = D, 5 = SCALE (f32), 6 = EPS (f32).
 // Dispatch: HQ * SPLITS workgroups.
 
+// Handoffs (handoff.glsl): q, k and v (bindings 1-3) can be read as handoff words. y is not
+// published: o_proj, its reader, would read it in every workgroup (see fused_matvec.glsl).
+#define HANDOFF_ROLE ((1u << 1) | (1u << 2) | (1u << 3))
+#include "handoff.glsl"
 #include "reduce.glsl"
 #include "fused_rope.glsl"
 
@@ -435,9 +439,18 @@ void main() {
     // latencies overlap instead of following one another.
     // t's rope partner (itself past the rotary dims).
     uint pt = t < HALF_ROT ? t + HALF_ROT : (t < ROT ? t - HALF_ROT : t);
-    vec2 raw = t < D ? vec2(q[h * D + t], k_new[g * D + t]) : vec2(0.0);
-    vec2 praw = t < D ? vec2(q[h * D + pt], k_new[g * D + pt]) : vec2(0.0);
-    float vv = t < D ? v_new[g * D + t] : 0.0;
+    vec2 raw = vec2(0.0);
+    vec2 praw = vec2(0.0);
+    float vv = 0.0;
+    if (t < D && handoff_reading()) {
+        raw = vec2(handoff_load(0u, h * D + t), handoff_load(1u, g * D + t));
+        praw = vec2(handoff_load(0u, h * D + pt), handoff_load(1u, g * D + pt));
+        vv = handoff_load(2u, g * D + t);
+    } else if (t < D) {
+        raw = vec2(q[h * D + t], k_new[g * D + t]);
+        praw = vec2(q[h * D + pt], k_new[g * D + pt]);
+        vv = v_new[g * D + t];
+    }
     vec2 wn = vec2(1.0);
     vec2 pwn = vec2(1.0);
 #if QK_NORM

@@ -43,6 +43,14 @@
 // Dispatch: CH_J / CH_CB workgroups.
 
 #extension GL_EXT_shader_atomic_float : require
+// Handoffs (handoff.glsl): x, and in0 where it is x again, can be read as handoff words (the
+// runtime hands them over only when they are the same slice: see below).
+#if ADD_IN
+#define HANDOFF_ROLE ((1u << 2) | (1u << (W2_BINDING + 1)))
+#else
+#define HANDOFF_ROLE (1u << 2)
+#endif
+#include "handoff.glsl"
 
 #define REDUCE_NO_DOTS
 #include "reduce.glsl"
@@ -129,7 +137,7 @@ float inner_step(uint row, uint c, vec4 xa, vec4 xb) {
 void add_row(uint r, uint b, float v) {
 #if ADD_IN
     if (b == 0u) {
-        v += IN0(r);
+        v += handoff_reading() ? handoff_load(1u, r) : IN0(r);
     }
 #endif
     atomicAdd(y[r], v);
@@ -145,7 +153,9 @@ void main() {
     // x · nw into shared memory; the x² partials beside it (see the top).
     float ss = 0.0;
     for (uint i = t; i < CH_I / 4u; i += gl_WorkGroupSize.x) {
-        vec4 v = vec4(x[4u * i], x[4u * i + 1u], x[4u * i + 2u], x[4u * i + 3u]);
+        vec4 v = handoff_reading()
+                     ? handoff_load4(0u, i)
+                     : vec4(x[4u * i], x[4u * i + 1u], x[4u * i + 2u], x[4u * i + 3u]);
         ss += dot(v, v);
 #if NORM
         vec4 nv;

@@ -29,6 +29,16 @@
 // Dispatch: ceil(O / ROWS) workgroups.
 
 #extension GL_KHR_shader_subgroup_shuffle : require
+// Handoffs (handoff.glsl): y can be published, except by the step's lm_head, which no level
+// after it reads. x is not read as handoff words: every workgroup reads all of it, and one
+// atomic load per element in the dot loop cost more than the barrier it saves (on the H100 a
+// matvec consumer lost 9-50%, docs/perf.md session 14).
+#if STEP
+#define HANDOFF_ROLE 0u
+#else
+#define HANDOFF_ROLE 0x80000000u
+#endif
+#include "handoff.glsl"
 #include "reduce.glsl"
 #include "quant.glsl"
 #include "fused_epilogue.glsl"
@@ -256,6 +266,7 @@ void main() {
         uint r = row0 + t;
         float v = EPILOGUE(r, a, pre);
         y[out_index(r)] = v;
+        handoff_store(out_index(r), v);
 #if STEP
         step_key = order_key(v);
         step_row = r;

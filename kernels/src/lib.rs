@@ -50,6 +50,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("matvec_core.glsl", include_str!("../glsl/matvec_core.glsl")),
     ("quant.glsl", include_str!("../glsl/quant.glsl")),
     ("kv_cache.glsl", include_str!("../glsl/kv_cache.glsl")),
+    ("handoff.glsl", include_str!("../glsl/handoff.glsl")),
     // Anchors of the fused kernels: the compiler generates the sources that include them.
     (
         "fused_matvec.glsl",

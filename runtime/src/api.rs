@@ -36,7 +36,7 @@ use crate::session::{
     CacheFile, CacheStatus, Eager, LoadOptions, Loaded, Persistence, Replay, SessionError,
     StepOutput, TensorBytes, MAX_TOKENS_PER_SUBMIT,
 };
-use crate::{Counters, Device, Feature, Instance, InstanceOptions, Requirements};
+use crate::{Counters, Device, Feature, Handoffs, Instance, InstanceOptions, Requirements};
 
 /// The device `options` names, with the validation layer if asked for.
 fn open_device(options: &SessionOptions) -> Result<Device, SessionError> {
@@ -81,6 +81,8 @@ pub struct SessionOptions {
     pub pipeline_cache: bool,
     /// Whether the schedule's persistent regions run (off by default: slower on the H100).
     pub persistence: Persistence,
+    /// Whether replay hands levels over through flagged words instead of barriers ([`Handoffs`]).
+    pub handoffs: Handoffs,
 }
 
 impl Default for SessionOptions {
@@ -92,6 +94,7 @@ impl Default for SessionOptions {
             validation: false,
             pipeline_cache: true,
             persistence: Persistence::Off,
+            handoffs: Handoffs::Auto,
         }
     }
 }
@@ -166,6 +169,7 @@ impl Session {
                 pipeline_cache: cache,
                 progress: None,
                 persistence: options.persistence,
+                handoffs: options.handoffs,
             },
         )
     }
@@ -192,6 +196,7 @@ impl Session {
                 pipeline_cache: cache,
                 progress: None,
                 persistence: options.persistence,
+                handoffs: options.handoffs,
             },
         )
     }
@@ -209,6 +214,7 @@ impl Session {
         let device = open_device(options)?;
         let load = LoadOptions {
             persistence: options.persistence,
+            handoffs: options.handoffs,
             ..load
         };
         Session::start(device, schedule, weights, options, load)
@@ -225,6 +231,7 @@ impl Session {
         options.check()?;
         let load = LoadOptions {
             persistence: options.persistence,
+            handoffs: options.handoffs,
             ..LoadOptions::default()
         };
         Session::start(device, schedule, weights, options, load)

@@ -46,7 +46,7 @@ pub mod vulkan;
 pub use api::{Backend, Generate, Session, SessionOptions};
 pub use counters::{Counters, PerToken};
 pub use error::{Error, Result};
-pub use session::{Persistence, SessionError, StepOutput};
+pub use session::{Handoffs, Persistence, SessionError, StepOutput};
 pub use vulkan::*;
 
 /// Re-export of the `ash` version in use, for callers that go below this API.

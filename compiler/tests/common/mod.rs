@@ -100,6 +100,7 @@ pub fn record_generated(
         let mut rec = cmd.begin().expect("begin");
         rec.bind_pipeline(pipeline).expect("bind");
         rec.bind_descriptor_set(&set).expect("set");
+        no_handoff(device, pipeline, &mut rec);
         let [x, y, z] = gen.workgroups;
         rec.dispatch(x, y, z).expect("dispatch");
         rec.finish().expect("finish");
@@ -140,6 +141,7 @@ pub fn median_dispatch_us(
         for i in 0..iters {
             rec.bind_descriptor_set(&dsets[i as usize % dsets.len()])
                 .expect("set");
+            no_handoff(device, pipeline, &mut rec);
             rec.write_timestamp(&pool_ts, 2 * i).expect("ts");
             let [x, y, z] = workgroups;
             rec.dispatch(x, y, z).expect("dispatch");
@@ -154,6 +156,21 @@ pub fn median_dispatch_us(
         .collect();
     times.sort_by(f64::total_cmp);
     Some(times.get(times.len() / 2)? / 1e3)
+}
+
+/// For a pipeline with a handoff role (the fused kernels): words bound with no handoff, so
+/// that it reads and writes its bindings only.
+pub fn no_handoff(
+    device: &Device,
+    pipeline: &Pipeline,
+    rec: &mut vkfuse_runtime::CommandRecorder<'_>,
+) {
+    if pipeline.handoff_role().is_some() {
+        let words = vkfuse_runtime::HandoffWords::new(device, pipeline, 1).expect("handoff words");
+        words
+            .bind(rec, vkfuse_runtime::HandoffPush::NONE)
+            .expect("bind handoff words");
+    }
 }
 
 /// Binds buffer b of `bufs`, whole, at binding b of `set`.

@@ -74,6 +74,7 @@ impl Eager {
             l.device.write_descriptors(set, &bindings)?;
             rec.bind_pipeline(pipeline)?;
             rec.bind_descriptor_set(set)?;
+            l.bind_handoff(&mut rec, k, false)?;
             if !d.push_constants.is_empty() {
                 rec.push_constants(0, &d.push_constants)?;
             }

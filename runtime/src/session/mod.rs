@@ -3,6 +3,7 @@
 //! [`Replay`] records once and only submits per token.
 
 mod eager;
+pub mod handoff;
 pub mod pipeline_cache;
 mod replay;
 pub mod writeback;
@@ -107,6 +108,51 @@ pub struct LoadOptions<'a> {
     pub progress: Option<&'a mut dyn FnMut(Progress)>,
     /// Whether the schedule's persistent regions run.
     pub persistence: Persistence,
+    /// Whether replay hands levels over through flagged words instead of barriers.
+    pub handoffs: Handoffs,
+}
+
+/// Whether replay records a level with no pipeline barrier before it where the level before
+/// hands its output over through flagged words (`kernels/glsl/handoff.glsl`,
+/// [`handoff::plan`]). A waiting consumer only waits on producers that have launched where the
+/// driver launches a dispatch's workgroups after every workgroup of the dispatches recorded
+/// before it, which Vulkan does not promise: `Auto` turns handoffs on only on NVIDIA, where that
+/// was measured to hold and to pay (docs/perf.md, session 14: +7..11% on the H100).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Handoffs {
+    /// On for NVIDIA devices, off elsewhere.
+    #[default]
+    Auto,
+    /// On wherever the plan finds a level to hand over (lavapipe runs dispatches one after the
+    /// other, so there it changes the barriers and nothing else: what the tests run).
+    On,
+    /// A barrier between every two levels.
+    Off,
+}
+
+impl Handoffs {
+    /// Whether handoffs run on `info`'s device.
+    pub fn enabled(self, info: &crate::AdapterInfo) -> bool {
+        const NVIDIA: u32 = 0x10de;
+        match self {
+            Handoffs::Auto => info.vendor_id == NVIDIA,
+            Handoffs::On => true,
+            Handoffs::Off => false,
+        }
+    }
+}
+
+impl std::str::FromStr for Handoffs {
+    type Err = String;
+    /// `auto`, `on` or `off`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Handoffs::Auto),
+            "on" => Ok(Handoffs::On),
+            "off" => Ok(Handoffs::Off),
+            _ => Err(format!("`{s}`: expected auto, on or off")),
+        }
+    }
 }
 
 /// Whether a schedule's persistent regions replace the levels they stand for. Their grid
@@ -172,6 +218,10 @@ pub struct Loaded {
     /// Host memory the step's token (at 0) and logits (at 256) are copied to at its end: the
     /// host reads them here, never from the I/O buffer, which may be device memory.
     output: Buffer,
+    /// Replay's handoffs: the plan (empty when they are off on this device) and the words
+    /// every pipeline with a handoff role binds (None: no kernel has one).
+    handoff_plan: handoff::HandoffPlan,
+    handoff_words: Option<crate::HandoffWords>,
 }
 
 impl Loaded {
@@ -281,6 +331,26 @@ impl Loaded {
             256 + schedule.io.logits.size,
             BufferKind::Readback,
         )?;
+        let access: Vec<handoff::Access> = schedule
+            .dispatches
+            .iter()
+            .map(|d| {
+                let p = &pipelines[d.kernel.index()];
+                handoff::Access {
+                    role: p.handoff_role().cloned(),
+                    written: p.written_bindings(),
+                }
+            })
+            .collect();
+        let handoff_plan = if options.handoffs.enabled(device.info()) {
+            handoff::plan(&schedule, &access)
+        } else {
+            handoff::HandoffPlan::default()
+        };
+        let handoff_words = match pipelines.iter().find(|p| p.handoff_role().is_some()) {
+            Some(p) => Some(crate::HandoffWords::new(&device, p, handoff_plan.words)?),
+            None => None,
+        };
         let mut loaded = Loaded {
             device,
             schedule,
@@ -288,6 +358,8 @@ impl Loaded {
             pipelines,
             pipeline_cache,
             output,
+            handoff_plan,
+            handoff_words,
         };
         loaded.reset()?;
         Ok(loaded)
@@ -302,8 +374,50 @@ impl Loaded {
                 rec.fill_buffer(b, 0, b.size(), 0)?;
             }
         }
+        self.record_handoff_fill(&mut rec)?;
         rec.finish()?;
         self.device.submit_and_wait(&mut cmd, STEP_TIMEOUT)?;
+        Ok(())
+    }
+
+    /// Replay's handoff plan on this device (no level handed where handoffs are off).
+    pub fn handoff_plan(&self) -> &handoff::HandoffPlan {
+        &self.handoff_plan
+    }
+
+    /// The handoff words every pipeline with a handoff role binds (None: no kernel has one).
+    pub fn handoff_words(&self) -> Option<&crate::HandoffWords> {
+        self.handoff_words.as_ref()
+    }
+
+    /// Binds the handoff words for dispatch `k` of the bound pipeline (when it has a role):
+    /// its planned push constants with `handoffs`, else none.
+    pub(crate) fn bind_handoff(
+        &self,
+        rec: &mut crate::CommandRecorder<'_>,
+        k: usize,
+        handoffs: bool,
+    ) -> Result<(), SessionError> {
+        if let Some(w) = &self.handoff_words {
+            let push = match handoffs {
+                true => self.handoff_plan.push[k],
+                false => crate::HandoffPush::NONE,
+            };
+            w.bind(rec, push)?;
+        }
+        Ok(())
+    }
+
+    /// Fills the planned handoff words with [`crate::HANDOFF_EMPTY`] (nothing without a plan):
+    /// the step after must not read the last one's words.
+    pub(crate) fn record_handoff_fill(
+        &self,
+        rec: &mut crate::CommandRecorder<'_>,
+    ) -> Result<(), SessionError> {
+        if let (Some(w), true) = (&self.handoff_words, self.handoff_plan.words > 0) {
+            let bytes = 4 * u64::from(self.handoff_plan.words);
+            rec.fill_buffer(w.buffer(), 0, bytes, crate::HANDOFF_EMPTY)?;
+        }
         Ok(())
     }
 

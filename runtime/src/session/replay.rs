@@ -255,6 +255,12 @@ impl Replay {
         }
         self.record_step(&mut rec, parity, false, None)?;
         self.loaded.record_output(&mut rec)?;
+        if self.handoffs(None) {
+            // The next step's words start empty; its first barrier waits for compute only, so
+            // this one makes the fill visible to it.
+            self.loaded.record_handoff_fill(&mut rec)?;
+            rec.barrier(Stages::TRANSFER, Stages::COMPUTE);
+        }
         if let Some(ts) = &self.timestamps[0] {
             rec.write_timestamp(ts, 1)?;
         }
@@ -284,6 +290,11 @@ impl Replay {
             // one wrote); the next step's first barrier waits for the copy before it writes
             // the token again.
             rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::TRANSFER);
+            // The next step's handoff words start empty: filled beside the copy, which the
+            // next step's first barrier (or the chain's last) waits for.
+            if self.handoffs(None) {
+                self.loaded.record_handoff_fill(&mut rec)?;
+            }
             match out {
                 Out::Logits => {
                     let dst = u64::from(k) * self.logits_stride;
@@ -314,7 +325,23 @@ impl Replay {
         Ok(())
     }
 
-    /// One step: the levels in order, a barrier between consecutive levels only. After a ring
+    /// Levels each step hands over instead of a barrier before them (0: handoffs do not run).
+    pub fn handed_levels(&self) -> usize {
+        match self.handoffs(None) {
+            true => self.loaded.handoff_plan().handed_levels(),
+            false => 0,
+        }
+    }
+
+    /// Whether steps recorded for `profile` hand levels over: where the plan hands any, with
+    /// one parity (ping-pong's would need a plan per parity's bindings), never when profiling
+    /// (every level then ends at a timestamp).
+    fn handoffs(&self, profile: Option<&TimestampPool>) -> bool {
+        profile.is_none() && self.parities == 1 && self.loaded.handoff_plan().handed_levels() > 0
+    }
+
+    /// One step: the levels in order, a barrier between consecutive levels only, except
+    /// before a level the one before hands its output to (`session::handoff`). After a ring
     /// copy (`after_copy`), the first barrier also waits for the copy. With `profile`,
     /// timestamp `i + 1` is written after level `i`.
     fn record_step(
@@ -333,7 +360,10 @@ impl Replay {
             rec.barrier(Stages::COMPUTE | Stages::TRANSFER, Stages::COMPUTE);
             first_barrier = false;
         }
+        let handoffs = self.handoffs(profile);
         let mut emitted = 0;
+        // The level emitted last.
+        let mut last = None;
         for (i, level) in s.levels.iter().enumerate() {
             let live: Vec<u32> = level
                 .clone()
@@ -341,7 +371,9 @@ impl Replay {
                 .collect();
             // A level left empty (only a dropped copy) needs no barrier of its own.
             if !live.is_empty() {
-                if emitted > 0 {
+                // Handed over only from the very level before (the plan's premise).
+                let handed = handoffs && l.handoff_plan().handed[i] && last == Some(i - 1);
+                if emitted > 0 && !handed {
                     let from = if after_copy && first_barrier {
                         Stages::COMPUTE | Stages::TRANSFER
                     } else {
@@ -355,12 +387,14 @@ impl Replay {
                     let set = &self.sets[set_of[k as usize].expect("filtered above")];
                     rec.bind_pipeline(&l.pipelines[d.kernel.index()])?;
                     rec.bind_descriptor_set(set)?;
+                    l.bind_handoff(rec, k as usize, handoffs)?;
                     if !d.push_constants.is_empty() {
                         rec.push_constants(0, &d.push_constants)?;
                     }
                     rec.dispatch(d.workgroups[0], d.workgroups[1], d.workgroups[2])?;
                 }
                 emitted += 1;
+                last = Some(i);
             }
             if let Some(ts) = profile {
                 rec.write_timestamp(ts, i as u32 + 1)?;

@@ -368,6 +368,7 @@ impl CommandBuffer {
             cmd: self,
             start: Instant::now(),
             pipeline: None,
+            handoff_bound: false,
             finished: false,
         })
     }
@@ -391,6 +392,8 @@ pub struct CommandRecorder<'a> {
     cmd: &'a mut CommandBuffer,
     start: Instant,
     pipeline: Option<Arc<PipelineInner>>,
+    /// Whether handoff words were bound since the pipeline (with a handoff role) was.
+    handoff_bound: bool,
     finished: bool,
 }
 
@@ -434,6 +437,27 @@ impl CommandRecorder<'_> {
         };
         self.cmd.keep.push(pipeline.inner.clone());
         self.pipeline = Some(Arc::clone(&pipeline.inner));
+        self.handoff_bound = false;
+        Ok(())
+    }
+
+    /// Whether the bound pipeline has a handoff role (words at set 1).
+    pub(crate) fn bound_has_handoff(&self) -> Result<bool> {
+        Ok(self.bound("handoff words")?.handoff.is_some())
+    }
+
+    /// Binds `set` (from [`DescriptorPool::allocate_handoff`]) as set 1 of the bound pipeline's
+    /// layout.
+    pub(crate) fn bind_handoff_set(&mut self, set: &DescriptorSet) -> Result<()> {
+        let pipeline = self.bound("bind_handoff_set")?;
+        if pipeline.handoff.is_none() || set.inner.layout.n_bindings != 1 {
+            return Err(Error::InvalidArgument(format!(
+                "handoff words for pipeline {:?}, which has no handoff role",
+                pipeline.label
+            )));
+        }
+        self.bind_set_at(1, set);
+        self.handoff_bound = true;
         Ok(())
     }
 
@@ -448,22 +472,33 @@ impl CommandRecorder<'_> {
                 pipeline.label
             )));
         }
-        let layout = pipeline.layout;
-        // SAFETY: recording; the layout is compatible (same binding count, all storage buffers);
-        // the set is kept alive by `sets`, and the buffers written into it by the set.
+        self.bind_set_at(0, set);
+        Ok(())
+    }
+
+    /// Binds `set` as set `index` of the bound pipeline's layout, whose set `index` the caller
+    /// checked to be laid out as `set` is (all storage buffers, the same count).
+    fn bind_set_at(&mut self, index: u32, set: &DescriptorSet) {
+        let layout = self
+            .pipeline
+            .as_ref()
+            .expect("checked by the caller")
+            .layout;
+        // SAFETY: recording; set `index` of the layout is compatible with the set (checked by
+        // the caller); the set is kept alive by `sets`, and the buffers written into it by the
+        // set.
         unsafe {
             self.device().cmd_bind_descriptor_sets(
                 self.cmd.raw,
                 vk::PipelineBindPoint::COMPUTE,
                 layout,
-                0,
+                index,
                 &[set.inner.raw],
                 &[],
             )
         };
         let generation = lock(&set.inner.state).generation;
         self.cmd.sets.push((Arc::clone(&set.inner), generation));
-        Ok(())
     }
 
     /// Sets push constants `offset..offset + bytes.len()` of the bound pipeline (multiples of 4,
@@ -498,7 +533,14 @@ impl CommandRecorder<'_> {
 
     /// Dispatches `x * y * z` workgroups of the bound pipeline.
     pub fn dispatch(&mut self, x: u32, y: u32, z: u32) -> Result<()> {
-        self.bound("dispatch")?;
+        let pipeline = self.bound("dispatch")?;
+        if pipeline.handoff.is_some() && !self.handoff_bound {
+            return Err(Error::InvalidArgument(format!(
+                "pipeline {:?} has a handoff role: bind handoff words (HandoffWords::bind, with \
+                 HandoffPush::NONE for none) after it and before its dispatch",
+                pipeline.label
+            )));
+        }
         let max = self.cmd.shared.info.max_workgroup_count;
         if x > max[0] || y > max[1] || z > max[2] {
             return Err(Error::InvalidArgument(format!(

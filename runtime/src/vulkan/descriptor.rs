@@ -246,7 +246,23 @@ impl DescriptorPool {
     /// A set with the layout of `pipeline`'s set 0. A full pool is
     /// [`Error::OutOfMemory`] (what = "descriptor set").
     pub fn allocate(&self, pipeline: &Pipeline) -> Result<DescriptorSet> {
-        let layout = Arc::clone(&pipeline.inner.set_layout);
+        self.allocate_with(pipeline, Arc::clone(&pipeline.inner.set_layout))
+    }
+
+    /// A set with the layout of `pipeline`'s set 1, its handoff words
+    /// ([`crate::HandoffWords`]); an error for a pipeline without a handoff role.
+    pub fn allocate_handoff(&self, pipeline: &Pipeline) -> Result<DescriptorSet> {
+        let layout = pipeline.inner.handoff.as_ref().map(|(_, l)| Arc::clone(l));
+        let layout = layout.ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "pipeline {:?} has no handoff role",
+                pipeline.inner.label
+            ))
+        })?;
+        self.allocate_with(pipeline, layout)
+    }
+
+    fn allocate_with(&self, pipeline: &Pipeline, layout: Arc<SetLayout>) -> Result<DescriptorSet> {
         if !Arc::ptr_eq(&pipeline.inner.shared, &self.inner.shared) {
             return Err(Error::InvalidArgument(
                 "a pipeline of another device".into(),

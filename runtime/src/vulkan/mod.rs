@@ -13,9 +13,11 @@ mod command;
 mod debug;
 mod descriptor;
 mod device;
+mod handoff;
 mod instance;
 mod pipeline;
 mod query;
+pub mod spirv;
 
 pub use adapter::{
     Adapter, AdapterInfo, DeviceType, Feature, Requirements, ShaderFeatures, SubgroupOps, Version,
@@ -25,6 +27,9 @@ pub use command::{CommandBuffer, CommandRecorder, Stages};
 pub use debug::{Message, Severity, ValidationLog};
 pub use descriptor::{BufferBinding, DescriptorPool, DescriptorSet};
 pub use device::{align_up, Device};
+pub use handoff::{
+    HandoffPush, HandoffRole, HandoffWords, HANDOFF_EMPTY, HANDOFF_PUSH_BYTES, HANDOFF_ROLE_SPEC_ID,
+};
 pub use instance::{Instance, InstanceOptions, VALIDATION_LAYER};
 pub use pipeline::{spirv_from_bytes, Pipeline, PipelineCache, PipelineDesc, SpecConstants};
 pub use query::TimestampPool;

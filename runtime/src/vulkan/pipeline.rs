@@ -8,6 +8,8 @@ use std::sync::Arc;
 use ash::vk;
 
 use super::device::{Device, DeviceShared};
+use super::handoff::{HandoffRole, HANDOFF_PUSH_BYTES, HANDOFF_ROLE_SPEC_ID};
+use super::spirv;
 use crate::error::{vk_err, Error, Result};
 
 /// The first word of every SPIR-V module.
@@ -160,6 +162,11 @@ pub(crate) struct PipelineInner {
     pub(crate) raw: vk::Pipeline,
     pub(crate) layout: vk::PipelineLayout,
     pub(crate) set_layout: Arc<SetLayout>,
+    /// The handoff interface (set 1 and [`HANDOFF_PUSH_BYTES`] of push constants), when the
+    /// module declares a role (`kernels/glsl/handoff.glsl`).
+    pub(crate) handoff: Option<(HandoffRole, Arc<SetLayout>)>,
+    /// The set-0 bindings the module may write (bit b: binding b).
+    pub(crate) written: u64,
     pub(crate) push_constant_bytes: u32,
     /// The specialization it was created with.
     pub(crate) spec_constants: SpecConstants,
@@ -191,6 +198,17 @@ impl Pipeline {
     /// The specialization constants the pipeline was created with.
     pub fn spec_constants(&self) -> &SpecConstants {
         &self.inner.spec_constants
+    }
+
+    /// The handoff role its module declares (`kernels/glsl/handoff.glsl`); such a pipeline
+    /// needs handoff words bound before each dispatch ([`crate::HandoffWords::bind`]).
+    pub fn handoff_role(&self) -> Option<&HandoffRole> {
+        self.inner.handoff.as_ref().map(|(r, _)| r)
+    }
+
+    /// The set-0 bindings its module may write, as a bit mask (bit b: binding b).
+    pub fn written_bindings(&self) -> u64 {
+        self.inner.written
     }
 
     /// The label given at creation.
@@ -299,12 +317,32 @@ impl Device {
         })?;
 
         let set_layout = Arc::new(self.create_set_layout(desc.n_bindings)?);
-        let set_layouts = [set_layout.raw];
+        // A module that declares a handoff role reads its words at set 1, and where they are
+        // from its push constants, which it then has no others of.
+        let role = spirv::spec_constant_default(desc.spirv, HANDOFF_ROLE_SPEC_ID)
+            .map(HandoffRole::from_bits);
+        if role.is_some() && desc.push_constant_bytes != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: a kernel with a handoff role takes no push constants of its own ({} bytes)",
+                desc.label, desc.push_constant_bytes
+            )));
+        }
+        let handoff = match role {
+            Some(r) => Some((r, Arc::new(self.create_set_layout(1)?))),
+            None => None,
+        };
+        let push_constant_bytes = match handoff {
+            Some(_) => HANDOFF_PUSH_BYTES,
+            None => desc.push_constant_bytes,
+        };
+        let set_layouts: Vec<vk::DescriptorSetLayout> = std::iter::once(set_layout.raw)
+            .chain(handoff.as_ref().map(|(_, l)| l.raw))
+            .collect();
         let ranges = [vk::PushConstantRange::default()
             .stage_flags(vk::ShaderStageFlags::COMPUTE)
             .offset(0)
-            .size(desc.push_constant_bytes)];
-        let ranges: &[vk::PushConstantRange] = if desc.push_constant_bytes == 0 {
+            .size(push_constant_bytes)];
+        let ranges: &[vk::PushConstantRange] = if push_constant_bytes == 0 {
             &[]
         } else {
             &ranges
@@ -361,7 +399,9 @@ impl Device {
                 raw,
                 layout,
                 set_layout,
-                push_constant_bytes: desc.push_constant_bytes,
+                handoff,
+                written: spirv::written_bindings(desc.spirv),
+                push_constant_bytes,
                 spec_constants: desc.spec_constants.clone(),
                 label: desc.label.to_string(),
                 shared: Arc::clone(shared),

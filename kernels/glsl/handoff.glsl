@@ -1,0 +1,76 @@
+#ifndef HANDOFF_GLSL
+#define HANDOFF_GLSL
+// Handoffs: a level's output handed to the next level through flagged words in device memory
+// instead of a pipeline barrier between the two (docs/architecture.md, "Handoffs").
+//
+// A pipeline barrier waits for every workgroup of the level before it to finish and only then
+// launches the next level: on an H100 that drain and ramp cost ~3-4 µs per level
+// (docs/perf.md). With a handoff, replay records the next level with no barrier before it: its
+// workgroups launch while the producer's last ones still run, issue their weight loads at once,
+// and wait only for the words they read. The producer writes each output element twice, to its
+// binding and, with an atomic store, as a word of the runtime's handoff buffer (set 1); the
+// consumer reads those words with atomic loads until none is HANDOFF_EMPTY (the runtime fills
+// the buffer with it before each step). One word carries both the value and its readiness, so
+// no fence and no counter stand between them. Atomic loads also bypass the compute unit's L1,
+// whose stale lines a pipeline barrier would otherwise have invalidated.
+//
+// Sound where the driver launches a dispatch's workgroups only after every workgroup of the
+// dispatches recorded before it (a waiting consumer then waits only on resident producers):
+// the runtime turns handoffs on by itself only where that was measured (NVIDIA).
+//
+// A kernel declares its role in the default of specialization constant 190, which the runtime
+// reads from the SPIR-V: bit b (b < 16) for each binding b it can read as handoff words (one
+// push-constant slot each, in ascending binding order), bit 31 when it can publish binding 0.
+// The including kernel defines HANDOFF_ROLE before including this header.
+#extension GL_KHR_memory_scope_semantics : require
+
+layout(constant_id = 190) const uint HANDOFF_ROLE_CONSTANT = HANDOFF_ROLE;
+
+const uint HANDOFF_NONE = 0xFFFFFFFFu;
+// What no published value is: a NaN with every bit set, which a published NaN of that pattern
+// is changed from (to 0x7FFFFFFF, still a NaN).
+const uint HANDOFF_EMPTY = 0xFFFFFFFFu;
+
+layout(push_constant) uniform Handoff {
+    // Word index of binding 0's element 0 (HANDOFF_NONE: binding 0 not published).
+    uint out_at;
+    // Word index of element 0 of the read bindings, slot by slot (HANDOFF_NONE: read from
+    // the binding; the runtime sets all slots or none).
+    uint in0_at;
+    uint in1_at;
+    uint in2_at;
+} handoff;
+
+layout(set = 1, binding = 0, std430) coherent buffer HandoffWords { uint handoff_word[]; };
+
+// Whether this dispatch reads its role's bindings as handoff words (uniform). The role is
+// read here so that the module keeps it: glslang drops a specialization constant no code uses.
+bool handoff_reading() {
+    return HANDOFF_ROLE_CONSTANT != 0u && handoff.in0_at != HANDOFF_NONE;
+}
+
+// Element i of the binding in slot `slot`, once its producer has published it.
+float handoff_load(uint slot, uint i) {
+    uint at = (slot == 0u ? handoff.in0_at : slot == 1u ? handoff.in1_at : handoff.in2_at) + i;
+    uint v;
+    do {
+        v = atomicLoad(handoff_word[at], gl_ScopeDevice, gl_StorageSemanticsBuffer,
+                       gl_SemanticsRelaxed);
+    } while (v == HANDOFF_EMPTY);
+    return uintBitsToFloat(v);
+}
+
+vec4 handoff_load4(uint slot, uint i4) {
+    return vec4(handoff_load(slot, 4u * i4), handoff_load(slot, 4u * i4 + 1u),
+                handoff_load(slot, 4u * i4 + 2u), handoff_load(slot, 4u * i4 + 3u));
+}
+
+// Publishes element i of binding 0 (when this dispatch publishes).
+void handoff_store(uint i, float f) {
+    if (HANDOFF_ROLE_CONSTANT != 0u && handoff.out_at != HANDOFF_NONE) {
+        uint v = floatBitsToUint(f);
+        atomicStore(handoff_word[handoff.out_at + i], v == HANDOFF_EMPTY ? 0x7FFFFFFFu : v,
+                    gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed);
+    }
+}
+#endif // HANDOFF_GLSL

@@ -1,0 +1,149 @@
+//! Handoffs (`session::handoff`, `kernels/glsl/handoff.glsl`): replay records no barrier
+//! before a level whose one consumer reads what one producer of the level before published as
+//! flagged words, on every fixture, fused, its attention split over the context and not.
+//!
+//! lavapipe runs a command buffer's dispatches one after the other, so there a consumer never
+//! waits; what this checks is everything else: the plan hands levels over on every dense
+//! fixture, the producers publish every element a consumer reads at the right word, the
+//! consumers read the words and not their bindings' stale bytes (the bindings of an arena
+//! reused from layer to layer hold the last layer's values), and the words are emptied between
+//! steps, both in a step of its own (K=1) and between the steps of a chain (K=8). The logits
+//! must match the same fused schedule run eager (a barrier after every dispatch) within the
+//! float atomics' reassociation at every teacher-forced position, and the greedy tokens must be
+//! transformers'. `bench/h100 tests` runs it on the H100, where the consumers really wait.
+
+use vkfuse_compiler::fuse::FuseOptions;
+use vkfuse_runtime::session::{Eager, Handoffs, LoadOptions, Loaded, Replay};
+use vkfuse_runtime::HANDOFF_EMPTY;
+use vkfuse_tests::{
+    expected, fused_schedule_with, replay_greedy_ids, same_kernels_agree_within, validated_device,
+    ATOMICS_TOL, FIXTURES,
+};
+
+/// The planned words after a step: all empty again, for the next step's consumers (on lavapipe
+/// a consumer never runs before its producer, so stale words would go unseen there; on a GPU
+/// it would read the last step's values and run ahead).
+fn assert_words_empty(what: &str, replay: &Replay) {
+    let l = replay.loaded();
+    let n = l.handoff_plan().words as usize;
+    let words = l.handoff_words().expect("handoff words");
+    let got: Vec<u32> = l.device.readback_pod(words.buffer(), 0, n).unwrap();
+    let full = got.iter().filter(|&&w| w != HANDOFF_EMPTY).count();
+    assert_eq!(
+        full, 0,
+        "{what}: {full} of {n} handoff words not emptied after the step"
+    );
+}
+
+fn load(
+    device: &vkfuse_runtime::Device,
+    schedule: &vkfuse_runtime::schedule::Schedule,
+    model: &vkfuse_compiler::import::Model,
+    handoffs: Handoffs,
+) -> Loaded {
+    let options = LoadOptions {
+        handoffs,
+        ..LoadOptions::default()
+    };
+    Loaded::load(device.clone(), schedule.clone(), &model.tensors, options).unwrap()
+}
+
+fn check(name: &str, splits: Option<usize>) {
+    let opts = FuseOptions {
+        attention_splits: splits,
+        ..FuseOptions::default()
+    };
+    let (model, schedule, _) = fused_schedule_with(name, &opts);
+    let what = format!("{name} (attention splits {splits:?})");
+    let (device, log) = validated_device();
+    let load = |handoffs| load(&device, &schedule, &model, handoffs);
+    // Auto leaves them off on lavapipe (it relies on in-order launches: measured on NVIDIA).
+    if !device.info().name.contains("NVIDIA") {
+        assert_eq!(
+            load(Handoffs::Auto).handoff_plan().handed_levels(),
+            0,
+            "{what}"
+        );
+    }
+    assert_eq!(
+        load(Handoffs::Off).handoff_plan().handed_levels(),
+        0,
+        "{what}"
+    );
+    let mut eager = Eager::new(load(Handoffs::Off)).unwrap();
+    let mut replay = Replay::new(load(Handoffs::On)).unwrap();
+    let handed = replay.handed_levels();
+    // The dense fixtures hand q/k/v to the attention block and o_proj's output to the chained
+    // MLP in every layer (the hybrid one has its own kernels between).
+    if name != "qwen3-next" {
+        assert!(handed > 0, "{what}: no level handed over");
+    }
+    let atomics = schedule.float_atomic_kernel().is_some();
+    let want = expected(name);
+    for (i, &t) in want.teacher_ids.iter().enumerate() {
+        let e = eager.step(Some(t)).unwrap().logits;
+        let r = replay.step(Some(t)).unwrap().logits;
+        same_kernels_agree_within(
+            &format!("{what} position {i}"),
+            &r,
+            &e,
+            atomics,
+            ATOMICS_TOL,
+        );
+        assert_words_empty(&what, &replay);
+    }
+    assert_eq!(
+        replay_greedy_ids(&mut replay, &want),
+        want.greedy_ids,
+        "{what}: greedy tokens with {handed} levels handed over"
+    );
+    assert_words_empty(&what, &replay);
+    assert!(log.is_clean(), "{what}: {}", log.report());
+}
+
+#[test]
+fn should_hand_levels_over_and_match_the_barriers() {
+    for name in FIXTURES {
+        check(name, None);
+    }
+}
+
+#[test]
+fn should_hand_levels_over_with_the_attention_split() {
+    for name in FIXTURES {
+        check(name, Some(4));
+    }
+}
+
+/// Past the first chunk of the context every working split of the attention block reads its
+/// head's q, k and v as words and the splits' partials are combined: 96 positions, 4 splits of
+/// at least 32 slots, every step's logits against the same schedule run eager.
+#[test]
+fn should_hand_q_k_v_to_every_split_at_longer_positions() {
+    let name = "llama-gqa";
+    let opts = FuseOptions {
+        attention_splits: Some(4),
+        ..FuseOptions::default()
+    };
+    let (model, schedule, _) = fused_schedule_with(name, &opts);
+    let (device, log) = validated_device();
+    let load = |handoffs| load(&device, &schedule, &model, handoffs);
+    let mut eager = Eager::new(load(Handoffs::Off)).unwrap();
+    let mut replay = Replay::new(load(Handoffs::On)).unwrap();
+    assert!(replay.handed_levels() > 0);
+    let atomics = schedule.float_atomic_kernel().is_some();
+    let mut token = 1;
+    for i in 0..96 {
+        let e = eager.step(Some(token)).unwrap();
+        let r = replay.step(Some(token)).unwrap().logits;
+        same_kernels_agree_within(
+            &format!("{name} position {i}"),
+            &r,
+            &e.logits,
+            atomics,
+            ATOMICS_TOL,
+        );
+        token = e.next_token;
+    }
+    assert!(log.is_clean(), "{}", log.report());
+}
