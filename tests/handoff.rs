@@ -78,6 +78,18 @@ fn check(name: &str, splits: Option<usize>) {
     if name != "qwen3-next" {
         assert!(handed > 0, "{what}: no level handed over");
     }
+    // The dump (`vkfuse inspect`) names the roles the kernels declare.
+    let dump = schedule.to_string();
+    assert!(
+        dump.contains("handoff: publishes binding 0"),
+        "{what}: {dump}"
+    );
+    if name != "qwen3-next" {
+        assert!(
+            dump.contains("handoff: reads bindings 1,2,3 as words"),
+            "{what}: {dump}"
+        );
+    }
     let atomics = schedule.float_atomic_kernel().is_some();
     let want = expected(name);
     for (i, &t) in want.teacher_ids.iter().enumerate() {

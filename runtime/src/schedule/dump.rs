@@ -121,7 +121,7 @@ impl fmt::Display for Schedule {
         for (i, k) in self.kernels.iter().enumerate() {
             writeln!(
                 f,
-                "  k{i:<3} {}: {} words of SPIR-V, {} bindings, {} push-constant bytes, spec {:?}{}",
+                "  k{i:<3} {}: {} words of SPIR-V, {} bindings, {} push-constant bytes, spec {:?}{}{}",
                 k.label,
                 k.spirv.len(),
                 k.bindings,
@@ -130,7 +130,8 @@ impl fmt::Display for Schedule {
                 match k.subgroups {
                     Some(n) => format!(", workgroup {n} subgroups (at load)"),
                     None => String::new(),
-                }
+                },
+                handoff_role(&k.spirv)
             )?;
         }
 
@@ -215,4 +216,23 @@ fn write_call(f: &mut fmt::Formatter<'_>, d: &super::Dispatch) -> fmt::Result {
         write!(f, " push {}", PushConstants(&d.push_constants))?;
     }
     writeln!(f, " {}", d.label)
+}
+
+/// The handoff role a kernel's SPIR-V declares, for the dump (`kernels/glsl/handoff.glsl`).
+fn handoff_role(spirv: &[u32]) -> String {
+    use crate::vulkan::spirv::spec_constant_default;
+    let Some(bits) = spec_constant_default(spirv, crate::HANDOFF_ROLE_SPEC_ID) else {
+        return String::new();
+    };
+    let role = crate::HandoffRole::from_bits(bits);
+    let reads: Vec<String> = role.reads.iter().map(|b| b.to_string()).collect();
+    match (role.publishes, reads.is_empty()) {
+        (false, true) => ", handoff: none".into(),
+        (true, true) => ", handoff: publishes binding 0".into(),
+        (false, false) => format!(", handoff: reads bindings {} as words", reads.join(",")),
+        (true, false) => format!(
+            ", handoff: publishes binding 0, reads bindings {} as words",
+            reads.join(",")
+        ),
+    }
 }
