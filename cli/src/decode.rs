@@ -143,6 +143,11 @@ fn vulkan_engine(
     if let Some(w) = loaded.pipeline_cache.warning() {
         eprintln!("{w}");
     }
+    if handoffs == Handoffs::On && backend == Backend::Eager {
+        eprintln!(
+            "note: --handoffs on: eager puts a barrier after every dispatch; handoffs are replay's"
+        );
+    }
     Ok(match backend {
         Backend::Eager => {
             let eager = Eager::new(loaded)?;
@@ -155,6 +160,17 @@ fn vulkan_engine(
             let mut replay = Replay::new(loaded)?;
             for &k in chains {
                 replay.prepare(k)?;
+            }
+            // Asked for handoffs that do not run: say why rather than run with barriers in
+            // silence.
+            if handoffs == Handoffs::On && replay.handed_levels() == 0 {
+                let why = if replay.loaded().handoff_plan().handed_levels() == 0 {
+                    "no level of this schedule has one reader of what one kernel of the level \
+                     before publishes (`vkfuse inspect` lists the levels)"
+                } else {
+                    "ping-pong write-back keeps its barriers"
+                };
+                eprintln!("note: --handoffs on: no level is handed over: {why}");
             }
             Box::new(ReplayEngine {
                 replay,

@@ -37,6 +37,14 @@ enum Command {
     /// List the Vulkan devices with their key limits (`VKFUSE_DEVICE` or `--device` picks one).
     Devices,
     /// Decode the same tokens with every executor configuration and print one table.
+    ///
+    /// Columns: `K` steps per submit; `write-back` how state reaches the next step (the
+    /// schedule's copies or ping-pong recordings); `persist` the persistent regions' workgroups
+    /// (`N wg`, `-` none); `handoffs` the levels each step hands over instead of a barrier
+    /// before them (`N lv`, `-` none: docs/architecture.md, "Handoffs"); then per token: wall
+    /// time, host time, GPU time (timestamps), dispatches, barriers, descriptor writes,
+    /// recordings and submits. A step the host reads alone (K=1) with handoffs has one barrier
+    /// more, after emptying the handoff words.
     Bench(bench::BenchArgs),
     /// Print a schedule file (from `compile-model -o`) as readable text.
     Inspect {

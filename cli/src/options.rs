@@ -21,12 +21,13 @@ pub struct RunOptions {
     /// measures the fused replay rows without them where they run.
     #[arg(long, default_value = "off", value_name = "off|units|N")]
     pub persistent: Persistence,
-    /// Handoffs: where one kernel of a level reads what one kernel of the level before wrote,
-    /// replay records no barrier between the two levels and that kernel waits on flagged words
-    /// in device memory instead: `auto` (the default: on for NVIDIA devices, where it measured
-    /// 7-11% more tokens/s on the H100; off elsewhere, since it relies on the driver launching
-    /// dispatches in order), `on` or `off`. `bench` also measures the fused replay rows without
-    /// them where they run.
+    /// Handoffs (replay only): where one kernel of a level reads what one kernel of the level
+    /// before wrote, replay records no barrier between the two levels and that kernel waits on
+    /// flagged words in device memory instead: `auto` (the default: on for NVIDIA devices,
+    /// where it measured 7-11% more tokens/s on the H100; off elsewhere, since it relies on
+    /// the driver launching dispatches in order), `on` or `off`. `vkfuse inspect` lists the
+    /// levels a schedule hands over; `vkfuse bench` measures the fused replay rows with and
+    /// without them.
     #[arg(long, default_value = "auto", value_name = "auto|on|off")]
     pub handoffs: Handoffs,
 }

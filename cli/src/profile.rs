@@ -38,7 +38,8 @@ pub fn print(out: &mut dyn Write, replay: &mut Replay, steps: u32) -> Result<()>
     writeln!(
         out,
         "\nprofile: fused replay ({}), mean of {steps} greedy steps, a timestamp after each of \
-         {} levels; a level's time includes the barrier before it",
+         {} levels; a level's time includes the barrier before it (every level has one here: \
+         handoffs do not run while profiling)",
         // What runs: ping-pong only changes schedules that copy state back.
         if dropped.is_empty() {
             "write-back as compiled"

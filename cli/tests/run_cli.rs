@@ -273,3 +273,78 @@ fn bench_profile_prints_every_level_of_the_fused_step() {
     let rows: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 6);
 }
+
+#[test]
+fn bench_measures_fused_replay_with_and_without_handoffs() {
+    let dir = fixture_dir("qwen3-untied");
+    let out = vkfuse(&[
+        "bench",
+        dir.to_str().unwrap(),
+        "--tokens",
+        "3",
+        "--handoffs",
+        "on",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let fused_replay = |handed: bool| {
+        rows.iter()
+            .filter(|r| r["fused"] == true && r["backend"] == "replay")
+            .filter(|r| (r["handed_levels"].as_u64().unwrap() > 0) == handed)
+            .count()
+    };
+    // K=1 and K=8 each way; the table names the levels handed over.
+    assert_eq!(
+        (fused_replay(true), fused_replay(false)),
+        (2, 2),
+        "{stdout}"
+    );
+    assert!(stdout.contains(" lv "), "{stdout}");
+}
+
+#[test]
+fn run_says_when_handoffs_asked_for_do_not_run() {
+    let dir = fixture_dir("qwen3-untied");
+    // A model directory runs its unfused schedule, whose kernels declare no handoff role.
+    let out = vkfuse(&[
+        "run",
+        dir.to_str().unwrap(),
+        "--backend",
+        "replay",
+        "--ids",
+        "1",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--handoffs",
+        "on",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("note: --handoffs on: no level is handed over"),
+        "{stderr}"
+    );
+    let out = vkfuse(&[
+        "run",
+        dir.to_str().unwrap(),
+        "--ids",
+        "1",
+        "--handoffs",
+        "maybe",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("expected auto, on or off"), "{stderr}");
+}

@@ -249,8 +249,9 @@ fn run(args: Args) -> Result<()> {
         schedule.dispatches.len()
     );
     println!(
-        "levels:      {} ({} barriers between them per token in replay, besides those around \
-         the copies of each step's token and logits; eager puts one after every dispatch)",
+        "levels:      {} ({} barriers between them per token in replay, fewer where it hands \
+         levels over (`vkfuse inspect` lists them), besides those around the copies of each \
+         step's token and logits; eager puts one after every dispatch)",
         schedule.levels.len(),
         schedule.levels.len().saturating_sub(1)
     );

@@ -135,6 +135,23 @@ impl fmt::Display for Schedule {
             )?;
         }
 
+        let plan = crate::session::handoff::plan(self, &crate::session::handoff::accesses(self));
+        let handed: Vec<String> = (0..self.levels.len())
+            .filter(|&i| plan.handed[i])
+            .map(|i| i.to_string())
+            .collect();
+        writeln!(
+            f,
+            "handoffs: {} of {} levels handed over where replay runs them (--handoffs: by default \
+             on NVIDIA only){}",
+            handed.len(),
+            self.levels.len(),
+            match handed.is_empty() {
+                true => String::new(),
+                false => format!(": levels {}", handed.join(", ")),
+            }
+        )?;
+
         write!(f, "{}", Regions(self))?;
 
         writeln!(

@@ -45,6 +45,31 @@ impl HandoffPlan {
     }
 }
 
+/// What each dispatch's kernel declares and may write, read from its SPIR-V (what the runtime's
+/// pipelines read at creation; `vkfuse inspect` needs no device for it).
+pub fn accesses(schedule: &Schedule) -> Vec<Access> {
+    use crate::vulkan::spirv::{spec_constant_default, written_bindings};
+    let per_kernel: Vec<Access> = schedule
+        .kernels
+        .iter()
+        .map(|k| Access {
+            role: spec_constant_default(&k.spirv, crate::HANDOFF_ROLE_SPEC_ID)
+                .map(HandoffRole::from_bits),
+            written: written_bindings(&k.spirv),
+        })
+        .collect();
+    schedule
+        .dispatches
+        .iter()
+        .map(|d| {
+            per_kernel
+                .get(d.kernel.index())
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
 fn overlap(a: &Slice, b: &Slice) -> bool {
     a.buffer == b.buffer && a.offset < b.offset + b.size && b.offset < a.offset + a.size
 }

@@ -331,19 +331,8 @@ impl Loaded {
             256 + schedule.io.logits.size,
             BufferKind::Readback,
         )?;
-        let access: Vec<handoff::Access> = schedule
-            .dispatches
-            .iter()
-            .map(|d| {
-                let p = &pipelines[d.kernel.index()];
-                handoff::Access {
-                    role: p.handoff_role().cloned(),
-                    written: p.written_bindings(),
-                }
-            })
-            .collect();
         let handoff_plan = if options.handoffs.enabled(device.info()) {
-            handoff::plan(&schedule, &access)
+            handoff::plan(&schedule, &handoff::accesses(&schedule))
         } else {
             handoff::HandoffPlan::default()
         };
