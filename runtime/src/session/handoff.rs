@@ -78,9 +78,22 @@ fn written(access: &Access, j: usize) -> bool {
     j < 64 && access.written & (1 << j) != 0
 }
 
-/// The plan for `schedule` whose dispatch k's kernel is described by `access[k]`.
+/// The plan for `schedule` whose dispatch k's kernel is described by `access[k]`. A schedule
+/// that does not validate (`vkfuse inspect` dumps those too) gets no handoff at all.
 pub fn plan(schedule: &Schedule, access: &[Access]) -> HandoffPlan {
     let s = schedule;
+    let n = s.dispatches.len();
+    let valid = access.len() == n
+        && s.levels
+            .iter()
+            .all(|l| l.start <= l.end && l.end as usize <= n);
+    if !valid {
+        return HandoffPlan {
+            handed: vec![false; s.levels.len()],
+            push: vec![HandoffPush::NONE; n],
+            words: 0,
+        };
+    }
     let mut out = HandoffPlan {
         handed: vec![false; s.levels.len()],
         push: vec![HandoffPush::NONE; s.dispatches.len()],
@@ -331,6 +344,17 @@ mod tests {
             plan(&layer(sl(4096, 64)), &access).handed,
             vec![false, false, true, false]
         );
+    }
+
+    #[test]
+    fn an_invalid_schedule_gets_no_handoff() {
+        let mut s = layer(sl(640, 64));
+        s.levels.push(4..6);
+        let access = [plain(), matvec(), attention(), matvec()];
+        let p = plan(&s, &access);
+        assert_eq!(p.handed_levels(), 0);
+        assert_eq!(p.push.len(), 4);
+        assert_eq!(plan(&layer(sl(640, 64)), &access[..3]).handed_levels(), 0);
     }
 
     #[test]

@@ -165,8 +165,6 @@ pub(crate) struct PipelineInner {
     /// The handoff interface (set 1 and [`HANDOFF_PUSH_BYTES`] of push constants), when the
     /// module declares a role (`kernels/glsl/handoff.glsl`).
     pub(crate) handoff: Option<(HandoffRole, Arc<SetLayout>)>,
-    /// The set-0 bindings the module may write (bit b: binding b).
-    pub(crate) written: u64,
     pub(crate) push_constant_bytes: u32,
     /// The specialization it was created with.
     pub(crate) spec_constants: SpecConstants,
@@ -204,11 +202,6 @@ impl Pipeline {
     /// needs handoff words bound before each dispatch ([`crate::HandoffWords::bind`]).
     pub fn handoff_role(&self) -> Option<&HandoffRole> {
         self.inner.handoff.as_ref().map(|(r, _)| r)
-    }
-
-    /// The set-0 bindings its module may write, as a bit mask (bit b: binding b).
-    pub fn written_bindings(&self) -> u64 {
-        self.inner.written
     }
 
     /// The label given at creation.
@@ -400,7 +393,6 @@ impl Device {
                 layout,
                 set_layout,
                 handoff,
-                written: spirv::written_bindings(desc.spirv),
                 push_constant_bytes,
                 spec_constants: desc.spec_constants.clone(),
                 label: desc.label.to_string(),
