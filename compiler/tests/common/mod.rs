@@ -138,10 +138,11 @@ pub fn median_dispatch_us(
         let mut rec = cmd.begin().expect("begin");
         rec.reset_timestamps(&pool_ts).expect("reset");
         rec.bind_pipeline(pipeline).expect("bind");
+        // Set 1 and the push constants stay bound while set 0 changes.
+        no_handoff(device, pipeline, &mut rec);
         for i in 0..iters {
             rec.bind_descriptor_set(&dsets[i as usize % dsets.len()])
                 .expect("set");
-            no_handoff(device, pipeline, &mut rec);
             rec.write_timestamp(&pool_ts, 2 * i).expect("ts");
             let [x, y, z] = workgroups;
             rec.dispatch(x, y, z).expect("dispatch");

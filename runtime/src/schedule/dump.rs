@@ -131,7 +131,7 @@ impl fmt::Display for Schedule {
                     Some(n) => format!(", workgroup {n} subgroups (at load)"),
                     None => String::new(),
                 },
-                handoff_role(&k.spirv)
+                handoff_role(k)
             )?;
         }
 
@@ -236,12 +236,10 @@ fn write_call(f: &mut fmt::Formatter<'_>, d: &super::Dispatch) -> fmt::Result {
 }
 
 /// The handoff role a kernel's SPIR-V declares, for the dump (`kernels/glsl/handoff.glsl`).
-fn handoff_role(spirv: &[u32]) -> String {
-    use crate::vulkan::spirv::spec_constant_default;
-    let Some(bits) = spec_constant_default(spirv, crate::HANDOFF_ROLE_SPEC_ID) else {
+fn handoff_role(k: &super::KernelDecl) -> String {
+    let Some(role) = k.handoff_role() else {
         return String::new();
     };
-    let role = crate::HandoffRole::from_bits(bits);
     let reads: Vec<String> = role.reads.iter().map(|b| b.to_string()).collect();
     match (role.publishes, reads.is_empty()) {
         (false, true) => ", handoff: none".into(),

@@ -165,20 +165,17 @@ impl KernelDecl {
 
     /// Whether an `OpCapability` of the SPIR-V names `capability`.
     fn declares_capability(&self, capability: u32) -> bool {
-        const OP_CAPABILITY: u32 = 17;
-        // Header of 5 words, then instructions: word count in the high half, opcode low.
-        let mut at = 5;
-        while let Some(&first) = self.spirv.get(at) {
-            let (len, op) = ((first >> 16) as usize, first & 0xffff);
-            if op == OP_CAPABILITY && self.spirv.get(at + 1) == Some(&capability) {
-                return true;
-            }
-            if len == 0 {
-                return false;
-            }
-            at += len;
-        }
-        false
+        crate::vulkan::spirv::declares_capability(&self.spirv, capability)
+    }
+
+    /// The handoff role the SPIR-V declares (`kernels/glsl/handoff.glsl`), if any.
+    pub fn handoff_role(&self) -> Option<crate::HandoffRole> {
+        crate::HandoffRole::of_spirv(&self.spirv)
+    }
+
+    /// The set-0 bindings the SPIR-V may write, as a bit mask (bit b: binding b).
+    pub fn written_bindings(&self) -> u64 {
+        crate::vulkan::spirv::written_bindings(&self.spirv)
     }
 }
 
@@ -284,6 +281,20 @@ impl Schedule {
     /// A kernel with subgroup shuffles (so the device must offer them in compute).
     pub fn shuffle_kernel(&self) -> Option<&KernelDecl> {
         self.kernels.iter().find(|k| k.uses_subgroup_shuffle())
+    }
+}
+
+#[cfg(test)]
+impl ModelMeta {
+    /// The metadata of a schedule made up in a unit test.
+    pub(crate) fn for_tests() -> ModelMeta {
+        ModelMeta {
+            architecture: "test".into(),
+            vocab_size: 1,
+            max_context: 1,
+            eos_token_ids: vec![],
+            tokenizer: None,
+        }
     }
 }
 

@@ -90,13 +90,7 @@ mod tests {
             subgroups: None,
         };
         Schedule {
-            meta: ModelMeta {
-                architecture: "test".into(),
-                vocab_size: 1,
-                max_context: 1,
-                eos_token_ids: vec![],
-                tokenizer: None,
-            },
+            meta: ModelMeta::for_tests(),
             buffers: vec![BufferDecl {
                 label: "io".into(),
                 size: 4096,

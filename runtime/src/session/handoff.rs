@@ -48,14 +48,12 @@ impl HandoffPlan {
 /// What each dispatch's kernel declares and may write, read from its SPIR-V (what the runtime's
 /// pipelines read at creation; `vkfuse inspect` needs no device for it).
 pub fn accesses(schedule: &Schedule) -> Vec<Access> {
-    use crate::vulkan::spirv::{spec_constant_default, written_bindings};
     let per_kernel: Vec<Access> = schedule
         .kernels
         .iter()
         .map(|k| Access {
-            role: spec_constant_default(&k.spirv, crate::HANDOFF_ROLE_SPEC_ID)
-                .map(HandoffRole::from_bits),
-            written: written_bindings(&k.spirv),
+            role: k.handoff_role(),
+            written: k.written_bindings(),
         })
         .collect();
     schedule
@@ -242,13 +240,7 @@ mod tests {
     fn schedule(levels: Vec<Vec<Slice>>) -> Schedule {
         let n = levels.len() as u32;
         Schedule {
-            meta: ModelMeta {
-                architecture: "test".into(),
-                vocab_size: 1,
-                max_context: 1,
-                eos_token_ids: vec![],
-                tokenizer: None,
-            },
+            meta: ModelMeta::for_tests(),
             buffers: vec![BufferDecl {
                 label: "arena".into(),
                 size: 16384,

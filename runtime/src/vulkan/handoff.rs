@@ -31,6 +31,12 @@ pub struct HandoffRole {
 }
 
 impl HandoffRole {
+    /// The role SPIR-V `words` declare: the default of specialization constant
+    /// [`HANDOFF_ROLE_SPEC_ID`], if the module has one.
+    pub fn of_spirv(words: &[u32]) -> Option<HandoffRole> {
+        super::spirv::spec_constant_default(words, HANDOFF_ROLE_SPEC_ID).map(Self::from_bits)
+    }
+
     /// Bit b < 16: binding b is read; bit 31: binding 0 published (handoff.glsl).
     pub fn from_bits(bits: u32) -> HandoffRole {
         HandoffRole {

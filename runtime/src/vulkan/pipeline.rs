@@ -8,8 +8,7 @@ use std::sync::Arc;
 use ash::vk;
 
 use super::device::{Device, DeviceShared};
-use super::handoff::{HandoffRole, HANDOFF_PUSH_BYTES, HANDOFF_ROLE_SPEC_ID};
-use super::spirv;
+use super::handoff::{HandoffRole, HANDOFF_PUSH_BYTES};
 use crate::error::{vk_err, Error, Result};
 
 /// The first word of every SPIR-V module.
@@ -312,8 +311,7 @@ impl Device {
         let set_layout = Arc::new(self.create_set_layout(desc.n_bindings)?);
         // A module that declares a handoff role reads its words at set 1, and where they are
         // from its push constants, which it then has no others of.
-        let role = spirv::spec_constant_default(desc.spirv, HANDOFF_ROLE_SPEC_ID)
-            .map(HandoffRole::from_bits);
+        let role = HandoffRole::of_spirv(desc.spirv);
         if role.is_some() && desc.push_constant_bytes != 0 {
             return Err(Error::InvalidArgument(format!(
                 "{}: a kernel with a handoff role takes no push constants of its own ({} bytes)",

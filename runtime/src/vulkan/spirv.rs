@@ -1,10 +1,12 @@
-//! What the runtime reads from a SPIR-V module besides handing it to the driver: a
-//! specialization constant's default value (a kernel's declared handoff role,
-//! `kernels/glsl/handoff.glsl`) and which storage-buffer bindings of set 0 it may write (what
-//! replay's handoff plan checks for hazards).
+//! What the runtime reads from a SPIR-V module besides handing it to the driver: the
+//! capabilities it declares (what the device must offer), a specialization constant's default
+//! value (a kernel's declared handoff role, `kernels/glsl/handoff.glsl`) and which
+//! storage-buffer bindings of set 0 it may write (what replay's handoff plan checks for
+//! hazards).
 
 use std::collections::BTreeMap;
 
+const OP_CAPABILITY: u32 = 17;
 const OP_TYPE_STRUCT: u32 = 30;
 const OP_TYPE_POINTER: u32 = 32;
 const OP_SPEC_CONSTANT: u32 = 50;
@@ -17,16 +19,22 @@ const DECORATION_BINDING: u32 = 33;
 const DECORATION_DESCRIPTOR_SET: u32 = 34;
 
 /// The instructions of `words` after the 5-word header, as (opcode, operand words); a
-/// truncated instruction ends the walk.
+/// truncated or zero-length instruction ends the walk.
 fn instructions(words: &[u32]) -> impl Iterator<Item = (u32, &[u32])> + '_ {
     let mut at = 5;
     std::iter::from_fn(move || {
         let &first = words.get(at)?;
+        // Word count in the high half, opcode in the low.
         let (len, op) = ((first >> 16) as usize, first & 0xffff);
-        let operands = words.get(at + 1..at + len.max(1))?;
-        at += len.max(1);
+        let operands = words.get(at + 1..at + len)?;
+        at += len;
         Some((op, operands))
     })
+}
+
+/// Whether an `OpCapability` of the module names `capability`.
+pub fn declares_capability(words: &[u32], capability: u32) -> bool {
+    instructions(words).any(|(op, o)| op == OP_CAPABILITY && o.first() == Some(&capability))
 }
 
 /// The default value of the 32-bit specialization constant with SpecId `id`, if the module
