@@ -443,9 +443,16 @@ void main() {
     vec2 praw = vec2(0.0);
     float vv = 0.0;
     if (t < D && handoff_reading()) {
-        raw = vec2(handoff_load(0u, h * D + t), handoff_load(1u, g * D + t));
-        praw = vec2(handoff_load(0u, h * D + pt), handoff_load(1u, g * D + pt));
-        vv = handoff_load(2u, g * D + t);
+        // All five polled before any is waited on: one round trip (handoff.glsl).
+        uvec4 at = uvec4(handoff_at(0u, h * D + t), handoff_at(1u, g * D + t),
+                         handoff_at(0u, h * D + pt), handoff_at(1u, g * D + pt));
+        uint vat = handoff_at(2u, g * D + t);
+        uvec4 p = uvec4(handoff_poll(at.x), handoff_poll(at.y), handoff_poll(at.z),
+                        handoff_poll(at.w));
+        uint pv = handoff_poll(vat);
+        raw = vec2(handoff_value(at.x, p.x), handoff_value(at.y, p.y));
+        praw = vec2(handoff_value(at.z, p.z), handoff_value(at.w, p.w));
+        vv = handoff_value(vat, pv);
     } else if (t < D) {
         raw = vec2(q[h * D + t], k_new[g * D + t]);
         praw = vec2(q[h * D + pt], k_new[g * D + pt]);

@@ -49,20 +49,40 @@ bool handoff_reading() {
     return HANDOFF_ROLE_CONSTANT != 0u && handoff.in0_at != HANDOFF_NONE;
 }
 
-// Element i of the binding in slot `slot`, once its producer has published it.
-float handoff_load(uint slot, uint i) {
-    uint at = (slot == 0u ? handoff.in0_at : slot == 1u ? handoff.in1_at : handoff.in2_at) + i;
-    uint v;
-    do {
-        v = atomicLoad(handoff_word[at], gl_ScopeDevice, gl_StorageSemanticsBuffer,
-                       gl_SemanticsRelaxed);
-    } while (v == HANDOFF_EMPTY);
+// Word index of element i of the binding in slot `slot`.
+uint handoff_at(uint slot, uint i) {
+    return (slot == 0u ? handoff.in0_at : slot == 1u ? handoff.in1_at : handoff.in2_at) + i;
+}
+
+// One poll of word `at`. A reader polls all its words before it looks at any (handoff_value):
+// a poll waits on nothing, so they are all in flight at once and the words cost one L2 round
+// trip, where polling each word until it is ready before polling the next costs one per word.
+uint handoff_poll(uint at) {
+    return atomicLoad(handoff_word[at], gl_ScopeDevice, gl_StorageSemanticsBuffer,
+                      gl_SemanticsRelaxed);
+}
+
+// The value of word `at` whose first poll gave v: polled again while it is empty.
+float handoff_value(uint at, uint v) {
+    while (v == HANDOFF_EMPTY) {
+        v = handoff_poll(at);
+    }
     return uintBitsToFloat(v);
 }
 
+// Element i of the binding in slot `slot`, once its producer has published it.
+float handoff_load(uint slot, uint i) {
+    uint at = handoff_at(slot, i);
+    return handoff_value(at, handoff_poll(at));
+}
+
+// Elements 4 i4 .. 4 i4 + 3, their polls in flight together.
 vec4 handoff_load4(uint slot, uint i4) {
-    return vec4(handoff_load(slot, 4u * i4), handoff_load(slot, 4u * i4 + 1u),
-                handoff_load(slot, 4u * i4 + 2u), handoff_load(slot, 4u * i4 + 3u));
+    uint at = handoff_at(slot, 4u * i4);
+    uvec4 v = uvec4(handoff_poll(at), handoff_poll(at + 1u), handoff_poll(at + 2u),
+                    handoff_poll(at + 3u));
+    return vec4(handoff_value(at, v.x), handoff_value(at + 1u, v.y),
+                handoff_value(at + 2u, v.z), handoff_value(at + 3u, v.w));
 }
 
 // Publishes element i of binding 0 (when this dispatch publishes).

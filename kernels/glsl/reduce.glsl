@@ -46,6 +46,13 @@ float wg_max(float v) {
 // or not, and at 1024 invocations it is 32 KiB, lavapipe's whole shared memory.
 const uint MAX_DOTS = 8u;
 #ifndef REDUCE_NO_DOTS
+// Sized by invocations although only MAX_DOTS partials per subgroup are used, on purpose. With
+// 128 bytes here the steps without handoffs ran as fast, but the handoffs' gain fell from +9%
+// to +2% (bf16 on an H100) and from +10% to −2% (q4_0; docs/perf.md, session 15). The likely
+// cause: the driver sizes
+// each SM's shared-memory carveout by what the running kernel declares, and a small one leaves
+// no room for the next level's workgroups to start beside the producer's, which is the point
+// of a handoff.
 shared float red_dots[MAX_DOTS * gl_WorkGroupSize.x];
 
 void wg_share_dots(float acc[MAX_DOTS], uint n) {
