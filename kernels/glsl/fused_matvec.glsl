@@ -30,9 +30,11 @@
 
 #extension GL_KHR_shader_subgroup_shuffle : require
 // Handoffs (handoff.glsl): y can be published, except by the step's lm_head, which no level
-// after it reads. x is not read as handoff words: every workgroup reads all of it, and one
-// atomic load per element in the dot loop cost more than the barrier it saves (on the H100 a
-// matvec consumer lost 9-50%, docs/perf.md session 14).
+// after it reads. x is not read as handoff words: every workgroup reads all of it, each through
+// its own L2 requests, and that costs more than the barrier it saves. On the H100 a matvec
+// consumer lost 9-50% with a load per element in the dot loop (docs/perf.md, session 14), and
+// staged once per workgroup with 16-byte loads, waiting on nothing, it still cost 4.6-5.8 µs per
+// layer (session 15).
 #if STEP
 #define HANDOFF_ROLE 0u
 #else
