@@ -26,12 +26,15 @@ pub struct DeviceCost {
 }
 
 impl DeviceCost {
-    /// An H100 (DESIGN.md's measurements): barrier ~2.3 µs, dispatch ~0.2 µs, ~3 TB/s, 132 SMs.
+    /// An H100: dispatch ~0.2 µs, ~3 TB/s, 132 SMs (DESIGN.md's measurements), and a level
+    /// boundary ~3.5 µs: not the barrier's own ~2.3 µs (DESIGN.md) but what a step saves
+    /// without it, the drain before it and the ramp after it included (docs/perf.md: 3.0-4.4
+    /// µs per boundary, session 13; 4.6-7 µs on the H100 with handoffs, session 15).
     pub fn h100() -> DeviceCost {
         DeviceCost {
             name: "h100",
             dispatch_us: 0.2,
-            barrier_us: 2.3,
+            barrier_us: 3.5,
             bytes_per_us: 3.0e6,
             nominal_context: 512,
             compute_units: 132,
