@@ -12,6 +12,17 @@ fn vkfuse(args: &[&str]) -> std::process::Output {
         .expect("vkfuse runs")
 }
 
+/// `vkfuse args`, which must succeed (its stderr in the failure).
+fn vkfuse_ok(args: &[&str]) -> std::process::Output {
+    let out = vkfuse(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 fn ids_arg(ids: &[u32]) -> String {
     ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
@@ -22,7 +33,7 @@ fn run_reference_reproduces_transformers_greedy_run() {
     let dir = fixture_dir("llama-gqa");
     let out_path = std::env::temp_dir().join(format!("vkfuse-cli-{}.npy", std::process::id()));
     let n = want.greedy_ids.len().to_string();
-    let out = vkfuse(&[
+    let out = vkfuse_ok(&[
         "run",
         dir.to_str().unwrap(),
         "--backend",
@@ -35,11 +46,6 @@ fn run_reference_reproduces_transformers_greedy_run() {
         out_path.to_str().unwrap(),
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     let ids: Vec<u32> = json["ids"]
@@ -78,7 +84,7 @@ fn run_reference_reproduces_transformers_greedy_run() {
 fn zero_new_tokens_gives_one_row_per_id() {
     let dir = fixture_dir("qwen3-tied");
     let out_path = std::env::temp_dir().join(format!("vkfuse-cli0-{}.npy", std::process::id()));
-    let out = vkfuse(&[
+    vkfuse_ok(&[
         "run",
         dir.to_str().unwrap(),
         "--ids",
@@ -88,11 +94,6 @@ fn zero_new_tokens_gives_one_row_per_id() {
         "--logits-out",
         out_path.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert_eq!(npy::read(&out_path).unwrap().rows, 3);
     std::fs::remove_file(&out_path).ok();
 }
@@ -185,12 +186,7 @@ fn vulkan_problems_are_clear_errors_not_panics() {
 
 #[test]
 fn devices_lists_lavapipe_or_a_gpu() {
-    let out = vkfuse(&["devices"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = vkfuse_ok(&["devices"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("device 0"), "{stdout}");
 }
@@ -199,12 +195,7 @@ fn devices_lists_lavapipe_or_a_gpu() {
 fn bench_prints_one_row_per_configuration_and_replay_does_no_per_token_host_work() {
     // A model directory is compiled both unfused and fused.
     let dir = fixture_dir("qwen3-tied");
-    let out = vkfuse(&["bench", dir.to_str().unwrap(), "--tokens", "9", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = vkfuse_ok(&["bench", dir.to_str().unwrap(), "--tokens", "9", "--json"]);
     let stdout = String::from_utf8(out.stdout).unwrap();
     let rows: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     let rows = rows.as_array().unwrap();
@@ -241,7 +232,7 @@ fn bench_prints_one_row_per_configuration_and_replay_does_no_per_token_host_work
 #[test]
 fn bench_profile_prints_every_level_of_the_fused_step() {
     let dir = fixture_dir("qwen3-tied");
-    let out = vkfuse(&[
+    let out = vkfuse_ok(&[
         "bench",
         dir.to_str().unwrap(),
         "--tokens",
@@ -251,11 +242,6 @@ fn bench_profile_prints_every_level_of_the_fused_step() {
         "4",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(stdout.contains("profile: fused replay"), "{stdout}");
     assert!(stdout.contains("by kernel"), "{stdout}");
@@ -277,7 +263,7 @@ fn bench_profile_prints_every_level_of_the_fused_step() {
 #[test]
 fn bench_measures_fused_replay_with_and_without_handoffs() {
     let dir = fixture_dir("qwen3-untied");
-    let out = vkfuse(&[
+    let out = vkfuse_ok(&[
         "bench",
         dir.to_str().unwrap(),
         "--tokens",
@@ -286,11 +272,6 @@ fn bench_measures_fused_replay_with_and_without_handoffs() {
         "on",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let rows: Vec<serde_json::Value> =
         serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
@@ -313,7 +294,7 @@ fn bench_measures_fused_replay_with_and_without_handoffs() {
 fn run_says_when_handoffs_asked_for_do_not_run() {
     let dir = fixture_dir("qwen3-untied");
     // A model directory runs its unfused schedule, whose kernels declare no handoff role.
-    let out = vkfuse(&[
+    let out = vkfuse_ok(&[
         "run",
         dir.to_str().unwrap(),
         "--backend",
@@ -326,11 +307,6 @@ fn run_says_when_handoffs_asked_for_do_not_run() {
         "--handoffs",
         "on",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("note: --handoffs on: no level is handed over"),
