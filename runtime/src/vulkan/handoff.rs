@@ -90,11 +90,6 @@ impl HandoffWords {
         Ok(HandoffWords { buffer, set, words })
     }
 
-    /// How many words there are.
-    pub fn words(&self) -> u32 {
-        self.words
-    }
-
     /// The buffer (fill it with [`HANDOFF_EMPTY`] before a step whose levels hand off; the set
     /// comes from a [`super::DescriptorPool::allocate_handoff`]).
     pub fn buffer(&self) -> &Buffer {
