@@ -35,9 +35,10 @@
 // 4 = D, 5 = SCALE (f32), 6 = EPS (f32).
 // Dispatch: HQ * SPLITS workgroups.
 
-// Handoffs (handoff.glsl): q, k and v (bindings 1-3) can be read as handoff words. y is not
-// published: o_proj, its reader, would read it in every workgroup (see fused_matvec.glsl).
-#define HANDOFF_ROLE ((1u << 1) | (1u << 2) | (1u << 3))
+// Handoffs (handoff.glsl): q, k and v (bindings 1-3) can be read as handoff words, and y is
+// published (the wide o_proj reads it: fused_chain.glsl's INNER_ONLY; each element has one
+// writer, the head's last split or its only one).
+#define HANDOFF_ROLE (0x80000000u | (1u << 1) | (1u << 2) | (1u << 3))
 #include "handoff.glsl"
 #include "reduce.glsl"
 #include "fused_rope.glsl"
@@ -416,6 +417,7 @@ void combine(uint h, uint split, uint used, float m, float total, float lsum) {
             o += part[i * D + t] * w;
         }
         y[h * D + t] = o / l;
+        handoff_store(h * D + t, o / l);
     }
     // Self-cleaning: every split of this head has arrived, none reads the counter again.
     if (t == 0u) {
@@ -542,6 +544,7 @@ void main() {
     if (used == 1u) {
         if (t < D) {
             y[h * D + t] = total / lsum;
+            handoff_store(h * D + t, total / lsum);
         }
         return;
     }

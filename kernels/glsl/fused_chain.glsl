@@ -41,11 +41,45 @@
 // W2_BINDING = w2ᵀ of W2_DTYPE, then in0 when ADD_IN.
 // Spec constants: 0 = workgroup size (a multiple of the subgroup size), 1 = EPS (f32).
 // Dispatch: CH_J / CH_CB workgroups.
+//
+// Preloaded inner weights (PRE_STEPS > 0, block formats and 16-bit floats): each subgroup
+// loads the first PRE_STEPS steps of its first DG rows into registers before x is staged, so
+// that they stream while x is still being waited for (a handed-over x: handoff.glsl), and the
+// dots after the staging start from registers; the rest of a row, and any later round of dots,
+// is loaded in the loop as before. On the H100 the chain's q8_0 / q4_0 gate/up preloaded so
+// gain 6% / 2% (docs/perf.md, session 16); bf16's 16-byte rows cost it registers it lacks (−2%),
+// so the compiler preloads the chain's block formats only.
+//
+// The inner matvec alone (INNER_ONLY 1, `codegen::wide_matvec`): y[j] = EPILOGUE(j, a), written
+// and published as handoff words, with no outer matrix: a matvec in wide workgroups (32
+// subgroups, CB rows each) that stages x once per workgroup and preloads its weights. Few
+// workgroups read x, so x can be handed over to it: the attention block's output to o_proj.
+// A reader waits first for the last word of every SENTINEL_RUN words (> 0: one per attention
+// head), polled by one subgroup, and only then polls its share of x: while the heads are still
+// running, its 1024 invocations would otherwise poll the same few L2 lines all at once.
+// EPILOGUE may read the extra input as `pin` (INNER_IN 1: IN0(row), loaded before the wait).
+// Bindings: 0 = y, 1 = w, 2 = x, 3 = nw when NORM, then in0 when INNER_IN; W2_BINDING is 1 and
+// ADD_IN 0 (no outer weights).
 
 #extension GL_EXT_shader_atomic_float : require
+#ifndef INNER_ONLY
+#define INNER_ONLY 0
+#endif
+#ifndef INNER_IN
+#define INNER_IN 0
+#endif
+#ifndef PRE_STEPS
+#define PRE_STEPS 0
+#endif
+#ifndef SENTINEL_RUN
+#define SENTINEL_RUN 0
+#endif
 // Handoffs (handoff.glsl): x, and in0 where it is x again, can be read as handoff words (the
-// runtime hands them over only when they are the same slice: see below).
-#if ADD_IN
+// runtime hands them over only when they are the same slice: see below). The inner matvec
+// alone publishes y too.
+#if INNER_ONLY
+#define HANDOFF_ROLE (0x80000000u | (1u << 2))
+#elif ADD_IN
 #define HANDOFF_ROLE ((1u << 2) | (1u << (W2_BINDING + 1)))
 #else
 #define HANDOFF_ROLE (1u << 2)
@@ -133,6 +167,33 @@ float inner_step(uint row, uint c, vec4 xa, vec4 xb) {
 #endif
 }
 
+#if PRE_STEPS > 0
+// Step c of inner weight row `row` as raw words (block formats: the codes, then the scale
+// word), and their dot with the input vec4s xa, xb: inner_step in two halves, the loads first.
+uvec4 inner_raw(uint row, uint c) {
+#if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
+    uint at = row * q_row_bytes(W_DTYPE, CH_I);
+    uint sw = w[(at + q_code_bytes(W_DTYPE, CH_I)) / 4u + c / 8u];
+    return W_DTYPE == Q8_0 ? uvec4(w[at / 4u + 2u * c], w[at / 4u + 2u * c + 1u], sw, 0u)
+                           : uvec4(w[at / 4u + c], 0u, sw, 0u);
+#else
+    return w4[row * (CH_I / 8u) + c];
+#endif
+}
+
+float inner_dot(uvec4 v, uint c, vec4 xa, vec4 xb) {
+#if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
+    // Block c / 4's f16 scale: half (c / 4) & 1 of its word (as Q_SCALE reads it).
+    float d = unpackHalf2x16(v.z)[(c / 4u) & 1u];
+    return W_DTYPE == Q8_0 ? d * (dot(q8_codes(v.x), xa) + dot(q8_codes(v.y), xb))
+                           : d * (dot(q4_low(v.x), xa) + dot(q4_high(v.x), xb));
+#else
+    return dot(vec4(PAIR(W_DTYPE, v.x), PAIR(W_DTYPE, v.y)), xa) +
+           dot(vec4(PAIR(W_DTYPE, v.z), PAIR(W_DTYPE, v.w)), xb);
+#endif
+}
+#endif
+
 // Adds v, this block's share of output row r, into y (workgroup 0 adds the extra input too).
 void add_row(uint r, uint b, float v) {
 #if ADD_IN
@@ -149,6 +210,36 @@ void main() {
     if (b >= CH_J / CB) {
         return;
     }
+
+#if INNER_IN
+    float pin = t < CB ? IN0(CB * b + t) : 0.0;
+#endif
+    uint lane = gl_SubgroupInvocationID;
+#if PRE_STEPS > 0
+    // This subgroup's first round of dots, its first PRE_STEPS steps loaded now (see the top).
+    uvec4 wp[DG * PRE_STEPS];
+    if (DG * gl_SubgroupID < NDOTS) {
+        for (uint i = 0u; i < DG; i++) {
+            uint d = DG * gl_SubgroupID + i;
+            uint row = (d % PER_ROW) * CH_J + CB * b + d / PER_ROW;
+            for (uint k = 0u; k < PRE_STEPS; k++) {
+                uint c = min(lane + k * gl_SubgroupSize, CH_I / 8u - 1u);
+                wp[i * PRE_STEPS + k] = inner_raw(row, c);
+            }
+        }
+    }
+#endif
+#if SENTINEL_RUN > 0
+    if (handoff_reading()) {
+        if (gl_SubgroupID == 0u) {
+            const uint run = uint(SENTINEL_RUN);
+            for (uint h = lane; h < CH_I / run; h += gl_SubgroupSize) {
+                handoff_load(0u, h * run + run - 1u);
+            }
+        }
+        barrier();
+    }
+#endif
 
     // x · nw into shared memory; the x² partials beside it (see the top).
     float ss = 0.0;
@@ -174,7 +265,8 @@ void main() {
 
     // The outer weights do not depend on act: loaded now, their latency overlaps the inner
     // dots (loads past the end are clamped in bounds; their results are dropped).
-#if OUT_BLOCKS
+#if INNER_ONLY
+#elif OUT_BLOCKS
     uvec4 pre_c[OUT_Q * CODE4];
     uint pre_s[OUT_Q];
     for (uint k = 0u; k < OUT_Q; k++) {
@@ -198,7 +290,6 @@ void main() {
 #endif
 
     // The block's inner dots: dot d is act row CB*b + d / PER_ROW, part d % PER_ROW.
-    uint lane = gl_SubgroupInvocationID;
     for (uint d0 = DG * gl_SubgroupID; d0 < NDOTS; d0 += DG * gl_NumSubgroups) {
         uint wrow[DG];
         float acc[DG];
@@ -207,7 +298,22 @@ void main() {
             wrow[i] = (d % PER_ROW) * CH_J + CB * b + d / PER_ROW;
             acc[i] = 0.0;
         }
-        for (uint c = lane; c < CH_I / 8u; c += gl_SubgroupSize) {
+        uint c0 = lane;
+#if PRE_STEPS > 0
+        if (d0 == DG * gl_SubgroupID) {
+            for (uint k = 0u; k < PRE_STEPS; k++) {
+                uint c = lane + k * gl_SubgroupSize;
+                if (c < CH_I / 8u) {
+                    uvec2 xi = step_x4(W_DTYPE, c);
+                    for (uint i = 0u; i < DG; i++) {
+                        acc[i] += inner_dot(wp[i * PRE_STEPS + k], c, xs4[xi.x], xs4[xi.y]);
+                    }
+                }
+            }
+            c0 = lane + PRE_STEPS * gl_SubgroupSize;
+        }
+#endif
+        for (uint c = c0; c < CH_I / 8u; c += gl_SubgroupSize) {
             uvec2 xi = step_x4(W_DTYPE, c);
             vec4 xa = xs4[xi.x];
             vec4 xb = xs4[xi.y];
@@ -232,6 +338,12 @@ void main() {
         for (uint k = 0u; k < PER_ROW; k++) {
             a[k] = dots_s[t * PER_ROW + k] * scale;
         }
+#if INNER_ONLY
+        float v = EPILOGUE(CB * b + t, a);
+        y[CB * b + t] = v;
+        handoff_store(CB * b + t, v);
+    }
+#else
         act4[t / 4u][t % 4u] = EPILOGUE(CB * b + t, a);
     }
     barrier();
@@ -285,4 +397,5 @@ void main() {
         add_row(r, b, v);
     }
 #endif
+#endif // INNER_ONLY
 }

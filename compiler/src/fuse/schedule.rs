@@ -745,6 +745,16 @@ pub fn lower_units_planned(
             r.first = 0;
         }
     }
+    // Levels replay may hand over run with no barrier between them, so a slot is kept to the
+    // end of such a run: a later level of it must not write where an earlier one, maybe still
+    // running, reads or writes (the runtime's plan checks this and keeps the barrier where it
+    // finds such aliasing).
+    let run_end = handoff_run_ends(&regions.levels, &dispatches, &l.kernels);
+    for r in &mut requests {
+        if let Some(&end) = run_end.get(r.last as usize) {
+            r.last = end;
+        }
+    }
     let plan = if opts.plan_memory {
         plan::plan(&requests, ALIGN)
     } else {
@@ -834,4 +844,38 @@ impl Fused {
         }
         c
     }
+}
+
+/// For each level, the last level of its run of levels that replay may hand over one to the
+/// next (`vkfuse_runtime::session::handoff` plans the real handoffs from the same roles): level
+/// i (from 2) may join level i - 1 when a kernel of i reads handoff words and one of i - 1
+/// publishes. A superset of the runtime's handoffs, so planning against it is safe.
+fn handoff_run_ends(
+    levels: &[std::ops::Range<u32>],
+    dispatches: &[Dispatch],
+    kernels: &[KernelDecl],
+) -> Vec<u32> {
+    let roles = |level: &std::ops::Range<u32>| {
+        dispatches[level.start as usize..level.end as usize]
+            .iter()
+            .filter_map(|d| kernels.get(d.kernel.index())?.handoff_role())
+            .collect::<Vec<_>>()
+    };
+    let joins: Vec<bool> = (0..levels.len())
+        .map(|i| {
+            i >= 2
+                && roles(&levels[i]).iter().any(|r| !r.reads.is_empty())
+                && roles(&levels[i - 1]).iter().any(|r| r.publishes)
+        })
+        .collect();
+    let mut ends = vec![0u32; levels.len()];
+    let mut end = levels.len().saturating_sub(1);
+    for i in (0..levels.len()).rev() {
+        ends[i] = end as u32;
+        if joins[i] {
+            continue;
+        }
+        end = i.saturating_sub(1);
+    }
+    ends
 }
