@@ -46,13 +46,13 @@
 // loads the first PRE_STEPS steps of its first DG rows into registers before x is staged, so
 // that they stream while x is still being waited for (a handed-over x: handoff.glsl), and the
 // dots after the staging start from registers; the rest of a row, and any later round of dots,
-// is loaded in the loop as before. On the H100 the chain's q8_0 / q4_0 gate/up preloaded so
-// gain 6% / 2% (docs/perf.md, session 16); bf16's 16-byte rows cost it registers it lacks (−2%),
-// so the compiler preloads the chain's block formats only.
+// is loaded in the loop as before. On the H100 the chain's gate/up preloaded so gain 3% q8_0,
+// ±0.5% q4_0 alone, and with the wide o_proj handed over (below) bf16 +3% more than without
+// (docs/perf.md, session 16).
 //
 // The inner matvec alone (INNER_ONLY 1, `codegen::wide_matvec`): y[j] = EPILOGUE(j, a), written
-// and published as handoff words, with no outer matrix: a matvec in wide workgroups (32
-// subgroups, CB rows each) that stages x once per workgroup and preloads its weights. Few
+// and published as handoff words, with no outer matrix: a matvec in wide workgroups (CB rows,
+// a subgroup each) that stages x once per workgroup and preloads its weights. Few
 // workgroups read x, so x can be handed over to it: the attention block's output to o_proj.
 // A reader waits first for the last word of every SENTINEL_RUN words (> 0: one per attention
 // head), polled by one subgroup, and only then polls its share of x: while the heads are still

@@ -34,7 +34,8 @@
 // its own L2 requests, and that costs more than the barrier it saves. On the H100 a matvec
 // consumer lost 9-50% with a load per element in the dot loop (docs/perf.md, session 14), and
 // staged once per workgroup with 16-byte loads, waiting on nothing, it still cost 4.6-5.8 µs per
-// layer (session 15).
+// layer (session 15). The matvec that does read words (o_proj) is a wide one instead
+// (fused_chain.glsl's INNER_ONLY): few workgroups, weights loaded before the wait.
 #if STEP
 #define HANDOFF_ROLE 0u
 #else

@@ -474,11 +474,13 @@ fn workgroups(n: usize) -> [u32; 3] {
 
 pub(crate) const HEADER: &str = "#version 450\n#extension GL_GOOGLE_include_directive : require\n";
 
-/// The matvec-family kernel of `spec`.
+/// The matvec-family kernel of `spec`: a wide matvec where [`is_wide`], else the plain one.
 pub fn matvec(spec: &MatvecSpec) -> Generated {
-    if let Some(g) = wide_matvec(spec) {
-        return g;
-    }
+    wide_matvec(spec).unwrap_or_else(|| plain_matvec(spec))
+}
+
+/// fused_matvec.glsl's kernel of `spec`.
+fn plain_matvec(spec: &MatvecSpec) -> Generated {
     let parts = spec.part_rows.len();
     assert!((1..=8).contains(&parts), "1..=8 packed parts");
     let per_row = spec.dots_per_row();
@@ -548,8 +550,11 @@ pub fn matvec(spec: &MatvecSpec) -> Generated {
     }
 }
 
-/// Rows per workgroup of a wide matvec ([`wide_matvec`]).
-const WIDE_ROWS: usize = 32;
+/// Rows per workgroup of a wide matvec ([`wide_matvec`]), one per subgroup. On the H100 with
+/// handoffs 32 and 16 rows measure alike and 8 lose 2-3%; without handoffs 32 rows (32
+/// workgroups for a 1024-row o_proj) lose 5-8% to the plain matvec, 16 rows 1-6%
+/// (docs/perf.md, session 16).
+const WIDE_ROWS: usize = 16;
 
 /// Raw 16-byte weight loads an invocation may hold before its input is staged
 /// (`fused_chain.glsl`'s PRE_STEPS times its dots per round).
@@ -561,28 +566,32 @@ fn preload_steps(cols: usize, dg: usize) -> usize {
     (PRELOAD_WORDS4 / dg.max(1)).min((cols / 8).div_ceil(32))
 }
 
-/// A matvec with no norm and one extra input (the residual add: o_proj, or down where the MLP
-/// is not chained) as `fused_chain.glsl`'s inner matvec alone (INNER_ONLY): 32 rows per
-/// workgroup of 32 subgroups, its weights preloaded before x is staged, so that x can be handed
-/// over to it (the attention block's output to o_proj: few workgroups read it, and they wait with
-/// their weights already loaded). On the H100 this handoff pays +3% bf16, +6% q4_0, +10% q8_0
-/// with the chain's preload (docs/perf.md, session 16); without handoffs the shape is within
-/// ±0.5% of the plain matvec.
-fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
-    let o = spec.rows();
-    let fits = spec.norm.is_none()
+/// Whether [`matvec`] makes `spec` a wide matvec ([`wide_matvec`]).
+pub fn is_wide(spec: &MatvecSpec) -> bool {
+    spec.norm.is_none()
         && !spec.step
         && !spec.zipped
         && spec.part_rows.len() == 1
         && spec.extras.len() == 1
         && !spec.extras[0].scalar
-        && o.is_multiple_of(WIDE_ROWS)
-        && spec.cols.is_multiple_of(8);
-    if !fits {
+        && spec.rows().is_multiple_of(WIDE_ROWS)
+        && spec.cols.is_multiple_of(8)
+}
+
+/// A matvec with no norm and one extra input (the residual add: o_proj, or down where the MLP
+/// is not chained) as `fused_chain.glsl`'s inner matvec alone (INNER_ONLY): [`WIDE_ROWS`] rows
+/// per workgroup, a subgroup each, its weights preloaded before x is staged, so that x can be
+/// handed over to it (the attention block's output to o_proj: few workgroups read it, and they
+/// wait with their weights already loaded). With the chain's preload, on the H100: +4% bf16,
+/// +8% q8_0, +6% q4_0 with handoffs, −6% / −1% / −2% without (docs/perf.md, session 16).
+fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
+    if !is_wide(spec) {
         return None;
     }
-    let wg = 1024u32;
-    let dg = chain_dots_per_subgroup(WIDE_ROWS, wg);
+    let o = spec.rows();
+    let rows = WIDE_ROWS;
+    let wg = (32 * rows as u32).min(1024);
+    let dg = chain_dots_per_subgroup(rows, wg);
     let pre = if spec.dtype == DType::F32 {
         0
     } else {
@@ -607,7 +616,7 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
     let _ = writeln!(s, "#define CH_J {o}u");
     let _ = writeln!(s, "#define CH_I {}u", spec.cols);
     let _ = writeln!(s, "#define CH_O 4u");
-    let _ = writeln!(s, "#define CH_CB {WIDE_ROWS}u");
+    let _ = writeln!(s, "#define CH_CB {rows}u");
     let _ = writeln!(s, "#define CH_DG {dg}u");
     let _ = writeln!(s, "#define OUT_NG 1u");
     let _ = writeln!(s, "#define OUT_SPAN {wg}u");
@@ -621,11 +630,11 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
     );
     s += "#include \"fused_chain.glsl\"\n";
     Some(Generated {
-        label: format!("fused_matvec[wide {WIDE_ROWS}: {}]", spec.describe()),
+        label: format!("fused_matvec[wide {rows}: {}]", spec.describe()),
         source: s,
         // Constant 0 is chosen at load (32 of the device's subgroups): the kernel takes any size.
         spec_constants: vec![wg, 0],
-        workgroups: workgroups(o / WIDE_ROWS),
+        workgroups: workgroups(o / rows),
         bindings: 4,
     })
 }
@@ -735,8 +744,8 @@ pub fn chain(spec: &ChainSpec) -> Generated {
     let _ = writeln!(s, "#define OUT_NG {ng}u");
     let _ = writeln!(s, "#define OUT_SPAN {span}u");
     let _ = writeln!(s, "#define OUT_Q {}u", steps.div_ceil(span).max(1));
-    // Block formats' gate/up preloaded (fused_chain.glsl: float rows cost it registers).
-    let pre = if matches!(inner.dtype, DType::Q8_0 | DType::Q4_0) {
+    // gate/up preloaded before the staging (fused_chain.glsl; f32 steps are two loads).
+    let pre = if inner.dtype != DType::F32 {
         preload_steps(inner.cols, chain_dots_per_subgroup(cb * inner.dots_per_row(), wg))
     } else {
         0
@@ -873,6 +882,14 @@ pub fn persistent_ok(spec: &MatvecSpec, max_cols: usize) -> bool {
 /// constants are folded in) as persistent_matvec.glsl's `mv_main_<m>()`, bindings from
 /// `binding`; every name it defines is undefined at its end.
 pub fn persistent_member(spec: &MatvecSpec, gen: &Generated, m: usize, binding: usize) -> String {
+    // A wide matvec's own kernel has other constants: those of its plain kernel.
+    let plain;
+    let gen = if is_wide(spec) {
+        plain = plain_matvec(spec);
+        &plain
+    } else {
+        gen
+    };
     let mut s = String::new();
     let _ = writeln!(s, "// level {m}: {}", spec.describe());
     matvec_defines(&mut s, spec);
