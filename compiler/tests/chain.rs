@@ -51,6 +51,7 @@ fn check(dtype: DType, j: usize, i: usize, o: usize) {
                 Box::new(Epi::Part(1)),
             ),
             step: false,
+            x_published: false,
         },
         outer_dtype: dtype,
         out_rows: o,

@@ -38,6 +38,7 @@ fn check_at(dtype: DType, rows: usize, cols: usize, wg: Option<u32>) {
         extras: vec![],
         epi: Epi::Acc,
         step: true,
+        x_published: false,
     };
     let mut gen = codegen::matvec(&spec);
     assert_eq!(gen.spec_constants[0], 32, "one subgroup per workgroup");
@@ -169,6 +170,7 @@ fn only_block_format_matvecs_declare_shuffles_which_the_runtime_then_requires() 
             extras: vec![],
             epi: Epi::Acc,
             step: false,
+            x_published: false,
         }))
     };
     assert!(decl(DType::Q4_0).uses_subgroup_shuffle());

@@ -127,6 +127,7 @@ fn matvec_step_matches_as(values: &[f32], shared_fold: bool) -> Result<(), TestC
         extras: vec![],
         epi: Epi::Acc,
         step: true,
+        x_published: false,
     };
     let (device, log) = common::validated_device();
     let mut gen = codegen::matvec(&spec);
@@ -251,6 +252,7 @@ fn only_the_folded_kernel_declares_64_bit_atomics_which_the_runtime_then_require
             extras: vec![],
             epi: Epi::Acc,
             step,
+            x_published: false,
         }))
     };
     assert!(decl(true).uses_int64_atomics());

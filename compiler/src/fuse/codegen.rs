@@ -212,6 +212,10 @@ pub struct MatvecSpec {
     /// state and the position advanced, by the last workgroup to arrive (`matvec_step.glsl`,
     /// 64-bit atomics). Four bindings more: token state, position state, position, counters.
     pub step: bool,
+    /// x is the output of a kernel that can publish it as handoff words (the attention block
+    /// or a matvec), so that replay may hand it over: with no norm and the residual as its one
+    /// extra input, such a matvec is made wide ([`is_wide`]).
+    pub x_published: bool,
 }
 
 impl MatvecSpec {
@@ -568,7 +572,8 @@ fn preload_steps(cols: usize, dg: usize) -> usize {
 
 /// Whether [`matvec`] makes `spec` a wide matvec ([`wide_matvec`]).
 pub fn is_wide(spec: &MatvecSpec) -> bool {
-    spec.norm.is_none()
+    spec.x_published
+        && spec.norm.is_none()
         && !spec.step
         && !spec.zipped
         && spec.part_rows.len() == 1
@@ -579,7 +584,8 @@ pub fn is_wide(spec: &MatvecSpec) -> bool {
 }
 
 /// A matvec with no norm and one extra input (the residual add: o_proj, or down where the MLP
-/// is not chained) as `fused_chain.glsl`'s inner matvec alone (INNER_ONLY): [`WIDE_ROWS`] rows
+/// is not chained) whose x a kernel publishes, as `fused_chain.glsl`'s inner matvec alone
+/// (INNER_ONLY): [`WIDE_ROWS`] rows
 /// per workgroup, a subgroup each, its weights preloaded before x is staged, so that x can be
 /// handed over to it (the attention block's output to o_proj: few workgroups read it, and they
 /// wait with their weights already loaded). With the chain's preload, on the H100: +4% bf16,

@@ -234,6 +234,19 @@ impl Builder<'_> {
     }
 
     /// A kernel writing binding 0 as its result of type `ty`.
+    /// Whether value `v` is (a view of) the output of a kernel that can publish its output as
+    /// handoff words: the attention block or a matvec (`kernels/glsl/handoff.glsl`).
+    fn published(&self, v: usize) -> bool {
+        match &self.values[v] {
+            UValue::View { of, .. } => self.published(*of),
+            UValue::Out { kernel, .. } => matches!(
+                self.kernels.get(*kernel).map(|k| &k.kind),
+                Some(KernelKind::Attention(_) | KernelKind::Matvec(_))
+            ),
+            _ => false,
+        }
+    }
+
     fn with_out(
         &mut self,
         kind: KernelKind,
@@ -807,6 +820,7 @@ impl Builder<'_> {
             extras: vec![],
             epi,
             step: false,
+            x_published: self.published(xv),
         };
         let rows = spec.rows();
         let mut inputs = vec![wv, xv];
