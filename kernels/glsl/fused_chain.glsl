@@ -152,24 +152,10 @@ uvec2 step_x4(uint dt, uint c) {
     return (dt == Q8_0 || dt == Q4_0) ? q_x4(dt, c) : uvec2(2u * c, 2u * c + 1u);
 }
 
-// Step c of inner weight row `row` · (xa, xb).
-float inner_step(uint row, uint c, vec4 xa, vec4 xb) {
-#if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
-    uint at = row * q_row_bytes(W_DTYPE, CH_I);
-    return Q_SCALE(W_DTYPE, w, at, CH_I, c / 4u) * Q_STEP_DOT(W_DTYPE, w, at / 4u, c, xa, xb);
-#elif W_DTYPE == F32
-    uint at = row * (CH_I / 4u) + 2u * c;
-    return dot(uintBitsToFloat(w4[at]), xa) + dot(uintBitsToFloat(w4[at + 1u]), xb);
-#else
-    uvec4 v = w4[row * (CH_I / 8u) + c];
-    return dot(vec4(PAIR(W_DTYPE, v.x), PAIR(W_DTYPE, v.y)), xa) +
-           dot(vec4(PAIR(W_DTYPE, v.z), PAIR(W_DTYPE, v.w)), xb);
-#endif
-}
-
-#if PRE_STEPS > 0
+#if W_DTYPE != F32
 // Step c of inner weight row `row` as raw words (block formats: the codes, then the scale
-// word), and their dot with the input vec4s xa, xb: inner_step in two halves, the loads first.
+// word), and their dot with the input vec4s xa, xb: a step in two halves, so that the loads
+// can be issued early (PRE_STEPS) and the dots done later.
 uvec4 inner_raw(uint row, uint c) {
 #if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
     uint at = row * q_row_bytes(W_DTYPE, CH_I);
@@ -193,6 +179,16 @@ float inner_dot(uvec4 v, uint c, vec4 xa, vec4 xb) {
 #endif
 }
 #endif
+
+// Step c of inner weight row `row` · (xa, xb).
+float inner_step(uint row, uint c, vec4 xa, vec4 xb) {
+#if W_DTYPE == F32
+    uint at = row * (CH_I / 4u) + 2u * c;
+    return dot(uintBitsToFloat(w4[at]), xa) + dot(uintBitsToFloat(w4[at + 1u]), xb);
+#else
+    return inner_dot(inner_raw(row, c), c, xa, xb);
+#endif
+}
 
 // Adds v, this block's share of output row r, into y (workgroup 0 adds the extra input too).
 void add_row(uint r, uint b, float v) {

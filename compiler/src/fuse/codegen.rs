@@ -564,9 +564,13 @@ const WIDE_ROWS: usize = 16;
 /// (`fused_chain.glsl`'s PRE_STEPS times its dots per round).
 const PRELOAD_WORDS4: usize = 8;
 
-/// Steps of 8 weights (of a row of `cols`) that each lane of a subgroup preloads for `dg` dots
-/// at once: as many as [`PRELOAD_WORDS4`] allows, no more than a 32-lane subgroup meets.
-fn preload_steps(cols: usize, dg: usize) -> usize {
+/// Steps of 8 weights (of a row of `cols` of `dtype`) that each lane of a subgroup preloads for
+/// `dg` dots at once: as many as [`PRELOAD_WORDS4`] allows, no more than a 32-lane subgroup
+/// meets; none for f32 (its steps are two loads).
+fn preload_steps(dtype: DType, cols: usize, dg: usize) -> usize {
+    if dtype == DType::F32 {
+        return 0;
+    }
     (PRELOAD_WORDS4 / dg.max(1)).min((cols / 8).div_ceil(32))
 }
 
@@ -595,14 +599,9 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
         return None;
     }
     let o = spec.rows();
-    let rows = WIDE_ROWS;
-    let wg = (32 * rows as u32).min(1024);
-    let dg = chain_dots_per_subgroup(rows, wg);
-    let pre = if spec.dtype == DType::F32 {
-        0
-    } else {
-        preload_steps(spec.cols, dg)
-    };
+    let wg = (32 * WIDE_ROWS as u32).min(1024);
+    let dg = chain_dots_per_subgroup(WIDE_ROWS, wg);
+    let pre = preload_steps(spec.dtype, spec.cols, dg);
     // One sentinel word per run (an attention head's output, where the head is 128, 64 or 32
     // wide): a run of x that divides it at least twice.
     let run = [128, 64, 32]
@@ -626,7 +625,7 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
     let _ = writeln!(s, "#define CH_J {o}u");
     let _ = writeln!(s, "#define CH_I {}u", spec.cols);
     let _ = writeln!(s, "#define CH_O 4u");
-    let _ = writeln!(s, "#define CH_CB {rows}u");
+    let _ = writeln!(s, "#define CH_CB {WIDE_ROWS}u");
     let _ = writeln!(s, "#define CH_DG {dg}u");
     let _ = writeln!(s, "#define OUT_NG 1u");
     let _ = writeln!(s, "#define OUT_SPAN {wg}u");
@@ -640,12 +639,12 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
     );
     s += "#include \"fused_chain.glsl\"\n";
     Some(Generated {
-        label: format!("fused_matvec[wide {rows}: {}]", spec.describe()),
+        label: format!("fused_matvec[wide {WIDE_ROWS}: {}]", spec.describe()),
         source: s,
         // Constant 0 is chosen at load (32 of the device's subgroups): the kernel takes any size.
         spec_constants: vec![wg, 0],
-        workgroups: workgroups(o / rows),
-        bindings: 4,
+        workgroups: workgroups(o / WIDE_ROWS),
+        bindings: 3 + spec.extras.len(),
     })
 }
 
@@ -745,25 +744,18 @@ pub fn chain(spec: &ChainSpec) -> Generated {
     let ChainShape { cb, wg, ng } = chain_shape(spec);
     let steps = chain_outer_steps(spec);
     let span = if ng > 1 { steps } else { wg as usize };
+    let dg = chain_dots_per_subgroup(cb * inner.dots_per_row(), wg);
     let _ = writeln!(s, "#define CH_CB {cb}u");
-    let _ = writeln!(
-        s,
-        "#define CH_DG {}u",
-        chain_dots_per_subgroup(cb * inner.dots_per_row(), wg)
-    );
+    let _ = writeln!(s, "#define CH_DG {dg}u");
     let _ = writeln!(s, "#define OUT_NG {ng}u");
     let _ = writeln!(s, "#define OUT_SPAN {span}u");
     let _ = writeln!(s, "#define OUT_Q {}u", steps.div_ceil(span).max(1));
-    // gate/up preloaded before the staging (fused_chain.glsl; f32 steps are two loads).
-    let pre = if inner.dtype != DType::F32 {
-        preload_steps(
-            inner.cols,
-            chain_dots_per_subgroup(cb * inner.dots_per_row(), wg),
-        )
-    } else {
-        0
-    };
-    let _ = writeln!(s, "#define PRE_STEPS {pre}");
+    // gate/up preloaded before the staging (fused_chain.glsl).
+    let _ = writeln!(
+        s,
+        "#define PRE_STEPS {}",
+        preload_steps(inner.dtype, inner.cols, dg)
+    );
     s += "#include \"common.glsl\"\n";
     let extras: Vec<ExtraSpec> = spec.add_in.iter().cloned().collect();
     declare_inputs(&mut s, &extras, w2_binding + 1);

@@ -233,7 +233,6 @@ impl Builder<'_> {
         self.kernels.len() - 1
     }
 
-    /// A kernel writing binding 0 as its result of type `ty`.
     /// Whether value `v` is (a view of) the output of a kernel that can publish its output as
     /// handoff words: the attention block or a matvec (`kernels/glsl/handoff.glsl`).
     fn published(&self, v: usize) -> bool {
@@ -247,6 +246,7 @@ impl Builder<'_> {
         }
     }
 
+    /// A kernel writing binding 0 as its result of type `ty`.
     fn with_out(
         &mut self,
         kind: KernelKind,

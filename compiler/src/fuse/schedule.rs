@@ -855,18 +855,20 @@ fn handoff_run_ends(
     dispatches: &[Dispatch],
     kernels: &[KernelDecl],
 ) -> Vec<u32> {
-    let roles = |level: &std::ops::Range<u32>| {
-        dispatches[level.start as usize..level.end as usize]
-            .iter()
-            .filter_map(|d| kernels.get(d.kernel.index())?.handoff_role())
-            .collect::<Vec<_>>()
-    };
-    let joins: Vec<bool> = (0..levels.len())
-        .map(|i| {
-            i >= 2
-                && roles(&levels[i]).iter().any(|r| !r.reads.is_empty())
-                && roles(&levels[i - 1]).iter().any(|r| r.publishes)
+    // Per level: (a kernel reads handoff words, a kernel publishes them).
+    let sides: Vec<(bool, bool)> = levels
+        .iter()
+        .map(|level| {
+            dispatches[level.start as usize..level.end as usize]
+                .iter()
+                .filter_map(|d| kernels.get(d.kernel.index())?.handoff_role())
+                .fold((false, false), |(r, p), role| {
+                    (r || !role.reads.is_empty(), p || role.publishes)
+                })
         })
+        .collect();
+    let joins: Vec<bool> = (0..levels.len())
+        .map(|i| i >= 2 && sides[i].0 && sides[i - 1].1)
         .collect();
     let mut ends = vec![0u32; levels.len()];
     let mut end = levels.len().saturating_sub(1);
