@@ -855,16 +855,22 @@ fn handoff_run_ends(
     dispatches: &[Dispatch],
     kernels: &[KernelDecl],
 ) -> Vec<u32> {
+    // Per kernel (its role is read from its SPIR-V once): (reads handoff words, publishes).
+    let kernel_sides: Vec<(bool, bool)> = kernels
+        .iter()
+        .map(|k| {
+            k.handoff_role()
+                .map_or((false, false), |r| (!r.reads.is_empty(), r.publishes))
+        })
+        .collect();
     // Per level: (a kernel reads handoff words, a kernel publishes them).
     let sides: Vec<(bool, bool)> = levels
         .iter()
         .map(|level| {
             dispatches[level.start as usize..level.end as usize]
                 .iter()
-                .filter_map(|d| kernels.get(d.kernel.index())?.handoff_role())
-                .fold((false, false), |(r, p), role| {
-                    (r || !role.reads.is_empty(), p || role.publishes)
-                })
+                .filter_map(|d| kernel_sides.get(d.kernel.index()))
+                .fold((false, false), |(r, p), &(kr, kp)| (r || kr, p || kp))
         })
         .collect();
     let joins: Vec<bool> = (0..levels.len())
