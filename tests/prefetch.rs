@@ -1,9 +1,9 @@
 //! Weight prefetch into L2 (fuse::prefetch, kernels/glsl/prefetch.comp) on the fixtures, with
 //! its size floor lifted (their weights are far below the default 1 MiB): every attention
 //! level (and, with these tiny tables, the embedding's) gets one prefetch dispatch reading
-//! exactly the weights of the (at most two) matvec or chained levels after it (cut to the budget), never
-//! a level that streams weights itself, the levels stay as they were, and the schedule still matches
-//! transformers within 5e-3 relative L2 with the same greedy tokens, validation clean.
+//! exactly the weight slices of the (at most three) matvec or chained levels after it, in
+//! order, cut to the budget, never beside a level that streams weights itself; the levels stay as they were, and the schedule still matches transformers
+//! within 5e-3 relative L2 with the same greedy tokens, validation clean.
 
 use vkfuse_compiler::fuse::prefetch::Prefetch;
 use vkfuse_compiler::fuse::FuseOptions;
@@ -20,20 +20,26 @@ fn streams(label: &str) -> bool {
     label.starts_with("matvec") || label.starts_with("chain")
 }
 
-/// The weight slices (binding 1) of the weight-streaming dispatches of the two levels after
-/// `level`, up to the first level holding something else.
+/// The weight slices (binding 1's buffer) of the weight-streaming dispatches of the three
+/// levels after `level`, up to the first level holding something else, the last cut to the
+/// budget.
 fn next_weights(s: &Schedule, level: usize, budget: u64) -> Vec<Slice> {
     let mut out = vec![];
     let mut left = budget;
-    'levels: for l in s.levels[level + 1..].iter().take(2) {
+    'levels: for l in s.levels[level + 1..].iter().take(3) {
         for d in &s.dispatches[l.start as usize..l.end as usize] {
-            if !streams(&d.label) || left == 0 {
+            if !streams(&d.label) {
                 break 'levels;
             }
-            let w = d.bindings[1];
-            let size = w.size.min(left) / 32 * 32;
-            out.push(Slice { size, ..w });
-            left -= size;
+            let weights = d.bindings[1].buffer;
+            for w in d.bindings[1..].iter().filter(|b| b.buffer == weights) {
+                if left == 0 {
+                    break 'levels;
+                }
+                let size = w.size.min(left) / 32 * 32;
+                out.push(Slice { size, ..*w });
+                left -= size;
+            }
         }
     }
     out
@@ -104,6 +110,6 @@ fn prefetch_qwen3_tied_whole_levels() {
 
 #[test]
 fn prefetch_llama_gqa_cut_to_the_budget() {
-    // 20000 bytes: o_proj's weights and part of gate/up's.
+    // 20000 bytes: o_proj's weights (18432) and part of gate/up's.
     check("llama-gqa", 20000);
 }

@@ -55,9 +55,10 @@ struct Args {
     attention_wg: Option<u32>,
     /// MiB of the next matvec levels' weights to read into the L2 cache beside each level that
     /// streams none of its own (the attention block), so those matvecs hit L2 (0: none).
-    /// Default 8 (on an H100, 8 beat 16 and 24: the attention block slows under more).
-    #[arg(long, value_name = "MIB", default_value_t = 8)]
-    prefetch_mib: u64,
+    /// Default 12 with `--weights q8_0|q4_0` (a q8_0 layer's o_proj and MLP, a q4_0 one's and
+    /// the next q/k/v), else 8 (more slows the attention block beside it): measured on an H100.
+    #[arg(long, value_name = "MIB")]
+    prefetch_mib: Option<u64>,
     /// Keep a matvec fed by another matvec kernel (SwiGLU's down after gate/up) in a level of
     /// its own instead of chaining both into one kernel. The chained kernel adds partial sums
     /// with float atomics, which the device must offer (`shaderBufferFloat32AtomicAdd`,
@@ -201,9 +202,16 @@ fn run(args: Args) -> Result<()> {
             attention_wg: args.attention_wg,
             chain: !args.no_chain,
             argmax_in_matvec: !args.no_argmax_in_matvec,
-            prefetch: fuse::prefetch::Prefetch {
-                budget: args.prefetch_mib << 20,
-                ..Default::default()
+            prefetch: {
+                let blocks = matches!(
+                    args.weights,
+                    Some(quant::WeightFormat::Q8_0 | quant::WeightFormat::Q4_0)
+                );
+                let default = fuse::prefetch::Prefetch::for_weights(blocks);
+                fuse::prefetch::Prefetch {
+                    budget: args.prefetch_mib.map_or(default.budget, |m| m << 20),
+                    ..default
+                }
             },
             ..Default::default()
         };

@@ -1,12 +1,20 @@
 //! Weight prefetch into the L2 cache: a level that streams no weights of its own (the attention
 //! block: bound by latency, the memory otherwise idle for ~10 µs per layer on an H100) gets one
 //! more dispatch, in the same level and so without a barrier, that reads the weights of the
-//! (at most two) matvec levels right after it (kernels/glsl/prefetch.comp). Those levels then
-//! find their weights in L2 instead of paying DRAM latency and bandwidth after their barrier.
+//! (at most three) matvec levels right after it, every weight slice they bind, in order
+//! (kernels/glsl/prefetch.comp). Those levels then find their weights in L2 instead of paying
+//! DRAM latency and bandwidth after their barrier.
 //!
-//! Bounded by [`Prefetch::budget`] (8 MiB by default: on an H100 8 beat 16 and 24, as the
-//! attention block slows under more traffic) and skipped under [`Prefetch::min`] (tiny models
-//! gain nothing but a dispatch).
+//! Bounded by [`Prefetch::budget`] and skipped under [`Prefetch::min`] (tiny models gain
+//! nothing but a dispatch). The budget depends on the weights' format
+//! ([`Prefetch::for_weights`]): 16-bit layers are streamed at bandwidth by their own levels,
+//! and more traffic beside the attention block slows it; block-quantised ones are latency-bound,
+//! and the L2 hits pay.
+//!
+//! On an H100 (docs/perf.md, session 18), 8 MiB hold a bf16 layer's o_proj and part of its
+//! gate/up (12: level at 256 tokens, −0.9% at 3000; o_proj alone −0.4..−1.2%); 12 MiB hold a
+//! q8_0 layer's o_proj, gate/up and down (+1.0% over 8 MiB), and a q4_0 layer's and the next
+//! q/k/v (+0.6%).
 
 use crate::kernels::{KernelCall, KernelError, MAX_WORKGROUPS_X};
 use crate::lower::{declare_kernel, SpirvCache};
@@ -24,6 +32,7 @@ pub struct Prefetch {
 }
 
 impl Default for Prefetch {
+    /// The budget for 16-bit float weights.
     fn default() -> Self {
         Prefetch {
             budget: 8 << 20,
@@ -32,11 +41,22 @@ impl Default for Prefetch {
     }
 }
 
+impl Prefetch {
+    /// The default for weights of the block formats (q8_0, q4_0) when `block_quantized`, else
+    /// for float weights (see the top).
+    pub fn for_weights(block_quantized: bool) -> Self {
+        Prefetch {
+            budget: if block_quantized { 12 << 20 } else { 8 << 20 },
+            ..Prefetch::default()
+        }
+    }
+}
+
 /// Weight bytes a level may bind and still count as streaming none (norm weights).
 const WEIGHT_FREE: u64 = 64 << 10;
-/// Matvec levels after the weight-free one whose weights it may read: further ahead, the data
-/// would wait longer in L2 (and a small model's lm_head would be read beside its attention).
-const LEVELS_AHEAD: usize = 2;
+/// Matvec levels after the weight-free one whose weights it may read: a dense layer's o_proj,
+/// its MLP and the next layer's q/k/v. Further ahead, the data would wait longer in L2.
+const LEVELS_AHEAD: usize = 3;
 /// Slices one prefetch dispatch binds (prefetch.comp's bindings).
 const MAX_SLICES: usize = 8;
 /// Prefetch workgroup size, and sectors each invocation reads (on an H100, 8 beat 2, 4 and 32:
@@ -46,7 +66,9 @@ const SECTORS_PER_INVOCATION: u64 = 8;
 
 /// The weight slices to prefetch beside each weight-free level: (level, slices). `streams`:
 /// the kernels that stream weights from binding 1 (matvecs, and chained matvecs, whose
-/// binding 1 is the inner weight they read first).
+/// binding 1 is the inner weight they read first and whose outer weight is a later binding).
+/// The slices follow the levels' order, and each dispatch's bindings in theirs, until the
+/// budget runs out or a level does not stream.
 pub fn plan(
     dispatches: &[Dispatch],
     levels: &[Range<u32>],
@@ -76,18 +98,21 @@ pub fn plan(
         'next: for next in levels[i + 1..].iter().take(LEVELS_AHEAD) {
             for d in of(next) {
                 // Only levels streaming weights from binding 1.
-                let w = match (streams.contains(&d.kernel), d.bindings.get(1)) {
-                    (true, Some(w)) if w.buffer == weights => *w,
+                match (streams.contains(&d.kernel), d.bindings.get(1)) {
+                    (true, Some(w)) if w.buffer == weights => {}
                     _ => break 'next,
                 };
-                if left == 0 || slices.len() == MAX_SLICES {
-                    break 'next;
-                }
-                // Whole 32-byte sectors, the last slice cut to the budget.
-                let size = w.size.min(left) / 32 * 32;
-                if size > 0 {
-                    slices.push(Slice { size, ..w });
-                    left -= size;
+                for w in d.bindings[1..].iter().filter(|b| b.buffer == weights) {
+                    if left == 0 || slices.len() == MAX_SLICES {
+                        break 'next;
+                    }
+                    // Whole 32-byte sectors, the last slice cut to the budget (bf16's gate/up
+                    // in part: on an H100 whole matrices only, o_proj alone, lost 0.4-1.2%).
+                    let size = w.size.min(left) / 32 * 32;
+                    if size > 0 {
+                        slices.push(Slice { size, ..*w });
+                        left -= size;
+                    }
                 }
             }
         }
@@ -168,4 +193,125 @@ fn dispatch(
             total as f64 * 32.0 / 1e6
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: BufferId = BufferId(0);
+    const ARENA: BufferId = BufferId(1);
+    const MIB: u64 = 1 << 20;
+
+    fn slice(buffer: BufferId, offset: u64, size: u64) -> Slice {
+        Slice {
+            buffer,
+            offset,
+            size,
+        }
+    }
+
+    /// A dispatch of kernel `k` binding the arena (binding 0) then `bindings`.
+    fn dispatch(k: u32, bindings: &[Slice]) -> Dispatch {
+        let mut all = vec![slice(ARENA, 0, 4096)];
+        all.extend_from_slice(bindings);
+        Dispatch {
+            kernel: KernelId(k),
+            bindings: all,
+            push_constants: vec![],
+            workgroups: [1, 1, 1],
+            label: String::new(),
+        }
+    }
+
+    /// One dispatch per level: an attention block (kernel 0, no weights), o_proj (kernel 1),
+    /// a chain (kernel 2: gate/up, its norm weight, the arena, down), q/k/v (kernel 1), then
+    /// another matvec (kernel 1) four levels past the block.
+    fn layer() -> (Vec<Dispatch>, Vec<Range<u32>>) {
+        let ds = vec![
+            dispatch(0, &[slice(ARENA, 0, 4096), slice(W, 0, 2048)]),
+            dispatch(1, &[slice(W, 0, MIB)]),
+            dispatch(
+                2,
+                &[
+                    slice(W, MIB, 3 * MIB),
+                    slice(ARENA, 0, 4096),
+                    slice(W, 4 * MIB, 2048),
+                    slice(W, 5 * MIB, 2 * MIB),
+                ],
+            ),
+            dispatch(1, &[slice(W, 7 * MIB, 2 * MIB)]),
+            dispatch(1, &[slice(W, 9 * MIB, MIB)]),
+        ];
+        let levels = (0..ds.len() as u32).map(|i| i..i + 1).collect();
+        (ds, levels)
+    }
+
+    fn streams() -> HashSet<KernelId> {
+        [KernelId(1), KernelId(2)].into_iter().collect()
+    }
+
+    #[test]
+    fn every_weight_matrix_of_three_levels_in_order() {
+        let (ds, levels) = layer();
+        let opts = Prefetch {
+            budget: 64 * MIB,
+            min: 1,
+        };
+        let plan = plan(&ds, &levels, &streams(), W, opts);
+        assert_eq!(plan.len(), 1, "only the attention level streams nothing");
+        let (at, slices) = &plan[0];
+        assert_eq!(*at, 0);
+        // o_proj; gate/up, the chain's norm weight and down, in binding order, not the arena;
+        // q/k/v; and not the matvec a fourth level ahead.
+        assert_eq!(
+            slices,
+            &vec![
+                slice(W, 0, MIB),
+                slice(W, MIB, 3 * MIB),
+                slice(W, 4 * MIB, 2048),
+                slice(W, 5 * MIB, 2 * MIB),
+                slice(W, 7 * MIB, 2 * MIB),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_budget_cuts_the_last_slice_to_whole_sectors() {
+        let (ds, levels) = layer();
+        let opts = Prefetch {
+            budget: 2 * MIB + 100,
+            min: 1,
+        };
+        let plan = plan(&ds, &levels, &streams(), W, opts);
+        let cut = (MIB + 100) / 32 * 32;
+        // o_proj, then gate/up cut; nothing after it.
+        assert_eq!(plan[0].1, vec![slice(W, 0, MIB), slice(W, MIB, cut)]);
+    }
+
+    #[test]
+    fn a_level_that_does_not_stream_ends_the_walk() {
+        let (mut ds, levels) = layer();
+        // The chain's kernel is not a streaming one: only o_proj before it.
+        let streams: HashSet<KernelId> = [KernelId(1)].into_iter().collect();
+        ds[2].kernel = KernelId(3);
+        let opts = Prefetch {
+            budget: 64 * MIB,
+            min: 1,
+        };
+        let plan = plan(&ds, &levels, &streams, W, opts);
+        assert_eq!(plan, vec![(0, vec![slice(W, 0, MIB)])]);
+    }
+
+    #[test]
+    fn no_budget_or_too_little_to_read_plans_nothing() {
+        let (ds, levels) = layer();
+        let none = Prefetch { budget: 0, min: 1 };
+        assert!(plan(&ds, &levels, &streams(), W, none).is_empty());
+        let small = Prefetch {
+            budget: 64 * MIB,
+            min: 16 * MIB,
+        };
+        assert!(plan(&ds, &levels, &streams(), W, small).is_empty());
+    }
 }
