@@ -6,50 +6,58 @@
 //! DRAM latency and bandwidth after their barrier.
 //!
 //! Bounded by [`Prefetch::budget`] and skipped under [`Prefetch::min`] (tiny models gain
-//! nothing but a dispatch). The budget depends on the weights' format
-//! ([`Prefetch::for_weights`]): 16-bit layers are streamed at bandwidth by their own levels,
-//! and more traffic beside the attention block slows it; block-quantised ones are latency-bound,
-//! and the L2 hits pay.
-//!
-//! On an H100 (docs/perf.md, session 18), 8 MiB hold a bf16 layer's o_proj and part of its
-//! gate/up (12: level at 256 tokens, −0.9% at 3000; o_proj alone −0.4..−1.2%); 12 MiB hold a
-//! q8_0 layer's o_proj, gate/up and down (+1.0% over 8 MiB), and a q4_0 layer's and the next
-//! q/k/v (+0.6%).
+//! nothing but a dispatch). What it reads depends on the weights' format
+//! ([`Prefetch::for_weights`]), as measured on an H100 (docs/perf.md, session 18):
+//! - 16-bit floats: 14 MiB, o_proj, the chain's down and the first half of the next q/k/v, but
+//!   not the chain's gate/up. The chained kernel loads those into registers itself while it
+//!   waits for o_proj (fused_chain.glsl's PRE_STEPS), so in L2 they only took the budget: bf16
+//!   +5.3% at 256 tokens, +4.8% at 1024, +2.0% at 3000 over 8 MiB of o_proj and gate/up's
+//!   first part. More than 14 MiB slows the attention block beside it.
+//! - Block formats: 12 MiB, gate/up included (a q8_0 layer's o_proj and MLP, a q4_0 layer's and
+//!   the next q/k/v): +1.2% q8_0 and +0.85% q4_0 over 8 MiB; without gate/up −0.3..−0.5%.
 
 use crate::kernels::{KernelCall, KernelError, MAX_WORKGROUPS_X};
 use crate::lower::{declare_kernel, SpirvCache};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ops::Range;
 use vkfuse_runtime::schedule::{BufferId, Dispatch, KernelDecl, KernelId, Slice};
 
-/// How much to prefetch beside weight-free levels.
+/// How much to prefetch beside weight-free levels, and what.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Prefetch {
     /// The most bytes one prefetch reads (0: none).
     pub budget: u64,
     /// The fewest bytes worth a prefetch dispatch.
     pub min: u64,
+    /// Whether a chained kernel's inner weights (binding 1, gate/up) are read too.
+    pub chain_inner: bool,
 }
 
 impl Default for Prefetch {
-    /// The budget for 16-bit float weights.
+    /// The choice for 16-bit float weights.
     fn default() -> Self {
-        Prefetch {
-            budget: 8 << 20,
-            min: 1 << 20,
-        }
+        Prefetch::for_weights(false)
     }
 }
 
 impl Prefetch {
-    /// The default for weights of the block formats (q8_0, q4_0) when `block_quantized`, else
+    /// The choice for weights of the block formats (q8_0, q4_0) when `block_quantized`, else
     /// for float weights (see the top).
     pub fn for_weights(block_quantized: bool) -> Self {
         Prefetch {
-            budget: if block_quantized { 12 << 20 } else { 8 << 20 },
-            ..Prefetch::default()
+            budget: if block_quantized { 12 << 20 } else { 14 << 20 },
+            min: 1 << 20,
+            chain_inner: block_quantized,
         }
     }
+}
+
+/// How a kernel streams weights (prefetch targets): from binding 1 (matvecs), or from binding
+/// 1 (inner, gate/up) and later ones (outer, down) (chained matvecs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Streams {
+    Matvec,
+    Chain,
 }
 
 /// Weight bytes a level may bind and still count as streaming none (norm weights).
@@ -65,14 +73,13 @@ const WG: u32 = 256;
 const SECTORS_PER_INVOCATION: u64 = 8;
 
 /// The weight slices to prefetch beside each weight-free level: (level, slices). `streams`:
-/// the kernels that stream weights from binding 1 (matvecs, and chained matvecs, whose
-/// binding 1 is the inner weight they read first and whose outer weight is a later binding).
-/// The slices follow the levels' order, and each dispatch's bindings in theirs, until the
-/// budget runs out or a level does not stream.
+/// the kernels that stream weights, and how. The slices follow the levels' order, and each
+/// dispatch's bindings in theirs (a chain's inner weights left out unless
+/// [`Prefetch::chain_inner`]), until the budget runs out or a level does not stream.
 pub fn plan(
     dispatches: &[Dispatch],
     levels: &[Range<u32>],
-    streams: &HashSet<KernelId>,
+    streams: &HashMap<KernelId, Streams>,
     weights: BufferId,
     opts: Prefetch,
 ) -> Vec<(usize, Vec<Slice>)> {
@@ -90,7 +97,7 @@ pub fn plan(
         return out;
     }
     for (i, l) in levels.iter().enumerate() {
-        if weight_bytes(l) > WEIGHT_FREE || of(l).iter().any(|d| streams.contains(&d.kernel)) {
+        if weight_bytes(l) > WEIGHT_FREE || of(l).iter().any(|d| streams.contains_key(&d.kernel)) {
             continue;
         }
         let mut slices: Vec<Slice> = vec![];
@@ -98,11 +105,16 @@ pub fn plan(
         'next: for next in levels[i + 1..].iter().take(LEVELS_AHEAD) {
             for d in of(next) {
                 // Only levels streaming weights from binding 1.
-                match (streams.contains(&d.kernel), d.bindings.get(1)) {
-                    (true, Some(w)) if w.buffer == weights => {}
+                let kind = match (streams.get(&d.kernel), d.bindings.get(1)) {
+                    (Some(&kind), Some(w)) if w.buffer == weights => kind,
                     _ => break 'next,
                 };
-                for w in d.bindings[1..].iter().filter(|b| b.buffer == weights) {
+                let skip = usize::from(kind == Streams::Chain && !opts.chain_inner);
+                for w in d.bindings[1..]
+                    .iter()
+                    .filter(|b| b.buffer == weights)
+                    .skip(skip)
+                {
                     if left == 0 || slices.len() == MAX_SLICES {
                         break 'next;
                     }
@@ -247,17 +259,27 @@ mod tests {
         (ds, levels)
     }
 
-    fn streams() -> HashSet<KernelId> {
-        [KernelId(1), KernelId(2)].into_iter().collect()
+    fn streams() -> HashMap<KernelId, Streams> {
+        [
+            (KernelId(1), Streams::Matvec),
+            (KernelId(2), Streams::Chain),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    fn budget(budget: u64, chain_inner: bool) -> Prefetch {
+        Prefetch {
+            budget,
+            min: 1,
+            chain_inner,
+        }
     }
 
     #[test]
     fn every_weight_matrix_of_three_levels_in_order() {
         let (ds, levels) = layer();
-        let opts = Prefetch {
-            budget: 64 * MIB,
-            min: 1,
-        };
+        let opts = budget(64 * MIB, true);
         let plan = plan(&ds, &levels, &streams(), W, opts);
         assert_eq!(plan.len(), 1, "only the attention level streams nothing");
         let (at, slices) = &plan[0];
@@ -277,12 +299,26 @@ mod tests {
     }
 
     #[test]
+    fn without_chain_inner_the_chain_gives_its_outer_weights_only() {
+        let (ds, levels) = layer();
+        let plan = plan(&ds, &levels, &streams(), W, budget(64 * MIB, false));
+        // The chain's gate/up (its binding 1) is left out; its norm weight and down are read,
+        // and the levels around it as before.
+        assert_eq!(
+            plan[0].1,
+            vec![
+                slice(W, 0, MIB),
+                slice(W, 4 * MIB, 2048),
+                slice(W, 5 * MIB, 2 * MIB),
+                slice(W, 7 * MIB, 2 * MIB),
+            ]
+        );
+    }
+
+    #[test]
     fn the_budget_cuts_the_last_slice_to_whole_sectors() {
         let (ds, levels) = layer();
-        let opts = Prefetch {
-            budget: 2 * MIB + 100,
-            min: 1,
-        };
+        let opts = budget(2 * MIB + 100, true);
         let plan = plan(&ds, &levels, &streams(), W, opts);
         let cut = (MIB + 100) / 32 * 32;
         // o_proj, then gate/up cut; nothing after it.
@@ -293,12 +329,10 @@ mod tests {
     fn a_level_that_does_not_stream_ends_the_walk() {
         let (mut ds, levels) = layer();
         // The chain's kernel is not a streaming one: only o_proj before it.
-        let streams: HashSet<KernelId> = [KernelId(1)].into_iter().collect();
+        let streams: HashMap<KernelId, Streams> =
+            [(KernelId(1), Streams::Matvec)].into_iter().collect();
         ds[2].kernel = KernelId(3);
-        let opts = Prefetch {
-            budget: 64 * MIB,
-            min: 1,
-        };
+        let opts = budget(64 * MIB, true);
         let plan = plan(&ds, &levels, &streams, W, opts);
         assert_eq!(plan, vec![(0, vec![slice(W, 0, MIB)])]);
     }
@@ -306,11 +340,11 @@ mod tests {
     #[test]
     fn no_budget_or_too_little_to_read_plans_nothing() {
         let (ds, levels) = layer();
-        let none = Prefetch { budget: 0, min: 1 };
+        let none = budget(0, true);
         assert!(plan(&ds, &levels, &streams(), W, none).is_empty());
         let small = Prefetch {
-            budget: 64 * MIB,
             min: 16 * MIB,
+            ..budget(64 * MIB, true)
         };
         assert!(plan(&ds, &levels, &streams(), W, small).is_empty());
     }

@@ -238,8 +238,8 @@ struct Lowering<'a> {
     kernel_ids: HashMap<KernelKey, KernelId>,
     /// The matvec kernels, for persistent regions.
     matvecs: MatvecKernels,
-    /// Kernels streaming weights from binding 1 (prefetch targets).
-    streams: HashSet<KernelId>,
+    /// Kernels streaming weights (prefetch targets), and how.
+    streams: HashMap<KernelId, prefetch::Streams>,
     /// The zero kernels (merged per level by [`zeros::merge`]).
     zeros: HashSet<KernelId>,
     dispatches: Vec<Dispatch>,
@@ -481,8 +481,14 @@ impl Lowering<'_> {
                             if let KernelKind::Matvec(spec) = &k.kind {
                                 self.matvecs.insert(id, (spec.clone(), gen.clone()));
                             }
-                            if matches!(k.kind, KernelKind::Matvec(_) | KernelKind::Chain(_)) {
-                                self.streams.insert(id);
+                            match k.kind {
+                                KernelKind::Matvec(_) => {
+                                    self.streams.insert(id, prefetch::Streams::Matvec);
+                                }
+                                KernelKind::Chain(_) => {
+                                    self.streams.insert(id, prefetch::Streams::Chain);
+                                }
+                                _ => {}
                             }
                             if matches!(k.kind, KernelKind::Zero { .. }) {
                                 self.zeros.insert(id);
@@ -695,7 +701,7 @@ pub fn lower_units_planned(
         kernels: vec![],
         kernel_ids: HashMap::new(),
         matvecs: HashMap::new(),
-        streams: HashSet::new(),
+        streams: HashMap::new(),
         zeros: HashSet::new(),
         dispatches: vec![],
         accesses: vec![],
