@@ -205,11 +205,7 @@ fn run(args: Args) -> Result<()> {
             chain: !args.no_chain,
             argmax_in_matvec: !args.no_argmax_in_matvec,
             prefetch: {
-                let blocks = matches!(
-                    args.weights,
-                    Some(quant::WeightFormat::Q8_0 | quant::WeightFormat::Q4_0)
-                );
-                let default = fuse::prefetch::Prefetch::for_weights(blocks);
+                let default = fuse::prefetch::Prefetch::for_program(&program);
                 fuse::prefetch::Prefetch {
                     budget: args.prefetch_mib.map_or(default.budget, |m| m << 20),
                     ..default

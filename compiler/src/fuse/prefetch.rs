@@ -11,11 +11,12 @@
 //! - 16-bit floats: 14 MiB, o_proj, the chain's down and the first half of the next q/k/v, but
 //!   not the chain's gate/up. The chained kernel loads those into registers itself while it
 //!   waits for o_proj (fused_chain.glsl's PRE_STEPS), so in L2 they only took the budget: bf16
-//!   +5.3% at 256 tokens, +4.8% at 1024, +2.0% at 3000 over 8 MiB of o_proj and gate/up's
+//!   +5.3% at 256 tokens, +4.7% at 1024, +2.5% at 3000 over 8 MiB of o_proj and gate/up's
 //!   first part. More than 14 MiB slows the attention block beside it.
 //! - Block formats: 12 MiB, gate/up included (a q8_0 layer's o_proj and MLP, a q4_0 layer's and
 //!   the next q/k/v): +1.2% q8_0 and +0.85% q4_0 over 8 MiB; without gate/up −0.3..−0.5%.
 
+use crate::ir::{OpKind, Program};
 use crate::kernels::{KernelCall, KernelError, MAX_WORKGROUPS_X};
 use crate::lower::{declare_kernel, SpirvCache};
 use std::collections::HashMap;
@@ -49,6 +50,18 @@ impl Prefetch {
             min: 1 << 20,
             chain_inner: block_quantized,
         }
+    }
+
+    /// The choice for `program`'s weights: the block formats' where any weight is stored in
+    /// one (`--weights q8_0|q4_0` converts all matvec weights alike).
+    pub fn for_program(program: &Program) -> Self {
+        let blocks = program.ops.iter().any(|op| {
+            matches!(op.kind, OpKind::Weight { .. })
+                && op
+                    .result
+                    .is_some_and(|v| program.ty(v).dtype.is_quantized())
+        });
+        Prefetch::for_weights(blocks)
     }
 }
 
@@ -118,8 +131,9 @@ pub fn plan(
                     if left == 0 || slices.len() == MAX_SLICES {
                         break 'next;
                     }
-                    // Whole 32-byte sectors, the last slice cut to the budget (bf16's gate/up
-                    // in part: on an H100 whole matrices only, o_proj alone, lost 0.4-1.2%).
+                    // Whole 32-byte sectors, the last slice cut to the budget: a matrix partly
+                    // in L2 still shortens its level (bf16's next q/k/v; whole matrices only
+                    // lost bf16 0.4-1.2% on an H100, docs/perf.md session 18).
                     let size = w.size.min(left) / 32 * 32;
                     if size > 0 {
                         slices.push(Slice { size, ..*w });
@@ -335,6 +349,32 @@ mod tests {
         let opts = budget(64 * MIB, true);
         let plan = plan(&ds, &levels, &streams, W, opts);
         assert_eq!(plan, vec![(0, vec![slice(W, 0, MIB)])]);
+    }
+
+    #[test]
+    fn the_choice_follows_the_weights_format() {
+        use crate::ir::{DType, Type};
+        let program = |dtype| {
+            let mut p = Program::new();
+            let norm = OpKind::Weight { name: "n".into() };
+            p.push(norm, vec![], Some(Type::new(DType::F32, [64])))
+                .unwrap();
+            let w = OpKind::Weight { name: "w".into() };
+            p.push(w, vec![], Some(Type::new(dtype, [4, 64]))).unwrap();
+            p
+        };
+        for (dtype, blocks) in [
+            (DType::BF16, false),
+            (DType::F16, false),
+            (DType::F32, false),
+            (DType::Q8_0, true),
+            (DType::Q4_0, true),
+        ] {
+            let got = Prefetch::for_program(&program(dtype));
+            assert_eq!(got, Prefetch::for_weights(blocks), "{dtype:?}");
+            assert_eq!(got.chain_inner, blocks, "{dtype:?}");
+        }
+        assert_eq!(Prefetch::default(), Prefetch::for_weights(false));
     }
 
     #[test]
