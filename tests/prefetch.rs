@@ -3,8 +3,8 @@
 //! level (and, with these tiny tables, the embedding's) gets one prefetch dispatch reading
 //! exactly the weight slices of the (at most three) matvec or chained levels after it, in
 //! order (a chain's gate/up left out where the choice says so), cut to the budget, never beside
-//! a level that streams weights itself; the levels stay as they were, and the schedule still matches transformers
-//! within 5e-3 relative L2 with the same greedy tokens, validation clean.
+//! a level that streams weights itself; the levels stay as they were, and the schedule still
+//! matches transformers within 5e-3 relative L2 with the same greedy tokens, validation clean.
 
 use vkfuse_compiler::fuse::prefetch::Prefetch;
 use vkfuse_compiler::fuse::FuseOptions;
