@@ -55,10 +55,10 @@ struct Args {
     attention_wg: Option<u32>,
     /// MiB of the next matvec levels' weights to read into the L2 cache beside each level that
     /// streams none of its own (the attention block), so those matvecs hit L2 (0: none).
-    /// Default 12 with `--weights q8_0|q4_0` (a q8_0 layer's o_proj and MLP, a q4_0 one's and
-    /// the next q/k/v), else 14 (o_proj, the MLP's down and half the next q/k/v: float
-    /// weights leave out the gate/up the MLP's kernel loads itself); more slows the attention
-    /// block beside it. Measured on an H100.
+    /// Default by the matvec weights' format, as measured on an H100: 12 for q8_0/q4_0 (a q8_0
+    /// layer's o_proj and MLP, a q4_0 one's and the next q/k/v); 14 for f16/bf16 (o_proj, the
+    /// MLP's down and half the next q/k/v, leaving out the gate/up that the chained MLP kernel
+    /// loads itself); 8 for f32. More slows the attention block beside it.
     #[arg(long, value_name = "MIB")]
     prefetch_mib: Option<u64>,
     /// Keep a matvec fed by another matvec kernel (SwiGLU's down after gate/up) in a level of

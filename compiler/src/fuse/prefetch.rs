@@ -6,17 +6,23 @@
 //! DRAM latency and bandwidth after their barrier.
 //!
 //! Bounded by [`Prefetch::budget`] and skipped under [`Prefetch::min`] (tiny models gain
-//! nothing but a dispatch). What it reads depends on the weights' format
+//! nothing but a dispatch). What it reads depends on the matvec weights' format
 //! ([`Prefetch::for_weights`]), as measured on an H100 (docs/perf.md, session 18):
-//! - 16-bit floats: 14 MiB, o_proj, the chain's down and the first half of the next q/k/v, but
-//!   not the chain's gate/up. The chained kernel loads those into registers itself while it
-//!   waits for o_proj (fused_chain.glsl's PRE_STEPS), so in L2 they only took the budget: bf16
-//!   +5.3% at 256 tokens, +4.7% at 1024, +2.5% at 3000 over 8 MiB of o_proj and gate/up's
-//!   first part. More than 14 MiB slows the attention block beside it.
+//! - 16-bit floats: 14 MiB, o_proj, the chained MLP's down and the first half of the next
+//!   q/k/v, but not the chained MLP's gate/up. The chained kernel loads those into registers
+//!   itself while it waits for o_proj (fused_chain.glsl's PRE_STEPS, `codegen::preload_steps`),
+//!   so in L2 they only took the budget: bf16 +5.3% at 256 tokens, +4.7% at 1024, +2.5% at 3000
+//!   over 8 MiB of o_proj and gate/up's first part. More than 14 MiB slows the attention block
+//!   beside it.
 //! - Block formats: 12 MiB, gate/up included (a q8_0 layer's o_proj and MLP, a q4_0 layer's and
 //!   the next q/k/v): +1.2% q8_0 and +0.85% q4_0 over 8 MiB; without gate/up −0.3..−0.5%.
+//! - f32 (whose chained kernel preloads nothing; not measured since): 8 MiB, gate/up included,
+//!   the choice before session 18.
+//!
+//! The third level after a layer's last attention block is the lm_head, whose first rows the
+//! rest of the budget reads.
 
-use crate::ir::{OpKind, Program};
+use crate::ir::{DType, OpKind, Program};
 use crate::kernels::{KernelCall, KernelError, MAX_WORKGROUPS_X};
 use crate::lower::{declare_kernel, SpirvCache};
 use std::collections::HashMap;
@@ -35,33 +41,50 @@ pub struct Prefetch {
 }
 
 impl Default for Prefetch {
-    /// The choice for 16-bit float weights.
+    /// The choice for 16-bit float weights (checkpoints' usual bf16).
     fn default() -> Self {
-        Prefetch::for_weights(false)
+        Prefetch::for_weights(DType::BF16)
     }
 }
 
 impl Prefetch {
-    /// The choice for weights of the block formats (q8_0, q4_0) when `block_quantized`, else
-    /// for float weights (see the top).
-    pub fn for_weights(block_quantized: bool) -> Self {
+    /// The choice for matvec weights of `dtype` (see the top).
+    pub fn for_weights(dtype: DType) -> Self {
+        let (mib, chain_inner) = match dtype {
+            DType::Q8_0 | DType::Q4_0 => (12, true),
+            DType::F16 | DType::BF16 => (14, false),
+            DType::F32 | DType::I32 => (8, true),
+        };
         Prefetch {
-            budget: if block_quantized { 12 << 20 } else { 14 << 20 },
+            budget: mib << 20,
             min: 1 << 20,
-            chain_inner: block_quantized,
+            chain_inner,
         }
     }
 
-    /// The choice for `program`'s weights: the block formats' where any weight is stored in
-    /// one (`--weights q8_0|q4_0` converts all matvec weights alike).
+    /// The choice for `program`'s matvec weights: a block format's where any matrix is stored
+    /// in one (`--weights q8_0|q4_0`: a matrix whose rows are not whole blocks keeps its dtype),
+    /// else 16-bit floats' where any matrix is in one, else f32's.
     pub fn for_program(program: &Program) -> Self {
-        let blocks = program.ops.iter().any(|op| {
-            matches!(op.kind, OpKind::Weight { .. })
-                && op
-                    .result
-                    .is_some_and(|v| program.ty(v).dtype.is_quantized())
-        });
-        Prefetch::for_weights(blocks)
+        let matrices: Vec<DType> = program
+            .ops
+            .iter()
+            .filter(|op| matches!(op.kind, OpKind::Weight { .. }))
+            .filter_map(|op| op.result.map(|v| program.ty(v)))
+            .filter(|ty| ty.shape.dims().len() == 2)
+            .map(|ty| ty.dtype)
+            .collect();
+        let dtype = if let Some(&q) = matrices.iter().find(|d| d.is_quantized()) {
+            q
+        } else if matrices
+            .iter()
+            .any(|&d| d == DType::F16 || d == DType::BF16)
+        {
+            DType::BF16
+        } else {
+            DType::F32
+        };
+        Prefetch::for_weights(dtype)
     }
 }
 
@@ -117,7 +140,7 @@ pub fn plan(
         let mut left = opts.budget;
         'next: for next in levels[i + 1..].iter().take(LEVELS_AHEAD) {
             for d in of(next) {
-                // Only levels streaming weights from binding 1.
+                // Only levels streaming weights (binding 1 first).
                 let kind = match (streams.get(&d.kernel), d.bindings.get(1)) {
                     (Some(&kind), Some(w)) if w.buffer == weights => kind,
                     _ => break 'next,
@@ -363,18 +386,30 @@ mod tests {
             p.push(w, vec![], Some(Type::new(dtype, [4, 64]))).unwrap();
             p
         };
-        for (dtype, blocks) in [
-            (DType::BF16, false),
-            (DType::F16, false),
-            (DType::F32, false),
-            (DType::Q8_0, true),
-            (DType::Q4_0, true),
+        // (matrix dtype, budget in MiB, the chain's gate/up read)
+        for (dtype, mib, inner) in [
+            (DType::BF16, 14, false),
+            (DType::F16, 14, false),
+            (DType::F32, 8, true),
+            (DType::Q8_0, 12, true),
+            (DType::Q4_0, 12, true),
         ] {
             let got = Prefetch::for_program(&program(dtype));
-            assert_eq!(got, Prefetch::for_weights(blocks), "{dtype:?}");
-            assert_eq!(got.chain_inner, blocks, "{dtype:?}");
+            assert_eq!(got.budget, mib * MIB, "{dtype:?}");
+            assert_eq!(got.chain_inner, inner, "{dtype:?}");
+            assert_eq!(got, Prefetch::for_weights(dtype), "{dtype:?}");
         }
-        assert_eq!(Prefetch::default(), Prefetch::for_weights(false));
+        assert_eq!(Prefetch::default(), Prefetch::for_weights(DType::BF16));
+    }
+
+    #[test]
+    fn at_most_max_slices_slices() {
+        // One streaming level binding ten weight matrices: the first MAX_SLICES are read.
+        let many: Vec<Slice> = (0..10).map(|k| slice(W, k * MIB, MIB)).collect();
+        let ds = vec![dispatch(0, &[]), dispatch(1, &many)];
+        let levels = vec![0..1, 1..2];
+        let plan = plan(&ds, &levels, &streams(), W, budget(64 * MIB, true));
+        assert_eq!(plan[0].1, many[..MAX_SLICES].to_vec());
     }
 
     #[test]
