@@ -207,7 +207,9 @@ fn run(args: Args) -> Result<()> {
             prefetch: {
                 let default = fuse::prefetch::Prefetch::for_program(&program);
                 fuse::prefetch::Prefetch {
-                    budget: args.prefetch_mib.map_or(default.budget, |m| m << 20),
+                    budget: args
+                        .prefetch_mib
+                        .map_or(default.budget, |m| m.saturating_mul(1 << 20)),
                     ..default
                 }
             },
