@@ -258,21 +258,16 @@ pub fn compiled_fixture(
     vkfuse_compiler::import::Model,
     vkfuse_runtime::schedule::Schedule,
 ) {
-    use vkfuse_compiler::fuse::prefetch::Prefetch;
     use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
     use vkfuse_compiler::lower::{Meta, SpirvCache};
     use vkfuse_compiler::{import, trace};
     let model = import::load(&fixture_dir(name)).unwrap();
     let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
-    let opts = FuseOptions {
-        prefetch: Prefetch::for_program(&program),
-        ..FuseOptions::default()
-    };
     let (schedule, _) = lower_fused(
         &program,
         &Meta::of(&model),
         &mut SpirvCache::default(),
-        &opts,
+        &FuseOptions::default(),
     )
     .unwrap();
     (model, schedule)
@@ -301,7 +296,6 @@ pub fn teacher_forced_rows(
     Vec<Vec<f32>>,
     vkfuse_runtime::session::Replay,
 ) {
-    use vkfuse_compiler::fuse::prefetch::Prefetch;
     use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
     use vkfuse_compiler::lower::{self, Meta, SpirvCache};
     use vkfuse_runtime::session::{Eager, Loaded, Replay};
@@ -312,11 +306,7 @@ pub fn teacher_forced_rows(
     };
     let mut spirv = SpirvCache::default();
     let unfused = lower::lower(program, &meta, &mut spirv).unwrap();
-    let opts = FuseOptions {
-        prefetch: Prefetch::for_program(program),
-        ..FuseOptions::default()
-    };
-    let (fused, _) = lower_fused(program, &meta, &mut spirv, &opts).unwrap();
+    let (fused, _) = lower_fused(program, &meta, &mut spirv, &FuseOptions::default()).unwrap();
     let load = |s| Loaded::new(device.clone(), s, weights).unwrap();
     let mut unfused = Eager::new(load(unfused)).unwrap();
     let mut eager = Eager::new(load(fused.clone())).unwrap();

@@ -55,11 +55,11 @@ fn check(name: &str, budget: u64, chain_inner: bool) {
     let (device, log) = validated_device();
     let want = expected(name);
     let opts = FuseOptions {
-        prefetch: Prefetch {
+        prefetch: Some(Prefetch {
             budget,
             min: 0,
             chain_inner,
-        },
+        }),
         ..FuseOptions::default()
     };
     let (model, schedule, _) = fused_schedule_with(name, &opts);

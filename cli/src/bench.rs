@@ -209,11 +209,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let meta = lower::Meta::of(&model);
         let mut spirv = SpirvCache::default();
         schedules.push((false, lower::lower(&program, &meta, &mut spirv)?));
-        let opts = fuse::FuseOptions {
-            prefetch: fuse::prefetch::Prefetch::for_program(&program),
-            ..Default::default()
-        };
-        let (fused, _) = fuse::lower_fused(&program, &meta, &mut spirv, &opts)?;
+        let (fused, _) =
+            fuse::lower_fused(&program, &meta, &mut spirv, &fuse::FuseOptions::default())?;
         schedules.push((true, fused));
         Box::new(EncodedWeights::new(model.tensors, &program)?)
     };

@@ -204,15 +204,10 @@ fn run(args: Args) -> Result<()> {
             attention_wg: args.attention_wg,
             chain: !args.no_chain,
             argmax_in_matvec: !args.no_argmax_in_matvec,
-            prefetch: {
-                let default = fuse::prefetch::Prefetch::for_program(&program);
-                fuse::prefetch::Prefetch {
-                    budget: args
-                        .prefetch_mib
-                        .map_or(default.budget, |m| m.saturating_mul(1 << 20)),
-                    ..default
-                }
-            },
+            prefetch: args.prefetch_mib.map(|m| fuse::prefetch::Prefetch {
+                budget: m.saturating_mul(1 << 20),
+                ..fuse::prefetch::Prefetch::for_program(&program)
+            }),
             ..Default::default()
         };
         let (s, r) = st.run("fuse", || {

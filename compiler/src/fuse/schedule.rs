@@ -51,8 +51,9 @@ pub struct FuseOptions {
     /// Workgroup size of the attention block (a power of two up to 1024, raised to the head
     /// dim where smaller); `None`: [`super::codegen::attention_wg`]. A tuning knob.
     pub attention_wg: Option<u32>,
-    /// Weight prefetch into L2 beside weight-free levels ([`super::prefetch`]).
-    pub prefetch: Prefetch,
+    /// Weight prefetch into L2 beside weight-free levels ([`super::prefetch`]); `None`: the
+    /// choice for the program's weights ([`Prefetch::for_program`]).
+    pub prefetch: Option<Prefetch>,
     /// Chain a matvec into the matvec kernel feeding it ([`super::rules::chain`]): one level
     /// fewer per SwiGLU block, but the kernel needs float atomics on the device.
     pub chain: bool,
@@ -73,7 +74,7 @@ impl Default for FuseOptions {
             persistent: true,
             attention_splits: None,
             attention_wg: None,
-            prefetch: Prefetch::default(),
+            prefetch: None,
             chain: true,
             argmax_in_matvec: true,
         }
@@ -778,7 +779,8 @@ pub fn lower_units_planned(
 
     let mut levels = regions.levels;
     let weights = BufferId(WEIGHTS as u32);
-    let prefetches = prefetch::plan(&dispatches, &levels, &l.streams, weights, opts.prefetch);
+    let choice = opts.prefetch.unwrap_or_else(|| Prefetch::for_program(p));
+    let prefetches = prefetch::plan(&dispatches, &levels, &l.streams, weights, choice);
     if !prefetches.is_empty() {
         // Written never in practice (prefetch.comp): any 4 bytes nothing reads.
         let sink = l.bufs[STATE].alloc(4);
