@@ -300,6 +300,7 @@ pub fn lower_with_report(
             push_constants: call.push_constants.clone(),
             workgroups: call.workgroups,
             label: text(),
+            alternatives: vec![],
         });
     }
 

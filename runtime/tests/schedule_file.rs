@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 use vkfuse_runtime::schedule::{
-    crc32, BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta,
-    Persistent, Schedule, ScheduleError, ScheduleFile, ScheduleFileError, Section, Slice, Verify,
-    WeightUpload, FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
+    crc32, Alternative, BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId,
+    ModelMeta, Persistent, Schedule, ScheduleError, ScheduleFile, ScheduleFileError, Section,
+    Slice, Verify, WeightUpload, FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
 };
 use vkfuse_runtime::session::TensorBytes;
 
@@ -172,6 +172,12 @@ fn sample() -> (Schedule, MapWeights) {
             push_constants: pc(&[16, 4]),
             workgroups: [1, 1, 1],
             label: "embed".into(),
+            // Another grid below position 16 (any valid one: the file only carries it).
+            alternatives: vec![Alternative {
+                below: 16,
+                kernel: KernelId(0),
+                workgroups: [2, 1, 1],
+            }],
         },
         Dispatch {
             kernel: KernelId(1),
@@ -179,6 +185,7 @@ fn sample() -> (Schedule, MapWeights) {
             push_constants: pc(&[16]),
             workgroups: [4, 1, 1],
             label: "rms_norm+q".into(),
+            alternatives: vec![],
         },
         Dispatch {
             kernel: KernelId(1),
@@ -186,6 +193,7 @@ fn sample() -> (Schedule, MapWeights) {
             push_constants: pc(&[16]),
             workgroups: [4, 2, 1],
             label: "rms_norm+kv".into(),
+            alternatives: vec![],
         },
         Dispatch {
             kernel: KernelId(2),
@@ -193,6 +201,7 @@ fn sample() -> (Schedule, MapWeights) {
             push_constants: vec![],
             workgroups: [1, 1, 1],
             label: "argmax".into(),
+            alternatives: vec![],
         },
     ];
     let weights = vec![
@@ -443,6 +452,50 @@ fn should_refuse_to_write_a_schedule_that_does_not_validate() {
 }
 
 #[test]
+fn should_refuse_alternatives_that_could_not_stand_in_for_their_dispatch() {
+    let alt = |below, kernel, workgroups| Alternative {
+        below,
+        kernel: KernelId(kernel),
+        workgroups,
+    };
+    for (alternatives, names) in [
+        (vec![alt(0, 0, [1, 1, 1])], "positive and ascending"),
+        (
+            vec![alt(8, 0, [1, 1, 1]), alt(8, 0, [2, 1, 1])],
+            "positive and ascending",
+        ),
+        (vec![alt(8, 7, [1, 1, 1])], "kernel k7 does not exist"),
+        // Kernel 2 binds 2 buffers, the embedding's kernel 0 three.
+        (
+            vec![alt(8, 2, [1, 1, 1])],
+            "kernel `argmax` does not bind, take push constants",
+        ),
+        (vec![alt(8, 0, [1, 0, 1])], "empty workgroup count"),
+    ] {
+        let (mut schedule, weights) = sample();
+        schedule.dispatches[0].alternatives = alternatives;
+        let err = schedule.write_to(&mut Vec::new(), &weights).unwrap_err();
+        assert!(matches!(err, ScheduleFileError::Unwritable(_)), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("dispatch 0 (embed), alternative below") && msg.contains(names),
+            "{msg}"
+        );
+    }
+    // Inside a persistent region (levels 1..3: dispatches 1..4), whose dispatch replaces them.
+    let (mut schedule, weights) = sample();
+    schedule.dispatches[3].alternatives = vec![alt(8, 2, [1, 1, 1])];
+    let msg = schedule
+        .write_to(&mut Vec::new(), &weights)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("dispatch 3 (argmax): alternative grids inside persistent region"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn should_refuse_a_load_time_workgroup_without_a_size_or_out_of_range() {
     for (subgroups, spec) in [(0, vec![64]), (33, vec![64]), (2, vec![])] {
         let (mut schedule, weights) = sample();
@@ -557,8 +610,8 @@ fn should_reject_a_newer_version_saying_which() {
 
 #[test]
 fn should_refuse_a_version_1_file_asking_to_recompile() {
-    // Version 1 had no tokenizer in its metadata; this build reads version 5 only.
-    assert_eq!(FORMAT_VERSION, 5);
+    // Version 1 had no tokenizer in its metadata; this build reads version 6 only.
+    assert_eq!(FORMAT_VERSION, 6);
     let (_, mut b) = sample_file("version-1-src");
     b[8..12].copy_from_slice(&1u32.to_le_bytes());
     fix_checksums(&mut b);
@@ -568,7 +621,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
             err,
             ScheduleFileError::UnsupportedVersion {
                 found: 1,
-                supported: 5,
+                supported: 6,
                 ..
             }
         ),
@@ -576,7 +629,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 5)"),
+        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 6)"),
         "{msg}"
     );
     assert!(msg.contains("recompile the model"), "{msg}");
@@ -784,6 +837,7 @@ fn should_dump_every_table_readably() {
         "  level 1\n    d1    k1 [4,1,1] b3[+0,64] b0[+256,100] b0[+8064,64] b3[+256,64] \
          push [16] rms_norm+q\n    d2    k1 [4,2,1]",
         "d3    k2 [1,1,1] b1[+64,64] b1[+0,4] argmax",
+        "push [16 4] embed\n          below position 16: k0 [2,1,1]\n",
         "weights (4 uploads, 5228 bytes):",
         "model.layers.0.mlp.down_proj.weight -> b0[+1024,5000]",
         "persistent regions: 1 (applied where the device keeps every workgroup resident: 2 levels then)",
@@ -792,7 +846,7 @@ fn should_dump_every_table_readably() {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     let whole = file.to_string();
-    assert!(whole.contains("vkfuse schedule format 5"), "{whole}");
+    assert!(whole.contains("vkfuse schedule format 6"), "{whole}");
     assert!(whole.contains("tensors in the file (3):"), "{whole}");
     assert!(whole.contains(&text), "{whole}");
 }

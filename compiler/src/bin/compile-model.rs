@@ -53,6 +53,15 @@ struct Args {
     /// block is split. A tuning knob.
     #[arg(long)]
     attention_wg: Option<u32>,
+    /// Other grids of the attention block for short positions, as `BELOW:SPLITSxWG,...`
+    /// (ascending positions; each band's grid serves the positions below its bound, the
+    /// block's own grid every position past the last) or `none`. Every grid computes the same
+    /// values; replay records the step once per band and runs the one for each step's
+    /// position. Only where the block is split, with at most its splits. Default by the
+    /// matvec weights' format, as measured on an H100: `128:4x256,256:8x256,512:8x512` for
+    /// q4_0, `128:4x256,512:8x512` for q8_0, none otherwise.
+    #[arg(long, value_name = "BANDS", value_parser = parse_bands)]
+    attention_bands: Option<Bands>,
     /// MiB of the next matvec levels' weights to read into the L2 cache beside each level that
     /// streams none of its own (the attention block), so those matvecs hit L2 (0: none).
     /// Default by the matvec weights' format, as measured on an H100: 12 for q8_0/q4_0 (a q8_0
@@ -202,6 +211,7 @@ fn run(args: Args) -> Result<()> {
             plan_memory: !args.no_plan,
             attention_splits: args.attention_splits.map(|n| n as usize),
             attention_wg: args.attention_wg,
+            attention_bands: args.attention_bands.clone().map(|b| b.0),
             chain: !args.no_chain,
             argmax_in_matvec: !args.no_argmax_in_matvec,
             prefetch: args.prefetch_mib.map(|m| fuse::prefetch::Prefetch {
@@ -297,4 +307,12 @@ fn run(args: Args) -> Result<()> {
         println!("\n{c}");
     }
     Ok(())
+}
+
+/// `--attention-bands`, parsed (a newtype: clap takes a `Vec` for a repeated argument).
+#[derive(Clone, Debug)]
+struct Bands(Vec<fuse::bands::AttentionBand>);
+
+fn parse_bands(text: &str) -> Result<Bands, fuse::bands::BandsParseError> {
+    fuse::bands::parse(text).map(Bands)
 }

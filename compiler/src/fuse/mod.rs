@@ -6,10 +6,12 @@
 //! node, iteration and time limits; [`extract`] picks one node per class under the [`cost`]
 //! model, DAG-aware; [`program`] turns the choice into kernels ([`codegen`] writes the fused
 //! ones' GLSL); [`schedule`] instantiates every unit by op offset into one `Schedule`;
-//! [`report`] says what was fused and why. After the levels are known, [`prefetch`] reads the
+//! [`report`] says what was fused and why; [`bands`] gives the attention block other grids for
+//! short positions. After the levels are known, [`prefetch`] reads the
 //! next matvecs' weights into L2 beside weight-free levels, [`zeros`] merges each level's zero
 //! kernels into few dispatches and [`persistent`] offers regions.
 
+pub mod bands;
 pub mod codegen;
 pub mod cost;
 pub mod discover;

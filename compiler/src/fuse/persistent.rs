@@ -152,6 +152,7 @@ pub fn add_regions(
                     run.end - run.start,
                     members.join(" | ")
                 ),
+                alternatives: vec![],
             },
         });
     }

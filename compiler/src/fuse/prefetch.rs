@@ -62,29 +62,34 @@ impl Prefetch {
         }
     }
 
-    /// The choice for `program`'s matvec weights: a block format's where any matrix is stored
-    /// in one (`--weights q8_0|q4_0`: a matrix whose rows are not whole blocks keeps its dtype),
-    /// else 16-bit floats' where any matrix is in one, else f32's.
+    /// The choice for `program`'s matvec weights ([`matvec_dtype`]).
     pub fn for_program(program: &Program) -> Self {
-        let matrices: Vec<DType> = program
-            .ops
-            .iter()
-            .filter(|op| matches!(op.kind, OpKind::Weight { .. }))
-            .filter_map(|op| op.result.map(|v| program.ty(v)))
-            .filter(|ty| ty.shape.dims().len() == 2)
-            .map(|ty| ty.dtype)
-            .collect();
-        let dtype = if let Some(&q) = matrices.iter().find(|d| d.is_quantized()) {
-            q
-        } else if matrices
-            .iter()
-            .any(|&d| d == DType::F16 || d == DType::BF16)
-        {
-            DType::BF16
-        } else {
-            DType::F32
-        };
-        Prefetch::for_weights(dtype)
+        Prefetch::for_weights(matvec_dtype(program))
+    }
+}
+
+/// The format of `program`'s matvec weights, which several of the compiler's measured choices
+/// follow: a block format where any matrix is stored in one (`--weights q8_0|q4_0`: a matrix
+/// whose rows are not whole blocks keeps its dtype), else BF16 where any matrix is in a 16-bit
+/// float, else F32.
+pub fn matvec_dtype(program: &Program) -> DType {
+    let matrices: Vec<DType> = program
+        .ops
+        .iter()
+        .filter(|op| matches!(op.kind, OpKind::Weight { .. }))
+        .filter_map(|op| op.result.map(|v| program.ty(v)))
+        .filter(|ty| ty.shape.dims().len() == 2)
+        .map(|ty| ty.dtype)
+        .collect();
+    if let Some(&q) = matrices.iter().find(|d| d.is_quantized()) {
+        q
+    } else if matrices
+        .iter()
+        .any(|&d| d == DType::F16 || d == DType::BF16)
+    {
+        DType::BF16
+    } else {
+        DType::F32
     }
 }
 
@@ -241,6 +246,7 @@ fn dispatch(
             "prefetch into L2: {:.1} MB of the next levels' weights",
             total as f64 * 32.0 / 1e6
         ),
+        alternatives: vec![],
     })
 }
 
@@ -270,6 +276,7 @@ mod tests {
             push_constants: vec![],
             workgroups: [1, 1, 1],
             label: String::new(),
+            alternatives: vec![],
         }
     }
 

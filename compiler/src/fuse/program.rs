@@ -117,6 +117,9 @@ pub struct UKernel {
     pub covers: Vec<usize>,
     /// The generated source of a fused kernel.
     pub generated: Option<Generated>,
+    /// Other grids of it for short positions, by ascending first position not served
+    /// (`Dispatch::alternatives`): the attention block's bands.
+    pub alternatives: Vec<(u32, Generated)>,
 }
 
 /// Saturation figures of a unit.
@@ -269,6 +272,7 @@ impl Builder<'_> {
             writes: vec![0],
             covers: vec![],
             generated,
+            alternatives: vec![],
         });
         out
     }
@@ -483,6 +487,7 @@ impl Builder<'_> {
                     writes: vec![0],
                     covers: vec![],
                     generated: Some(codegen::zero(&[words])),
+                    alternatives: vec![],
                 });
                 let generated = codegen::chain(&spec);
                 let out = self.with_out(
@@ -547,6 +552,27 @@ impl Builder<'_> {
                         .max(head_dim.next_power_of_two() as u32),
                 };
                 let generated = codegen::attention(&spec);
+                // Smaller grids for short positions (fuse::bands), where the block is split:
+                // the same bindings (a band's splits fit the block's scratch).
+                let alternatives: Vec<(u32, Generated)> = match spec.splits {
+                    0 | 1 => vec![],
+                    splits => self
+                        .opts
+                        .attention_bands
+                        .iter()
+                        .flatten()
+                        .filter(|b| (2..=splits).contains(&b.splits))
+                        .map(|b| {
+                            let band = AttnSpec {
+                                splits: b.splits,
+                                // At least the head, as the block's own.
+                                workgroup: b.workgroup.max(head_dim.next_power_of_two() as u32),
+                                ..spec.clone()
+                            };
+                            (b.below, codegen::attention(&band))
+                        })
+                        .collect(),
+                };
                 let ty = self.ty(c)?;
                 let bytes = ty.bytes() as u64;
                 let out = self.with_out(
@@ -558,6 +584,7 @@ impl Builder<'_> {
                 );
                 let kernel = self.kernels.len() - 1;
                 self.kernels[kernel].writes = vec![0, 4, 5];
+                self.kernels[kernel].alternatives = alternatives;
                 out
             }
             ArgmaxWrite([s, x]) | IncWrite([s, x]) => {
@@ -722,6 +749,7 @@ impl Builder<'_> {
                     writes: vec![0],
                     covers: vec![],
                     generated: None,
+                    alternatives: vec![],
                 });
                 self.push_value(UValue::Written { of: sv, writer: k })
             }
@@ -774,6 +802,7 @@ impl Builder<'_> {
             writes,
             covers: vec![],
             generated: Some(codegen::tail(spec)),
+            alternatives: vec![],
         });
         self.push_value(UValue::Effect { kernel: k })
     }
@@ -877,6 +906,7 @@ impl Builder<'_> {
                     writes: vec![0],
                     covers: vec![],
                     generated: None,
+                    alternatives: vec![],
                 });
                 if matches!(n, FuseLang::KvWrite(_)) {
                     self.push_value(UValue::Written { of: sv, writer: k })

@@ -6,6 +6,8 @@
 //! into one slice), `state`, `io` (token, position, logits) and `arena`, whose values are placed
 //! from level-based liveness by the buffer planner.
 
+use super::bands::{self, AttentionBand};
+use super::codegen::Generated;
 use super::cost::{Cost, DeviceCost};
 use super::discover::{discover, Segmentation};
 use super::extract::extract;
@@ -28,7 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::time::Duration;
 use vkfuse_runtime::schedule::{
-    BufferId, Dispatch, Io, KernelDecl, KernelId, Schedule, Slice, WeightUpload,
+    Alternative, BufferId, Dispatch, Io, KernelDecl, KernelId, Schedule, Slice, WeightUpload,
 };
 
 /// Options of the fusion stage.
@@ -51,6 +53,10 @@ pub struct FuseOptions {
     /// Workgroup size of the attention block (a power of two up to 1024, raised to the head
     /// dim where smaller); `None`: [`super::codegen::attention_wg`]. A tuning knob.
     pub attention_wg: Option<u32>,
+    /// The attention block's grids for bands of short positions ([`super::bands`]); `None`:
+    /// the choice for the program's weights ([`super::bands::for_program`]). Applies only where
+    /// the block is split.
+    pub attention_bands: Option<Vec<AttentionBand>>,
     /// Weight prefetch into L2 beside weight-free levels ([`super::prefetch`]); `None`: the
     /// choice for the program's weights ([`Prefetch::for_program`]).
     pub prefetch: Option<Prefetch>,
@@ -74,6 +80,7 @@ impl Default for FuseOptions {
             persistent: true,
             attention_splits: None,
             attention_wg: None,
+            attention_bands: None,
             prefetch: None,
             chain: true,
             argmax_in_matvec: true,
@@ -177,6 +184,14 @@ pub fn fuse_unit(
 
 /// Fuses every unit of `p`.
 pub fn fuse(p: &Program, opts: &FuseOptions) -> Result<Fused, FuseError> {
+    let opts = &FuseOptions {
+        attention_bands: Some(
+            opts.attention_bands
+                .clone()
+                .unwrap_or_else(|| bands::for_program(p)),
+        ),
+        ..opts.clone()
+    };
     let seg = discover(p);
     let mut units = vec![];
     let mut sequence = vec![];
@@ -372,6 +387,35 @@ impl Lowering<'_> {
     }
 
     /// Lowers one instance (first op `start`) of `fu`.
+    /// The kernel of generated source `gen` (compiled on first use; true: just added).
+    fn generated_kernel(
+        &mut self,
+        gen: &Generated,
+        subgroups: Option<u32>,
+        spirv: &mut SpirvCache,
+    ) -> Result<(KernelId, bool), FuseError> {
+        let key = (
+            gen.source.clone(),
+            gen.spec_constants.clone(),
+            0,
+            gen.bindings,
+        );
+        if let Some(k) = self.kernel_ids.get(&key) {
+            return Ok((*k, false));
+        }
+        let id = KernelId(self.kernels.len() as u32);
+        self.kernels.push(KernelDecl {
+            label: gen.label.clone(),
+            spirv: spirv.get_source(&gen.label, &gen.source)?,
+            bindings: gen.bindings as u32,
+            push_constant_bytes: 0,
+            spec_constants: gen.spec_constants.clone(),
+            subgroups,
+        });
+        self.kernel_ids.insert(key, id);
+        Ok((id, true))
+    }
+
     fn instance(
         &mut self,
         fu: &FusedUnit,
@@ -408,6 +452,7 @@ impl Lowering<'_> {
                 };
                 bindings.push(s);
             }
+            let mut alternatives = vec![];
             let (kernel, push_constants, workgroups, label) = match &k.kind {
                 KernelKind::Unfused { offset } | KernelKind::InPlace { offset } => {
                     let id = OpId::new(start + offset);
@@ -455,30 +500,15 @@ impl Lowering<'_> {
                         .generated
                         .as_ref()
                         .ok_or_else(|| FuseError::Internal("a fused kernel without code".into()))?;
-                    let key = (
-                        gen.source.clone(),
-                        gen.spec_constants.clone(),
-                        0,
-                        gen.bindings,
-                    );
-                    let kernel = match self.kernel_ids.get(&key) {
-                        Some(k) => *k,
-                        None => {
-                            let id = KernelId(self.kernels.len() as u32);
-                            self.kernels.push(KernelDecl {
-                                label: gen.label.clone(),
-                                spirv: spirv.get_source(&gen.label, &gen.source)?,
-                                bindings: gen.bindings as u32,
-                                push_constant_bytes: 0,
-                                spec_constants: gen.spec_constants.clone(),
-                                subgroups: match &k.kind {
-                                    KernelKind::Matvec(_) => {
-                                        crate::kernels::matvec_subgroups(&gen.spec_constants)
-                                    }
-                                    _ => None,
-                                },
-                            });
-                            self.kernel_ids.insert(key, id);
+                    let subgroups = match &k.kind {
+                        KernelKind::Matvec(_) => {
+                            crate::kernels::matvec_subgroups(&gen.spec_constants)
+                        }
+                        _ => None,
+                    };
+                    let kernel = match self.generated_kernel(gen, subgroups, spirv)? {
+                        (id, false) => id,
+                        (id, true) => {
                             if let KernelKind::Matvec(spec) = &k.kind {
                                 self.matvecs.insert(id, (spec.clone(), gen.clone()));
                             }
@@ -504,6 +534,14 @@ impl Lowering<'_> {
                         .map(|o| format!("#{}", start + o))
                         .collect();
                     let label = format!("{} ({})", k.describe(&fu.op_names), ops.join(" "));
+                    for (below, alt) in &k.alternatives {
+                        let (id, _) = self.generated_kernel(alt, None, spirv)?;
+                        alternatives.push(Alternative {
+                            below: *below,
+                            kernel: id,
+                            workgroups: alt.workgroups,
+                        });
+                    }
                     (kernel, vec![], gen.workgroups, label)
                 }
             };
@@ -548,6 +586,7 @@ impl Lowering<'_> {
                 push_constants,
                 workgroups,
                 label,
+                alternatives,
             });
         }
         for &(offset, v) in &fu.outputs {

@@ -72,12 +72,17 @@ fn merged(
         push_constants: vec![],
         workgroups: gen.workgroups,
         label: format!("zero {} outputs (the chains')", group.len()),
+        alternatives: vec![],
     })
 }
 
-/// Drops the declarations no dispatch uses and renumbers the rest (in order).
+/// Drops the declarations no dispatch uses (as its kernel or an alternative's) and renumbers the
+/// rest (in order).
 fn prune(dispatches: &mut [Dispatch], kernels: &mut Vec<KernelDecl>) -> Vec<Option<KernelId>> {
-    let used: HashSet<KernelId> = dispatches.iter().map(|d| d.kernel).collect();
+    let used: HashSet<KernelId> = dispatches
+        .iter()
+        .flat_map(|d| std::iter::once(d.kernel).chain(d.alternatives.iter().map(|a| a.kernel)))
+        .collect();
     let mut map = vec![None; kernels.len()];
     let mut kept = Vec::with_capacity(kernels.len());
     for (i, k) in std::mem::take(kernels).into_iter().enumerate() {
@@ -89,6 +94,9 @@ fn prune(dispatches: &mut [Dispatch], kernels: &mut Vec<KernelDecl>) -> Vec<Opti
     *kernels = kept;
     for d in dispatches {
         d.kernel = map[d.kernel.index()].expect("a used kernel is kept");
+        for a in &mut d.alternatives {
+            a.kernel = map[a.kernel.index()].expect("a used kernel is kept");
+        }
     }
     map
 }
@@ -120,6 +128,7 @@ mod tests {
             push_constants: vec![],
             workgroups: [1, 1, 1],
             label: format!("d{offset}"),
+            alternatives: vec![],
         }
     }
 
@@ -181,5 +190,33 @@ mod tests {
         assert_eq!(kernels.len(), 3);
         assert_eq!(dispatches[2].kernel, KernelId(1));
         assert_eq!(kernels[dispatches[1].kernel.index()].label, "zero[256,256]");
+    }
+
+    #[test]
+    fn should_keep_and_renumber_a_kernel_used_only_as_an_alternative() {
+        // k0 attention, k1 zero (merged away), k2 the attention's alternative grid, k3 unused.
+        let mut kernels = vec![
+            decl("attention", 1),
+            decl("zero[256]", 1),
+            decl("attention short", 1),
+            decl("unused", 1),
+        ];
+        let mut attention = dispatch(0, 0);
+        attention.alternatives = vec![vkfuse_runtime::schedule::Alternative {
+            below: 128,
+            kernel: KernelId(2),
+            workgroups: [4, 1, 1],
+        }];
+        let mut dispatches = vec![dispatch(1, 1024), dispatch(1, 2048), attention];
+        let mut levels = vec![0..2, 2..3];
+        let map = run(&mut dispatches, &mut levels, &mut kernels);
+        assert_eq!(map[..4], [Some(KernelId(0)), None, Some(KernelId(1)), None]);
+        let d = &dispatches[1];
+        assert_eq!(kernels[d.kernel.index()].label, "attention");
+        assert_eq!(
+            kernels[d.alternatives[0].kernel.index()].label,
+            "attention short"
+        );
+        assert_eq!(kernels.len(), 3, "the two kept and the merged zero kernel");
     }
 }

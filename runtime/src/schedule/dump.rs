@@ -232,7 +232,16 @@ fn write_call(f: &mut fmt::Formatter<'_>, d: &super::Dispatch) -> fmt::Result {
     if !d.push_constants.is_empty() {
         write!(f, " push {}", PushConstants(&d.push_constants))?;
     }
-    writeln!(f, " {}", d.label)
+    writeln!(f, " {}", d.label)?;
+    for a in &d.alternatives {
+        let [x, y, z] = a.workgroups;
+        writeln!(
+            f,
+            "          below position {}: {} [{x},{y},{z}]",
+            a.below, a.kernel
+        )?;
+    }
+    Ok(())
 }
 
 /// The handoff role a kernel's SPIR-V declares, for the dump (`kernels/glsl/handoff.glsl`).

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use super::{
-    BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Persistent,
-    Schedule, ScheduleError, Slice, WeightUpload,
+    Alternative, BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta,
+    Persistent, Schedule, ScheduleError, Slice, WeightUpload,
 };
 use crate::session::TensorBytes;
 
@@ -33,7 +33,7 @@ pub const MAGIC: [u8; 8] = *b"VKFUSE\0\n";
 /// The last 8 bytes of every schedule file (every version so far).
 pub const END_MAGIC: [u8; 8] = *b"VKFEND\0\n";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 /// Every tensor (and the weights section itself) starts at a multiple of this many bytes.
 pub const WEIGHT_ALIGN: u64 = 4096;
 
@@ -641,6 +641,14 @@ impl Encoder {
         }
         self.count(d.push_constants.len(), "push_constants")?;
         self.0.extend_from_slice(&d.push_constants);
+        self.count(d.alternatives.len(), "alternatives")?;
+        for a in &d.alternatives {
+            self.u32(a.below);
+            self.u32(a.kernel.0);
+            for g in a.workgroups {
+                self.u32(g);
+            }
+        }
         Ok(())
     }
 }
@@ -839,19 +847,33 @@ impl<'a> Decoder<'a> {
         let bindings = self.vec(SLICE_SIZE, "bindings", |d| d.slice("binding"))?;
         let n = self.count(1, "push_constants")?;
         let push_constants = self.take(n, "push_constants")?.to_vec();
+        let alternatives = self.vec(ALTERNATIVE_SIZE, "alternatives", |d| {
+            Ok(Alternative {
+                below: d.u32("alternative position")?,
+                kernel: KernelId(d.u32("alternative kernel")?),
+                workgroups: [
+                    d.u32("alternative workgroups")?,
+                    d.u32("alternative workgroups")?,
+                    d.u32("alternative workgroups")?,
+                ],
+            })
+        })?;
         Ok(Dispatch {
             kernel,
             bindings,
             push_constants,
             workgroups,
             label,
+            alternatives,
         })
     }
 }
 
 const SLICE_SIZE: usize = 20;
 /// The fewest bytes an encoded dispatch takes (label length, kernel, workgroups, counts).
-const DISPATCH_MIN: usize = 4 + 4 + 12 + 4 + 4;
+const DISPATCH_MIN: usize = 4 + 4 + 12 + 4 + 4 + 4;
+/// An encoded alternative grid: position, kernel, workgroups.
+const ALTERNATIVE_SIZE: usize = 4 + 4 + 12;
 
 /// A tensor-table record: name, offset in the weights section, size, and where it was read.
 type TensorRecord = (String, u64, u64, usize);

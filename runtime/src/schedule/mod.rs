@@ -192,6 +192,37 @@ pub struct Dispatch {
     pub workgroups: [u32; 3],
     /// A short description of what it computes (the op or fused ops), for dumps and profiles.
     pub label: String,
+    /// Other grids for steps at short positions, by ascending [`Alternative::below`]; empty for
+    /// almost every dispatch ([`Dispatch::grid_at`]).
+    pub alternatives: Vec<Alternative>,
+}
+
+/// Another kernel and workgroup count for one dispatch, for the steps whose position is below
+/// `below` (and not below the previous alternative's). It binds the same buffers, takes the
+/// same push constants and computes the same values, only over another grid: the attention
+/// block with fewer splits or smaller workgroups, which is faster while the context is short
+/// and slower once it is long (docs/perf.md, session 19). So it is correct at every position,
+/// and the host, which knows each step's position, may choose by it: replay records one step
+/// per band of positions ([`Schedule::bands`]) and submits the one for the position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Alternative {
+    /// The first position it is not for.
+    pub below: u32,
+    /// The pipeline (the same bindings, push constants and handoff role as the dispatch's).
+    pub kernel: KernelId,
+    /// Workgroup counts.
+    pub workgroups: [u32; 3],
+}
+
+impl Dispatch {
+    /// The kernel and workgroup counts of the step at `position`: the first alternative whose
+    /// `below` is past it, else the dispatch's own.
+    pub fn grid_at(&self, position: u32) -> (KernelId, [u32; 3]) {
+        self.alternatives
+            .iter()
+            .find(|a| position < a.below)
+            .map_or((self.kernel, self.workgroups), |a| (a.kernel, a.workgroups))
+    }
 }
 
 /// A persistent region: ONE dispatch that can stand for the consecutive levels `levels`. Its
@@ -267,6 +298,31 @@ impl Schedule {
         &self.buffers[id.index()]
     }
 
+    /// The bands of positions over which every dispatch keeps one grid: band `b` holds the
+    /// positions below `bands()[b]` and not below `bands()[b - 1]`, and the last band (index
+    /// `bands().len()`) every position from the last bound on. Empty without alternatives.
+    pub fn bands(&self) -> Vec<u32> {
+        let mut bounds: Vec<u32> = self
+            .dispatches
+            .iter()
+            .flat_map(|d| d.alternatives.iter().map(|a| a.below))
+            .collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        bounds
+    }
+
+    /// The band ([`Self::bands`]) of `position`.
+    pub fn band_of(bands: &[u32], position: u32) -> usize {
+        bands.partition_point(|&b| b <= position)
+    }
+
+    /// A position of band `band` (its last), at which [`Dispatch::grid_at`] gives the band's
+    /// grid.
+    pub fn band_position(bands: &[u32], band: usize) -> u32 {
+        bands.get(band).map_or(u32::MAX, |b| b - 1)
+    }
+
     /// A kernel that adds floats atomically (so the device must offer
     /// `shaderBufferFloat32AtomicAdd`, and runs agree to f32 reassociation, not to the bit).
     pub fn float_atomic_kernel(&self) -> Option<&KernelDecl> {
@@ -301,6 +357,43 @@ impl ModelMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn should_run_each_position_on_its_bands_grid() {
+        let alt = |below, k| Alternative {
+            below,
+            kernel: KernelId(k),
+            workgroups: [k, 1, 1],
+        };
+        let d = Dispatch {
+            kernel: KernelId(9),
+            bindings: vec![],
+            push_constants: vec![],
+            workgroups: [9, 1, 1],
+            label: "attention".into(),
+            alternatives: vec![alt(128, 1), alt(512, 2)],
+        };
+        assert_eq!(d.grid_at(0), (KernelId(1), [1, 1, 1]));
+        assert_eq!(d.grid_at(127), (KernelId(1), [1, 1, 1]));
+        assert_eq!(d.grid_at(128), (KernelId(2), [2, 1, 1]));
+        assert_eq!(d.grid_at(511), (KernelId(2), [2, 1, 1]));
+        assert_eq!(d.grid_at(512), (KernelId(9), [9, 1, 1]));
+        // Bands over every dispatch's bounds (here another at 256): each band's position gives
+        // the grid of every position of the band.
+        let mut other = d.clone();
+        other.alternatives = vec![alt(256, 3)];
+        let bands = [128, 256, 512];
+        for p in [0, 100, 127, 128, 255, 256, 300, 511, 512, 4000] {
+            let band = Schedule::band_of(&bands, p);
+            let at = Schedule::band_position(&bands, band);
+            assert_eq!(d.grid_at(at), d.grid_at(p), "{p}");
+            assert_eq!(other.grid_at(at), other.grid_at(p), "{p}");
+        }
+        assert_eq!(Schedule::band_of(&bands, 127), 0);
+        assert_eq!(Schedule::band_of(&bands, 128), 1);
+        assert_eq!(Schedule::band_of(&bands, 4000), 3);
+        assert_eq!(Schedule::band_position(&bands, 3), u32::MAX);
+    }
 
     fn kernel(subgroups: Option<u32>, spec: &[u32]) -> KernelDecl {
         KernelDecl {

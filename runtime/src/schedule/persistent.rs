@@ -76,6 +76,7 @@ mod tests {
             push_constants: vec![],
             workgroups: [64, 1, 1],
             label: label.into(),
+            alternatives: vec![],
         }
     }
 

@@ -38,6 +38,16 @@ fn check_slice(
     Ok(())
 }
 
+fn check_workgroups(groups: &[u32; 3], what: &dyn Fn() -> String) -> Result<(), ScheduleError> {
+    match groups.contains(&0) {
+        true => Err(ScheduleError::Invalid(format!(
+            "{}: empty workgroup count {groups:?}",
+            what()
+        ))),
+        false => Ok(()),
+    }
+}
+
 impl Schedule {
     /// Checks every cross-reference and bound; the error names the culprit.
     pub fn validate(&self) -> Result<(), ScheduleError> {
@@ -103,17 +113,12 @@ impl Schedule {
                     k.push_constant_bytes
                 ));
             }
-            if d.workgroups.contains(&0) {
-                return invalid(format!(
-                    "{}: empty workgroup count {:?}",
-                    what(),
-                    d.workgroups
-                ));
-            }
+            check_workgroups(&d.workgroups, &what)?;
             for b in &d.bindings {
                 check_slice(self, b, &what)?;
             }
         }
+        self.validate_alternatives()?;
         let mut next = 0u32;
         for l in &self.levels {
             if l.start != next || l.end <= l.start {
@@ -144,6 +149,20 @@ impl Schedule {
             }
             free = r.levels.end;
         }
+        for (i, d) in self.dispatches.iter().enumerate() {
+            let region = self.persistent.iter().find(|r| {
+                self.levels
+                    .get(r.levels.start as usize..r.levels.end as usize)
+                    .is_some_and(|ls| ls.iter().any(|l| l.contains(&(i as u32))))
+            });
+            if let (false, Some(r)) = (d.alternatives.is_empty(), region) {
+                return invalid(format!(
+                    "dispatch {i} ({}): alternative grids inside persistent region `{}`, whose \
+                     dispatch would replace them",
+                    d.label, r.dispatch.label
+                ));
+            }
+        }
         let io = &self.io;
         for (name, s, min) in [
             ("token", io.token, 4),
@@ -155,6 +174,48 @@ impl Schedule {
                 return invalid(format!(
                     "io {name} must be a host-visible slice of at least {min} bytes"
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each dispatch's alternatives: ascending positions, existing kernels interchangeable with
+    /// the dispatch's own (so that the descriptor set, the push constants and the handoff plan
+    /// made for the dispatch serve them too), and grids that are not empty.
+    fn validate_alternatives(&self) -> Result<(), ScheduleError> {
+        let invalid = |m: String| Err(ScheduleError::Invalid(m));
+        for (i, d) in self.dispatches.iter().enumerate() {
+            if d.alternatives.is_empty() {
+                continue;
+            }
+            let own = &self.kernels[d.kernel.index()];
+            let mut after = 0u32;
+            for a in &d.alternatives {
+                let what = || format!("dispatch {i} ({}), alternative below {}", d.label, a.below);
+                if a.below <= after {
+                    return invalid(format!(
+                        "{}: positions must be positive and ascending",
+                        what()
+                    ));
+                }
+                after = a.below;
+                let Some(k) = self.kernels.get(a.kernel.index()) else {
+                    return invalid(format!("{}: kernel {} does not exist", what(), a.kernel));
+                };
+                if k.bindings != own.bindings
+                    || k.push_constant_bytes != own.push_constant_bytes
+                    || k.handoff_role() != own.handoff_role()
+                    || k.written_bindings() != own.written_bindings()
+                {
+                    return invalid(format!(
+                        "{}: kernel `{}` does not bind, take push constants, hand off and write \
+                         as the dispatch's `{}` does",
+                        what(),
+                        k.label,
+                        own.label
+                    ));
+                }
+                check_workgroups(&a.workgroups, &what)?;
             }
         }
         Ok(())

@@ -62,6 +62,8 @@ impl Eager {
     pub fn step(&mut self, token: Option<u32>) -> Result<StepOutput, SessionError> {
         self.loaded.prepare_step(token)?;
         let l = &self.loaded;
+        // Each dispatch on its grid for this position, as replay runs it.
+        let position = l.position()?;
         let mut rec = self.cmd.begin()?;
         if let Some(ts) = &self.timestamps {
             rec.reset_timestamps(ts)?;
@@ -69,7 +71,8 @@ impl Eager {
         }
         let n = l.schedule.dispatches.len();
         for (k, (d, set)) in l.schedule.dispatches.iter().zip(&self.sets).enumerate() {
-            let pipeline = &l.pipelines[d.kernel.index()];
+            let (kernel, groups) = d.grid_at(position);
+            let pipeline = &l.pipelines[kernel.index()];
             let bindings = l.bindings(d);
             l.device.write_descriptors(set, &bindings)?;
             rec.bind_pipeline(pipeline)?;
@@ -78,7 +81,7 @@ impl Eager {
             if !d.push_constants.is_empty() {
                 rec.push_constants(0, &d.push_constants)?;
             }
-            rec.dispatch(d.workgroups[0], d.workgroups[1], d.workgroups[2])?;
+            rec.dispatch(groups[0], groups[1], groups[2])?;
             // After the last dispatch, the output copy's barrier takes the place of this one.
             if k + 1 == n {
                 l.record_output(&mut rec)?;

@@ -257,6 +257,7 @@ mod tests {
                     push_constants: vec![],
                     workgroups: [1, 1, 1],
                     label: format!("d{i}"),
+                    alternatives: vec![],
                 })
                 .collect(),
             levels: (0..n).map(|i| i..i + 1).collect(),

@@ -10,10 +10,19 @@
 //! host-visible ring, so the host reads all K results after a single wait. Greedy decoding
 //! keeps two chains in flight ([`Replay::greedy_tokens`]): the next chain is queued before the
 //! previous one is read, so the GPU never waits for the host between chains.
+//!
+//! Where dispatches have alternative grids for short positions ([`Dispatch::alternatives`]),
+//! every recording exists once per band of positions ([`Schedule::bands`]), and the host, which
+//! knows the position of every step it submits, submits the one for the band of the chain's
+//! last step (every grid is correct at every position: a chain that starts in an earlier band
+//! only runs a few steps on a grid meant for longer contexts).
+//!
+//! [`Dispatch::alternatives`]: crate::schedule::Dispatch::alternatives
+//! [`Schedule::bands`]: crate::schedule::Schedule::bands
 
 use super::writeback::{self, PingPongPlan, WriteBack};
 use super::{Loaded, SessionError, StepOutput, STEP_TIMEOUT};
-use crate::schedule::{BufferId, Slice};
+use crate::schedule::{BufferId, Schedule, Slice};
 use crate::{
     Buffer, BufferBinding, BufferKind, CommandBuffer, CommandRecorder, DescriptorPool,
     DescriptorSet, Stages, TimestampPool,
@@ -45,8 +54,9 @@ impl Out {
     }
 }
 
-/// A recorded chain: steps, what it copies out, and the parity of its first step.
-type ChainKey = (u32, Out, usize);
+/// A recorded chain: steps, what it copies out, the parity of its first step, and the band of
+/// positions whose grids it runs.
+type ChainKey = (u32, Out, usize, usize);
 
 /// Runs a loaded schedule by replaying pre-recorded command buffers.
 pub struct Replay {
@@ -65,8 +75,10 @@ pub struct Replay {
     parities: usize,
     /// The parity of the next step.
     parity: usize,
-    /// One step, by parity, for host-fed tokens and single greedy steps.
-    single: Vec<CommandBuffer>,
+    /// The bounds of the bands of positions ([`Schedule::bands`]; empty: one band).
+    bands: Vec<u32>,
+    /// One step, by band then parity, for host-fed tokens and single greedy steps.
+    single: Vec<Vec<CommandBuffer>>,
     /// Chains recorded so far.
     chains: BTreeMap<ChainKey, CommandBuffer>,
     /// Per chained step, the token (4 bytes, padded to 256) then the logits.
@@ -76,8 +88,8 @@ pub struct Replay {
     token_ring: Buffer,
     /// Per [`Out::timestamps`] index.
     timestamps: Vec<Option<TimestampPool>>,
-    /// Per-level profiling recordings, by parity, recorded on first use.
-    profiles: Vec<Option<(CommandBuffer, TimestampPool)>>,
+    /// Per-level profiling recordings, by band and parity, recorded on first use.
+    profiles: BTreeMap<(usize, usize), (CommandBuffer, TimestampPool)>,
     gpu_ns: f64,
 }
 
@@ -179,8 +191,10 @@ impl Replay {
         let timestamps = (0..=IN_FLIGHT)
             .map(|_| loaded.device.create_timestamp_pool(2))
             .collect::<Result<Vec<_>, _>>()?;
+        let bands = s.bands();
         let mut replay = Replay {
             single: vec![],
+            bands,
             loaded,
             _pool: pool,
             sets,
@@ -195,13 +209,17 @@ impl Replay {
             logits_stride,
             token_ring,
             timestamps,
-            profiles: (0..parities).map(|_| None).collect(),
+            profiles: BTreeMap::new(),
             gpu_ns: 0.0,
         };
-        for parity in 0..parities {
-            let mut cmd = replay.loaded.device.create_command_buffer()?;
-            replay.record_single(&mut cmd, parity)?;
-            replay.single.push(cmd);
+        for band in 0..=replay.bands.len() {
+            let mut by_parity = vec![];
+            for parity in 0..parities {
+                let mut cmd = replay.loaded.device.create_command_buffer()?;
+                replay.record_single(&mut cmd, parity, band)?;
+                by_parity.push(cmd);
+            }
+            replay.single.push(by_parity);
         }
         replay.reset_alternate()?;
         Ok(replay)
@@ -246,14 +264,24 @@ impl Replay {
         self.timestamps[0].as_ref().map(|_| self.gpu_ns)
     }
 
+    /// The band of the step at `position`.
+    fn band_at(&self, position: u32) -> usize {
+        Schedule::band_of(&self.bands, position)
+    }
+
     /// One step whose results the host reads from the I/O buffer.
-    fn record_single(&self, cmd: &mut CommandBuffer, parity: usize) -> Result<(), SessionError> {
+    fn record_single(
+        &self,
+        cmd: &mut CommandBuffer,
+        parity: usize,
+        band: usize,
+    ) -> Result<(), SessionError> {
         let mut rec = cmd.begin()?;
         if let Some(ts) = &self.timestamps[0] {
             rec.reset_timestamps(ts)?;
             rec.write_timestamp(ts, 0)?;
         }
-        self.record_step(&mut rec, parity, false, None)?;
+        self.record_step(&mut rec, parity, band, false, None)?;
         self.loaded.record_output(&mut rec)?;
         if self.handoffs(None) {
             // The next step's words start empty; its first barrier waits for compute only, so
@@ -273,7 +301,7 @@ impl Replay {
     fn record_chain(
         &self,
         cmd: &mut CommandBuffer,
-        (steps, out, parity): ChainKey,
+        (steps, out, parity, band): ChainKey,
     ) -> Result<(), SessionError> {
         let s = &self.loaded.schedule;
         let io = &s.io;
@@ -285,7 +313,8 @@ impl Replay {
             rec.write_timestamp(ts, 0)?;
         }
         for k in 0..steps {
-            self.record_step(&mut rec, (parity + k as usize) % self.parities, k > 0, None)?;
+            let parity = (parity + k as usize) % self.parities;
+            self.record_step(&mut rec, parity, band, k > 0, None)?;
             // One barrier serves both the copy below and the next step (which reads what this
             // one wrote); the next step's first barrier waits for the copy before it writes
             // the token again.
@@ -341,13 +370,14 @@ impl Replay {
     }
 
     /// One step: the levels in order, a barrier between consecutive levels only, except
-    /// before a level the one before hands its output to (`session::handoff`). After a ring
-    /// copy (`after_copy`), the first barrier also waits for the copy. With `profile`,
-    /// timestamp `i + 1` is written after level `i`.
+    /// before a level the one before hands its output to (`session::handoff`), each dispatch
+    /// on its grid for `band`. After a ring copy (`after_copy`), the first barrier also waits
+    /// for the copy. With `profile`, timestamp `i + 1` is written after level `i`.
     fn record_step(
         &self,
         rec: &mut CommandRecorder<'_>,
         parity: usize,
+        band: usize,
         after_copy: bool,
         profile: Option<&TimestampPool>,
     ) -> Result<(), SessionError> {
@@ -361,6 +391,7 @@ impl Replay {
             first_barrier = false;
         }
         let handoffs = self.handoffs(profile);
+        let position = Schedule::band_position(&self.bands, band);
         let mut emitted = 0;
         // The level emitted last.
         let mut last = None;
@@ -385,13 +416,16 @@ impl Replay {
                 for k in live {
                     let d = &s.dispatches[k as usize];
                     let set = &self.sets[set_of[k as usize].expect("filtered above")];
-                    rec.bind_pipeline(&l.pipelines[d.kernel.index()])?;
+                    // An alternative binds as the dispatch does (`Schedule::validate`), so the
+                    // set written for the dispatch's own pipeline serves it.
+                    let (kernel, groups) = d.grid_at(position);
+                    rec.bind_pipeline(&l.pipelines[kernel.index()])?;
                     rec.bind_descriptor_set(set)?;
                     l.bind_handoff(rec, k as usize, handoffs)?;
                     if !d.push_constants.is_empty() {
                         rec.push_constants(0, &d.push_constants)?;
                     }
-                    rec.dispatch(d.workgroups[0], d.workgroups[1], d.workgroups[2])?;
+                    rec.dispatch(groups[0], groups[1], groups[2])?;
                 }
                 emitted += 1;
                 last = Some(i);
@@ -417,10 +451,12 @@ impl Replay {
         if k == 0 || k > MAX_TOKENS_PER_SUBMIT {
             return Ok(());
         }
-        for parity in 0..self.parities {
-            self.record_once((k, Out::Logits, parity))?;
-            for slot in 0..IN_FLIGHT {
-                self.record_once((k, Out::Tokens(slot), parity))?;
+        for band in 0..=self.bands.len() {
+            for parity in 0..self.parities {
+                self.record_once((k, Out::Logits, parity, band))?;
+                for slot in 0..IN_FLIGHT {
+                    self.record_once((k, Out::Tokens(slot), parity, band))?;
+                }
             }
         }
         Ok(())
@@ -441,9 +477,10 @@ impl Replay {
     pub fn step(&mut self, token: Option<u32>) -> Result<StepOutput, SessionError> {
         self.loaded.prepare_step(token)?;
         let parity = self.parity;
+        let band = self.band_at(self.loaded.position()?);
         self.loaded
             .device
-            .submit_and_wait(&mut self.single[parity], STEP_TIMEOUT)?;
+            .submit_and_wait(&mut self.single[band][parity], STEP_TIMEOUT)?;
         self.parity = (parity + 1) % self.parities;
         self.add_gpu_time(0)?;
         self.loaded.read_output()
@@ -477,7 +514,8 @@ impl Replay {
     pub fn steps(&mut self, first: Option<u32>, k: u32) -> Result<Vec<StepOutput>, SessionError> {
         self.check_greedy(first, k, k)?;
         let parity = self.parity;
-        let key = (k, Out::Logits, parity);
+        let band = self.band_at(self.loaded.position()? + (k - 1));
+        let key = (k, Out::Logits, parity, band);
         self.record_once(key)?;
         let cmd = self.chains.get_mut(&key).expect("recorded above");
         self.loaded.device.submit_and_wait(cmd, STEP_TIMEOUT)?;
@@ -507,19 +545,24 @@ impl Replay {
         k: u32,
     ) -> Result<Vec<u32>, SessionError> {
         self.check_greedy(first, k, n)?;
+        // Fits u32: check_greedy bounds position + n by the capacity.
+        let mut position = self.loaded.position()?;
         let mut tokens = Vec::with_capacity(n as usize);
         let mut in_flight: VecDeque<ChainKey> = VecDeque::new();
         let (mut left, mut slot) = (n, 0);
         let result = (|| {
             while left > 0 || !in_flight.is_empty() {
                 while in_flight.len() < IN_FLIGHT && left > 0 {
-                    let key = (k.min(left), Out::Tokens(slot), self.parity);
+                    let steps = k.min(left);
+                    let band = self.band_at(position + (steps - 1));
+                    let key = (steps, Out::Tokens(slot), self.parity, band);
                     self.record_once(key)?;
                     let cmd = self.chains.get_mut(&key).expect("recorded above");
                     self.loaded.device.submit(cmd)?;
                     in_flight.push_back(key);
                     self.parity = (self.parity + key.0 as usize) % self.parities;
                     left -= key.0;
+                    position += key.0;
                     slot = (slot + 1) % IN_FLIGHT;
                 }
                 let key = in_flight.pop_front().expect("one is in flight");
@@ -557,7 +600,8 @@ impl Replay {
         let mut sum = vec![0.0; levels];
         for _ in 0..runs {
             let parity = self.parity;
-            if self.profiles[parity].is_none() {
+            let band = self.band_at(self.loaded.position()?);
+            if !self.profiles.contains_key(&(band, parity)) {
                 let Some(ts) = self
                     .loaded
                     .device
@@ -569,13 +613,16 @@ impl Replay {
                 let mut rec = cmd.begin()?;
                 rec.reset_timestamps(&ts)?;
                 rec.write_timestamp(&ts, 0)?;
-                self.record_step(&mut rec, parity, false, Some(&ts))?;
+                self.record_step(&mut rec, parity, band, false, Some(&ts))?;
                 rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::HOST);
                 rec.finish()?;
-                self.profiles[parity] = Some((cmd, ts));
+                self.profiles.insert((band, parity), (cmd, ts));
             }
             self.loaded.prepare_step(None)?;
-            let (cmd, ts) = self.profiles[parity].as_mut().expect("recorded above");
+            let (cmd, ts) = self
+                .profiles
+                .get_mut(&(band, parity))
+                .expect("recorded above");
             self.loaded.device.submit_and_wait(cmd, STEP_TIMEOUT)?;
             self.parity = (parity + 1) % self.parities;
             for (i, s) in sum.iter_mut().enumerate() {

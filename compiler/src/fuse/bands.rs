@@ -1,0 +1,164 @@
+//! Bands of positions: the attention block on other grids while the context is short.
+//!
+//! The block's grid (splits per head x workgroup size, [`super::codegen::attention_splits`]) is
+//! chosen for long contexts, where every split has a chunk to walk. At short positions most of
+//! its splits exit at once and the others walk a few dozen slots each: there a smaller grid is
+//! faster (fewer workgroups beside the prefetch and the next levels' waiting workgroups), and it
+//! is slower once the context is long. Both compute the same values and are correct at every
+//! position, so the compiler gives the block's dispatches alternative kernels for bands of
+//! positions (`Dispatch::alternatives`), and the runtime, which knows each step's position,
+//! runs the band's grid (docs/perf.md, session 19).
+
+use super::codegen::ATTENTION_MIN_CHUNK;
+use super::prefetch;
+use crate::ir::{DType, Program};
+use std::fmt;
+
+/// The attention block's grid for the positions below `below` (and not below the band
+/// before's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionBand {
+    /// The first position the band does not serve.
+    pub below: u32,
+    /// Splits per query head (at least 2 and at most the block's own, whose scratch it uses).
+    pub splits: usize,
+    /// Workgroup size (a power of two; raised to the head dim where smaller).
+    pub workgroup: u32,
+}
+
+impl fmt::Display for AttentionBand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}x{}", self.below, self.splits, self.workgroup)
+    }
+}
+
+/// The bands for a program whose matvec weights are `dtype`, as measured on an H100 with
+/// Qwen3-0.6B's shape (16 query heads of 128; docs/perf.md, session 19), bounded where a number
+/// of splits covers the context with chunks of the fewest slots a split attends
+/// ([`ATTENTION_MIN_CHUNK`]): q4_0 runs 4 splits of 256 invocations while 4 such chunks cover
+/// it, 8 splits of 256 while 8 do, then 8 splits of 512 while 16 do; q8_0 the first and the
+/// last of those. 16-bit and f32 weights keep one grid: no smaller one was faster for them at
+/// any length.
+pub fn for_weights(dtype: DType) -> Vec<AttentionBand> {
+    let band = |chunks: u32, splits: usize, workgroup: u32| AttentionBand {
+        below: chunks * ATTENTION_MIN_CHUNK as u32,
+        splits,
+        workgroup,
+    };
+    match dtype {
+        DType::Q4_0 => vec![band(4, 4, 256), band(8, 8, 256), band(16, 8, 512)],
+        DType::Q8_0 => vec![band(4, 4, 256), band(16, 8, 512)],
+        DType::F32 | DType::F16 | DType::BF16 | DType::I32 => vec![],
+    }
+}
+
+/// [`for_weights`] for `program`'s matvec weights ([`prefetch::matvec_dtype`]).
+pub fn for_program(program: &Program) -> Vec<AttentionBand> {
+    for_weights(prefetch::matvec_dtype(program))
+}
+
+/// Why a `--attention-bands` text does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("attention bands `{text}`: {why} (expected `none` or a list like `128:4x256,512:8x512`: below which position, splits x workgroup size)")]
+pub struct BandsParseError {
+    text: String,
+    why: String,
+}
+
+/// Parses `none` or `BELOW:SPLITSxWG,...` (positions ascending, at least 2 splits, a power-of-two
+/// workgroup of at most 1024).
+pub fn parse(text: &str) -> Result<Vec<AttentionBand>, BandsParseError> {
+    let fail = |why: String| BandsParseError {
+        text: text.to_string(),
+        why,
+    };
+    let t = text.trim();
+    if t == "none" {
+        return Ok(vec![]);
+    }
+    let mut bands: Vec<AttentionBand> = vec![];
+    for part in t.split(',') {
+        let part = part.trim();
+        let (below, grid) = part
+            .split_once(':')
+            .ok_or_else(|| fail(format!("`{part}` has no `:`")))?;
+        let (splits, wg) = grid
+            .split_once('x')
+            .ok_or_else(|| fail(format!("`{grid}` is not SPLITSxWG")))?;
+        let num = |s: &str, what: &str| -> Result<u64, BandsParseError> {
+            s.trim()
+                .parse::<u64>()
+                .map_err(|_| fail(format!("{what} `{s}` is not a number")))
+        };
+        let below = u32::try_from(num(below, "position")?)
+            .map_err(|_| fail(format!("position `{below}` is too large")))?;
+        let splits = num(splits, "splits")?;
+        let wg = num(wg, "workgroup size")?;
+        if below == 0 || bands.last().is_some_and(|b| b.below >= below) {
+            return Err(fail(format!(
+                "positions must be positive and ascending (`{part}`)"
+            )));
+        }
+        if !(2..=super::codegen::MAX_ATTENTION_SPLITS as u64).contains(&splits) {
+            return Err(fail(format!(
+                "{splits} splits: a band needs 2..={} (the block's scratch)",
+                super::codegen::MAX_ATTENTION_SPLITS
+            )));
+        }
+        if !wg.is_power_of_two() || wg > 1024 {
+            return Err(fail(format!(
+                "workgroup size {wg} is not a power of two up to 1024"
+            )));
+        }
+        bands.push(AttentionBand {
+            below,
+            splits: splits as usize,
+            workgroup: wg as u32,
+        });
+    }
+    Ok(bands)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn should_parse_what_it_prints() {
+        let bands = for_weights(DType::Q4_0);
+        let text: Vec<String> = bands.iter().map(|b| b.to_string()).collect();
+        assert_eq!(text.join(","), "128:4x256,256:8x256,512:8x512");
+        assert_eq!(parse(&text.join(",")).unwrap(), bands);
+        assert_eq!(parse(" none ").unwrap(), vec![]);
+        assert_eq!(
+            for_weights(DType::Q8_0)
+                .iter()
+                .map(|b| b.to_string())
+                .collect::<Vec<_>>(),
+            ["128:4x256", "512:8x512"]
+        );
+        assert!(for_weights(DType::BF16).is_empty());
+        assert!(for_weights(DType::F32).is_empty());
+    }
+
+    #[test]
+    fn should_name_what_is_wrong() {
+        for (text, why) in [
+            ("", "has no `:`"),
+            ("128", "has no `:`"),
+            ("128:4", "is not SPLITSxWG"),
+            ("x:4x256", "position `x`"),
+            ("128:4x256,64:8x256", "ascending"),
+            ("0:4x256", "ascending"),
+            ("128:1x256", "1 splits"),
+            ("128:17x256", "17 splits"),
+            ("128:4x300", "300 is not a power of two"),
+            ("128:4x2048", "2048 is not a power of two"),
+            ("99999999999:4x256", "too large"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(why), "{text}: {e}");
+            assert!(e.contains(&format!("`{text}`")), "{text}: {e}");
+        }
+    }
+}

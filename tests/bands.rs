@@ -1,0 +1,167 @@
+//! Bands of positions (fuse::bands, `Dispatch::alternatives`): the attention block compiled
+//! with other grids for short positions, and the runtime running each step on its band's grid.
+//!
+//! 1. Compiled: every attention dispatch of a split block carries the asked bands, ascending,
+//!    as kernels of those splits and workgroup sizes, and the schedule still matches
+//!    transformers (teacher forcing through every band, eager and replay; greedy tokens with
+//!    chains of 8 that cross the bounds), validation clean.
+//! 2. Which grid runs where: the same schedule with the block's own kernel made wrong (another
+//!    attention scale) and a right copy as the alternative below position 16. Positions below
+//!    16 must match transformers (so the alternative ran there) and the later ones must not
+//!    (so the dispatch's own kernel ran past the bound), in eager and in replay; with the right
+//!    copy below 32 instead, replay's greedy chains give transformers' tokens.
+
+use vkfuse_compiler::fuse::bands::AttentionBand;
+use vkfuse_compiler::fuse::FuseOptions;
+use vkfuse_runtime::schedule::{Alternative, KernelDecl, Schedule};
+use vkfuse_runtime::session::{Eager, Loaded, Replay};
+use vkfuse_tests::{
+    assert_rows_close, expected, fused_schedule_with, rel_l2, replay_greedy_ids, validated_device,
+    Expected,
+};
+
+const NAME: &str = "qwen3-tied";
+const TOL: f64 = 5e-3;
+
+fn band(below: u32, splits: usize, workgroup: u32) -> AttentionBand {
+    AttentionBand {
+        below,
+        splits,
+        workgroup,
+    }
+}
+
+fn is_attention(label: &str) -> bool {
+    label.starts_with("attention")
+}
+
+/// Teacher-forced logits of `step` over the fixture's teacher ids.
+fn teacher_rows(want: &Expected, mut step: impl FnMut(u32) -> Vec<f32>) -> Vec<Vec<f32>> {
+    want.teacher_ids.iter().map(|&t| step(t)).collect()
+}
+
+#[test]
+fn banded_grids_match_transformers() {
+    let (device, log) = validated_device();
+    let want = expected(NAME);
+    let bands = vec![band(8, 2, 32), band(16, 4, 64), band(24, 2, 128)];
+    let opts = FuseOptions {
+        attention_splits: Some(4),
+        attention_bands: Some(bands.clone()),
+        ..FuseOptions::default()
+    };
+    let (model, schedule, _) = fused_schedule_with(NAME, &opts);
+    assert_eq!(schedule.bands(), vec![8, 16, 24]);
+    let attention: Vec<_> = schedule
+        .dispatches
+        .iter()
+        .filter(|d| is_attention(&d.label))
+        .collect();
+    assert!(!attention.is_empty(), "no attention block");
+    for d in &attention {
+        assert_eq!(d.alternatives.len(), bands.len(), "{}", d.label);
+        for (a, b) in d.alternatives.iter().zip(&bands) {
+            assert_eq!(a.below, b.below);
+            let k = &schedule.kernels[a.kernel.index()];
+            assert!(
+                k.label.contains(&format!("splits={}]", b.splits)),
+                "{}: {}",
+                b,
+                k.label
+            );
+            // Workgroups: heads x splits, of at least the head (32 wide) invocations.
+            assert_eq!(k.spec_constants[0], b.workgroup.max(32), "{}", k.label);
+            assert_eq!(a.workgroups[0], 4 * b.splits as u32, "{}", k.label);
+        }
+    }
+    // No other dispatch has alternatives.
+    assert!(schedule
+        .dispatches
+        .iter()
+        .filter(|d| !is_attention(&d.label))
+        .all(|d| d.alternatives.is_empty()));
+
+    let load = |s: Schedule| Loaded::new(device.clone(), s, &model.tensors).unwrap();
+    let mut eager = Eager::new(load(schedule.clone())).unwrap();
+    let rows = teacher_rows(&want, |t| eager.step(Some(t)).unwrap().logits);
+    assert_rows_close("banded eager", &rows, &want.teacher_logits, TOL);
+    let mut replay = Replay::new(load(schedule)).unwrap();
+    let rows = teacher_rows(&want, |t| replay.step(Some(t)).unwrap().logits);
+    assert_rows_close("banded replay", &rows, &want.teacher_logits, TOL);
+    let ids = replay_greedy_ids(&mut replay, &want);
+    assert_eq!(ids, want.greedy_ids, "banded replay's greedy tokens");
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
+
+/// The fixture's fused schedule whose attention blocks run a wrong kernel (four times the
+/// attention scale) except below `below`, where their right kernel is the alternative.
+fn wrong_past(below: u32) -> (vkfuse_compiler::import::Model, Schedule) {
+    let (model, mut s, _) = fused_schedule_with(NAME, &FuseOptions::default());
+    let mut swapped = std::collections::HashMap::new();
+    for i in 0..s.dispatches.len() {
+        if !is_attention(&s.dispatches[i].label) {
+            continue;
+        }
+        let right = s.dispatches[i].kernel;
+        let wrong = *swapped.entry(right).or_insert_with(|| {
+            let mut k: KernelDecl = s.kernels[right.index()].clone();
+            // Specialization constant 5: the attention scale (f32 bits).
+            k.spec_constants[5] = (4.0 * f32::from_bits(k.spec_constants[5])).to_bits();
+            k.label += " (scale x4)";
+            s.kernels.push(k);
+            vkfuse_runtime::schedule::KernelId(s.kernels.len() as u32 - 1)
+        });
+        let d = &mut s.dispatches[i];
+        d.kernel = wrong;
+        d.alternatives = vec![Alternative {
+            below,
+            kernel: right,
+            workgroups: d.workgroups,
+        }];
+    }
+    assert!(!swapped.is_empty(), "no attention block");
+    s.validate().unwrap();
+    (model, s)
+}
+
+/// Asserts rows below `below` match transformers and every later one does not.
+fn right_below(what: &str, rows: &[Vec<f32>], want: &Expected, below: usize) {
+    for (p, row) in rows.iter().enumerate() {
+        let e = rel_l2(row, want.teacher_logits.row(p));
+        if p < below {
+            assert!(
+                e <= TOL,
+                "{what}: position {p}: {e:.3e}: the alternative did not run"
+            );
+        } else {
+            assert!(
+                e > 10.0 * TOL,
+                "{what}: position {p}: {e:.3e}: the alternative ran past its bound"
+            );
+        }
+    }
+}
+
+#[test]
+fn each_step_runs_its_bands_grid() {
+    let (device, log) = validated_device();
+    let want = expected(NAME);
+    assert!(want.teacher_ids.len() > 16, "the fixture crosses the bound");
+    let (model, schedule) = wrong_past(16);
+    let load = |s: Schedule| Loaded::new(device.clone(), s, &model.tensors).unwrap();
+    let mut eager = Eager::new(load(schedule.clone())).unwrap();
+    let rows = teacher_rows(&want, |t| eager.step(Some(t)).unwrap().logits);
+    right_below("eager", &rows, &want, 16);
+    let mut replay = Replay::new(load(schedule)).unwrap();
+    let rows = teacher_rows(&want, |t| replay.step(Some(t)).unwrap().logits);
+    right_below("replay", &rows, &want, 16);
+
+    // Chains of 8 steps: every one ends below 32, so every step runs the right kernel.
+    let (model, schedule) = wrong_past(32);
+    assert!(want.greedy_ids.len() + want.prompt_ids.len() <= 33);
+    let mut replay =
+        Replay::new(Loaded::new(device.clone(), schedule, &model.tensors).unwrap()).unwrap();
+    let ids = replay_greedy_ids(&mut replay, &want);
+    assert_eq!(ids, want.greedy_ids, "greedy chains below the bound");
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
