@@ -64,8 +64,9 @@ struct Args {
     attention_bands: Option<Bands>,
     /// MiB of the next matvec levels' weights to read into the L2 cache beside each level that
     /// streams none of its own (the attention block), so those matvecs hit L2 (0: none).
-    /// Default by the matvec weights' format, as measured on an H100: 12 for q8_0/q4_0 (a q8_0
-    /// layer's o_proj and MLP, a q4_0 one's and the next q/k/v); 14 for f16/bf16 (o_proj, the
+    /// Default by the matvec weights' format, as measured on an H100: 14 for q8_0 (a layer's
+    /// o_proj, MLP and the next q/k/v's first part), 12 for q4_0 (all of those); 14 for
+    /// f16/bf16 (o_proj, the
     /// MLP's down and half the next q/k/v, leaving out the gate/up that the chained MLP kernel
     /// loads itself); 8 for f32. More slows the attention block beside it.
     #[arg(long, value_name = "MIB")]
