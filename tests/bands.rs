@@ -9,15 +9,24 @@
 //!    attention scale) and a right copy as the alternative below position 16. Positions below
 //!    16 must match transformers (so the alternative ran there) and the later ones must not
 //!    (so the dispatch's own kernel ran past the bound), in eager and in replay; with the right
-//!    copy below 32 instead, replay's greedy chains give transformers' tokens.
+//!    copy below 32 instead, replay's greedy chains give transformers' tokens. A chain of 8
+//!    steps runs the band of its last step: the one ending at 11 is right, the one from 12 to
+//!    19 wrong at every step, 12 to 15 included.
+//! 3. The bands' combine of several splits, which the fixture's 32 positions never reach (a
+//!    split attends at least 32 slots): 100 positions of a 4-split block with bands of 2 and 4
+//!    splits against the CPU reference interpreter, eager and replay.
+//! 4. Bands the block cannot take are errors when asked for, and the defaults leave them out.
 
 use vkfuse_compiler::fuse::bands::AttentionBand;
-use vkfuse_compiler::fuse::FuseOptions;
+use vkfuse_compiler::fuse::{lower_fused, FuseError, FuseOptions};
+use vkfuse_compiler::lower::{Meta, SpirvCache};
+use vkfuse_compiler::reference::Reference;
+use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Alternative, KernelDecl, Schedule};
 use vkfuse_runtime::session::{Eager, Loaded, Replay};
 use vkfuse_tests::{
-    assert_rows_close, expected, fused_schedule_with, rel_l2, replay_greedy_ids, validated_device,
-    Expected,
+    as_array, assert_rows_close, expected, fixture_dir, fused_schedule_with, rel_l2,
+    replay_greedy_ids, validated_device, Expected,
 };
 
 const NAME: &str = "qwen3-tied";
@@ -156,6 +165,28 @@ fn each_step_runs_its_bands_grid() {
     let rows = teacher_rows(&want, |t| replay.step(Some(t)).unwrap().logits);
     right_below("replay", &rows, &want, 16);
 
+    // A chain runs the band of its last step: 4..=11 all below 16, 12..=19 all past it.
+    replay.reset().unwrap();
+    for &t in &want.prompt_ids {
+        replay.step(Some(t)).unwrap();
+    }
+    let p = want.prompt_ids.len();
+    for (first, right) in [(p, true), (p + 8, false)] {
+        assert!(first + 8 <= want.greedy_logits.rows);
+        for (i, out) in replay.steps(None, 8).unwrap().iter().enumerate() {
+            let e = rel_l2(&out.logits, want.greedy_logits.row(first + i));
+            let at = first + i;
+            match right {
+                true => assert!(e <= TOL, "chain to {}: position {at}: {e:.3e}", first + 7),
+                false => assert!(
+                    e > 10.0 * TOL,
+                    "chain to {}: position {at}: {e:.3e}: not its last step's band",
+                    first + 7
+                ),
+            }
+        }
+    }
+
     // Chains of 8 steps: every one ends below 32, so every step runs the right kernel.
     let (model, schedule) = wrong_past(32);
     assert!(want.greedy_ids.len() + want.prompt_ids.len() <= 33);
@@ -164,4 +195,97 @@ fn each_step_runs_its_bands_grid() {
     let ids = replay_greedy_ids(&mut replay, &want);
     assert_eq!(ids, want.greedy_ids, "greedy chains below the bound");
     assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
+
+/// The fixture's program and model, for the reference interpreter and lower_fused.
+fn program() -> (import::Model, vkfuse_compiler::ir::Program) {
+    let model = import::load(&fixture_dir(NAME)).unwrap();
+    let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
+    (model, program)
+}
+
+fn lower(
+    program: &vkfuse_compiler::ir::Program,
+    opts: &FuseOptions,
+) -> Result<Schedule, FuseError> {
+    let meta = Meta {
+        architecture: "Qwen3ForCausalLM".into(),
+        eos_token_ids: vec![],
+        tokenizer: None,
+    };
+    lower_fused(program, &meta, &mut SpirvCache::default(), opts).map(|(s, _)| s)
+}
+
+#[test]
+fn banded_combines_match_the_reference() {
+    let (device, log) = validated_device();
+    let (model, program) = program();
+    let opts = FuseOptions {
+        attention_splits: Some(4),
+        attention_bands: Some(vec![band(48, 2, 64), band(96, 4, 32)]),
+        ..FuseOptions::default()
+    };
+    let schedule = lower(&program, &opts).unwrap();
+    assert_eq!(schedule.bands(), vec![48, 96]);
+    // Tokens from a fixed linear congruential sequence over the vocabulary.
+    let vocab = schedule.meta.vocab_size;
+    let ids: Vec<u32> = (0..100u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let mut reference = Reference::new(&program, &model.tensors);
+    let want: Vec<Vec<f32>> = ids
+        .iter()
+        .map(|&t| reference.step(Some(t)).unwrap().logits)
+        .collect();
+    let want = as_array(&want);
+    let load = |s: Schedule| Loaded::new(device.clone(), s, &model.tensors).unwrap();
+    let mut eager = Eager::new(load(schedule.clone())).unwrap();
+    let rows: Vec<Vec<f32>> = ids
+        .iter()
+        .map(|&t| eager.step(Some(t)).unwrap().logits)
+        .collect();
+    assert_rows_close("banded eager, 100 positions", &rows, &want, 1e-3);
+    let mut replay = Replay::new(load(schedule)).unwrap();
+    let rows: Vec<Vec<f32>> = ids
+        .iter()
+        .map(|&t| replay.step(Some(t)).unwrap().logits)
+        .collect();
+    assert_rows_close("banded replay, 100 positions", &rows, &want, 1e-3);
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
+
+#[test]
+fn bands_the_block_cannot_take_are_errors_when_asked_for() {
+    let (_, program) = program();
+    let with = |splits: Option<usize>, bands: Vec<AttentionBand>| {
+        lower(
+            &program,
+            &FuseOptions {
+                attention_splits: splits,
+                attention_bands: Some(bands),
+                ..FuseOptions::default()
+            },
+        )
+    };
+    // The fixture's block is unsplit by default (its cache is small).
+    let e = with(None, vec![band(16, 2, 64)]).unwrap_err().to_string();
+    assert!(
+        e.contains("attention bands: band 16:2x64 needs a split attention block"),
+        "{e}"
+    );
+    let e = with(Some(2), vec![band(16, 4, 64)])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("band 16:4x64 has more splits than the attention block's 2"),
+        "{e}"
+    );
+    // Bands no position reaches (from the 512-slot capacity on), and a last one on the block's
+    // own grid (4 splits of 128 invocations: the split default for a 32-wide head), are left
+    // out.
+    let far = vec![band(16, 2, 64), band(600, 2, 128), band(700, 2, 64)];
+    assert_eq!(with(Some(4), far).unwrap().bands(), vec![16, 600]);
+    let own = vec![band(16, 2, 64), band(32, 4, 128)];
+    assert_eq!(with(Some(4), own).unwrap().bands(), vec![16]);
+    // By default none at all here: 16-bit float weights have no bands.
+    let s = lower(&program, &FuseOptions::default()).unwrap();
+    assert!(s.bands().is_empty());
 }

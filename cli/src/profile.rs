@@ -39,14 +39,21 @@ pub fn print(out: &mut dyn Write, replay: &mut Replay, steps: u32) -> Result<()>
         out,
         "\nprofile: fused replay ({}), mean of {steps} greedy steps, a timestamp after each of \
          {} levels; a level's time includes the barrier before it (every level has one here: \
-         handoffs do not run while profiling)",
+         handoffs do not run while profiling){}",
         // What runs: ping-pong only changes schedules that copy state back.
         if dropped.is_empty() {
             "write-back as compiled"
         } else {
             "ping-pong write-back"
         },
-        s.levels.len()
+        s.levels.len(),
+        // Each step on its position's grids: the mean mixes the bands the steps fall in.
+        match s.bands() {
+            b if b.is_empty() => String::new(),
+            b => format!(
+                "; positions 1..={steps}, each on its band's attention grids (bounds {b:?})"
+            ),
+        }
     )?;
     writeln!(
         out,

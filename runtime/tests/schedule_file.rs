@@ -482,17 +482,38 @@ fn should_refuse_alternatives_that_could_not_stand_in_for_their_dispatch() {
             "{msg}"
         );
     }
+    // The validation error of `schedule`, which must not be written.
+    let refused = |schedule: &Schedule, weights: &MapWeights| {
+        let err = schedule.write_to(&mut Vec::new(), weights).unwrap_err();
+        assert!(matches!(err, ScheduleFileError::Unwritable(_)), "{err}");
+        err.to_string()
+    };
     // Inside a persistent region (levels 1..3: dispatches 1..4), whose dispatch replaces them.
     let (mut schedule, weights) = sample();
     schedule.dispatches[3].alternatives = vec![alt(8, 2, [1, 1, 1])];
-    let msg = schedule
-        .write_to(&mut Vec::new(), &weights)
-        .unwrap_err()
-        .to_string();
+    let msg = refused(&schedule, &weights);
     assert!(
         msg.contains("dispatch 3 (argmax): alternative grids inside persistent region"),
         "{msg}"
     );
+    // On a region's own dispatch, which replaces levels whose grids it chose itself.
+    let (mut schedule, weights) = sample();
+    schedule.persistent[0].dispatch.alternatives = vec![alt(8, 1, [1, 1, 1])];
+    let msg = refused(&schedule, &weights);
+    assert!(
+        msg.contains("persistent region 0 (persistent region): alternative grids"),
+        "{msg}"
+    );
+    // More bounds than replay records bands for.
+    let (mut schedule, weights) = sample();
+    schedule.dispatches[0].alternatives = (1..=17).map(|b| alt(b, 0, [1, 1, 1])).collect();
+    let msg = refused(&schedule, &weights);
+    assert!(
+        msg.contains("17 bounds of alternative grids, more than the 16 bands"),
+        "{msg}"
+    );
+    schedule.dispatches[0].alternatives.pop();
+    schedule.write_to(&mut Vec::new(), &weights).unwrap();
 }
 
 #[test]

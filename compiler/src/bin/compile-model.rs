@@ -56,19 +56,20 @@ struct Args {
     /// Other grids of the attention block for short positions, as `BELOW:SPLITSxWG,...`
     /// (ascending positions; each band's grid serves the positions below its bound, the
     /// block's own grid every position past the last) or `none`. Every grid computes the same
-    /// values; replay records the step once per band and runs the one for each step's
-    /// position. Only where the block is split, with at most its splits. Default by the
-    /// matvec weights' format, as measured on an H100: `128:4x256,256:8x256,512:8x512` for
-    /// q4_0, `128:4x256,512:8x512` for q8_0, none otherwise.
+    /// values up to f32 rounding; replay records the step once per band and runs each chain of
+    /// steps on the band of its last step. A band needs a split block with at least its splits
+    /// (else an error). Default by the matvec weights' format, as measured on an H100:
+    /// `128:4x256,256:8x256,512:8x512` for q4_0, `128:4x256,512:8x512` for q8_0 (where the
+    /// block can take them), none otherwise.
     #[arg(long, value_name = "BANDS", value_parser = parse_bands)]
     attention_bands: Option<Bands>,
     /// MiB of the next matvec levels' weights to read into the L2 cache beside each level that
     /// streams none of its own (the attention block), so those matvecs hit L2 (0: none).
-    /// Default by the matvec weights' format, as measured on an H100: 14 for q8_0 (a layer's
-    /// o_proj, MLP and the next q/k/v's first part), 12 for q4_0 (all of those); 14 for
-    /// f16/bf16 (o_proj, the
-    /// MLP's down and half the next q/k/v, leaving out the gate/up that the chained MLP kernel
-    /// loads itself); 8 for f32. More slows the attention block beside it.
+    /// Default by the matvec weights' format, as measured on an H100: 14 for q8_0 beside its
+    /// attention bands (a layer's o_proj, MLP and the next q/k/v's first part), else 12; 12
+    /// for q4_0 (all of those); 14 for f16/bf16 (o_proj, the MLP's down and half the next
+    /// q/k/v, leaving out the gate/up that the chained MLP kernel loads itself); 8 for f32.
+    /// More slows the attention block beside it.
     #[arg(long, value_name = "MIB")]
     prefetch_mib: Option<u64>,
     /// Keep a matvec fed by another matvec kernel (SwiGLU's down after gate/up) in a level of
@@ -217,7 +218,7 @@ fn run(args: Args) -> Result<()> {
             argmax_in_matvec: !args.no_argmax_in_matvec,
             prefetch: args.prefetch_mib.map(|m| fuse::prefetch::Prefetch {
                 budget: m.saturating_mul(1 << 20),
-                ..fuse::prefetch::Prefetch::for_program(&program)
+                ..fuse::prefetch::Prefetch::for_program(&program, false)
             }),
             ..Default::default()
         };

@@ -4,10 +4,12 @@
 //! chosen for long contexts, where every split has a chunk to walk. At short positions most of
 //! its splits exit at once and the others walk a few dozen slots each: there a smaller grid is
 //! faster (fewer workgroups beside the prefetch and the next levels' waiting workgroups), and it
-//! is slower once the context is long. Both compute the same values and are correct at every
-//! position, so the compiler gives the block's dispatches alternative kernels for bands of
-//! positions (`Dispatch::alternatives`), and the runtime, which knows each step's position,
-//! runs the band's grid (docs/perf.md, session 19).
+//! is slower once the context is long. Both compute the same values (up to f32 rounding) and
+//! are correct at every position, so the compiler gives the block's dispatches alternative
+//! kernels for bands of positions (`Dispatch::alternatives`), and the runtime, which knows each
+//! step's position, runs the band's grid (docs/perf.md, session 19). Bands asked for that the
+//! block cannot take are an error; the defaults keep those it can (`Builder::attention_bands`
+//! in `program.rs`).
 
 use super::codegen::ATTENTION_MIN_CHUNK;
 use super::prefetch;

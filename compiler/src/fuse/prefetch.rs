@@ -16,10 +16,10 @@
 //!   beside it.
 //! - Block formats: gate/up included (without it −0.3..−0.5%). q4_0 12 MiB, a layer's o_proj,
 //!   MLP and the next q/k/v whole: +0.85% over 8 MiB (session 18), level with 8 and 16 since.
-//!   q8_0 14 MiB, o_proj, the MLP and the next q/k/v's first part: with the attention block's
-//!   bands (`fuse::bands`, session 19), whose smaller grids at short positions leave the
-//!   prefetch room, +3.6% at 256 tokens, +2.9% at 1024 and +1.1% at 3000 over 12 MiB (session
-//!   18's choice, when more lost 1.5%: it still does without the bands).
+//!   q8_0 beside the attention block's bands (`fuse::bands`, session 19), whose smaller grids at
+//!   short positions leave the prefetch room: 14 MiB, o_proj, the MLP and the next q/k/v's
+//!   first part, +3.6% at 256 tokens, +2.9% at 1024 and +1.1% at 3000 over 12 MiB. Without
+//!   bands 12 MiB (session 18: more lost 1.5%, and still does).
 //! - f32 (whose chained kernel preloads nothing; not measured since): 8 MiB, gate/up included,
 //!   the choice before session 18.
 //!
@@ -47,15 +47,17 @@ pub struct Prefetch {
 impl Default for Prefetch {
     /// The choice for 16-bit float weights (checkpoints' usual bf16).
     fn default() -> Self {
-        Prefetch::for_weights(DType::BF16)
+        Prefetch::for_weights(DType::BF16, false)
     }
 }
 
 impl Prefetch {
-    /// The choice for matvec weights of `dtype` (see the top).
-    pub fn for_weights(dtype: DType) -> Self {
+    /// The choice for matvec weights of `dtype` (see the top), `banded` where the attention
+    /// block has bands.
+    pub fn for_weights(dtype: DType, banded: bool) -> Self {
         let (mib, chain_inner) = match dtype {
-            DType::Q8_0 => (14, true),
+            DType::Q8_0 if banded => (14, true),
+            DType::Q8_0 => (12, true),
             DType::Q4_0 => (12, true),
             DType::F16 | DType::BF16 => (14, false),
             DType::F32 | DType::I32 => (8, true),
@@ -67,9 +69,10 @@ impl Prefetch {
         }
     }
 
-    /// The choice for `program`'s matvec weights ([`matvec_dtype`]).
-    pub fn for_program(program: &Program) -> Self {
-        Prefetch::for_weights(matvec_dtype(program))
+    /// The choice for `program`'s matvec weights ([`matvec_dtype`]), `banded` where its
+    /// attention block has bands.
+    pub fn for_program(program: &Program, banded: bool) -> Self {
+        Prefetch::for_weights(matvec_dtype(program), banded)
     }
 }
 
@@ -398,20 +401,25 @@ mod tests {
             p.push(w, vec![], Some(Type::new(dtype, [4, 64]))).unwrap();
             p
         };
-        // (matrix dtype, budget in MiB, the chain's gate/up read)
-        for (dtype, mib, inner) in [
-            (DType::BF16, 14, false),
-            (DType::F16, 14, false),
-            (DType::F32, 8, true),
-            (DType::Q8_0, 14, true),
-            (DType::Q4_0, 12, true),
+        // (matrix dtype, beside bands, budget in MiB, the chain's gate/up read)
+        for (dtype, banded, mib, inner) in [
+            (DType::BF16, false, 14, false),
+            (DType::F16, false, 14, false),
+            (DType::F32, false, 8, true),
+            (DType::Q8_0, true, 14, true),
+            (DType::Q8_0, false, 12, true),
+            (DType::Q4_0, true, 12, true),
+            (DType::Q4_0, false, 12, true),
         ] {
-            let got = Prefetch::for_program(&program(dtype));
+            let got = Prefetch::for_program(&program(dtype), banded);
             assert_eq!(got.budget, mib * MIB, "{dtype:?}");
             assert_eq!(got.chain_inner, inner, "{dtype:?}");
-            assert_eq!(got, Prefetch::for_weights(dtype), "{dtype:?}");
+            assert_eq!(got, Prefetch::for_weights(dtype, banded), "{dtype:?}");
         }
-        assert_eq!(Prefetch::default(), Prefetch::for_weights(DType::BF16));
+        assert_eq!(
+            Prefetch::default(),
+            Prefetch::for_weights(DType::BF16, false)
+        );
     }
 
     #[test]

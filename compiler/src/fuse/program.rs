@@ -178,6 +178,9 @@ pub struct FusedUnit {
 pub enum ProgramError {
     #[error("unit {unit}: {message} (please report)")]
     Internal { unit: String, message: String },
+    /// Attention bands given in the options that the attention block cannot take.
+    #[error("attention bands: {0}")]
+    Bands(String),
 }
 
 struct Builder<'a> {
@@ -193,6 +196,58 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
+    /// The attention block's grids for short positions ([`super::bands`]), as (first position
+    /// not served, kernel): the options' bands, an error where one cannot apply (the block
+    /// unsplit, or a band with more splits than the block's scratch holds); else the weights'
+    /// default bands that can. Bands that no position reaches (starting at or past the
+    /// capacity) and trailing ones on the block's own grid are dropped.
+    fn attention_bands(&self, spec: &AttnSpec) -> Result<Vec<(u32, Generated)>, ProgramError> {
+        let given = self.opts.attention_bands.as_ref();
+        let bands = match given {
+            Some(b) => b.clone(),
+            None => super::bands::for_program(self.p),
+        };
+        let head = spec.head_dim.next_power_of_two() as u32;
+        let mut out: Vec<(u32, AttnSpec)> = vec![];
+        let mut from = 0u32;
+        for b in bands {
+            let fits = spec.splits > 1 && (2..=spec.splits).contains(&b.splits);
+            if !fits && given.is_some() {
+                return Err(ProgramError::Bands(match spec.splits {
+                    0 | 1 => format!(
+                        "band {b} needs a split attention block, and this one runs unsplit \
+                         (--attention-splits, or the shapes' default)"
+                    ),
+                    s => format!(
+                        "band {b} has more splits than the attention block's {s}, whose \
+                         scratch it uses"
+                    ),
+                }));
+            }
+            if !fits || from as usize >= spec.capacity {
+                continue;
+            }
+            from = b.below;
+            // At least the head, as the block's own.
+            let band = AttnSpec {
+                splits: b.splits,
+                workgroup: b.workgroup.max(head),
+                ..spec.clone()
+            };
+            out.push((b.below, band));
+        }
+        while out
+            .last()
+            .is_some_and(|(_, b)| b.splits == spec.splits && b.workgroup == spec.workgroup)
+        {
+            out.pop();
+        }
+        Ok(out
+            .into_iter()
+            .map(|(below, band)| (below, codegen::attention(&band)))
+            .collect())
+    }
+
     fn err(&self, message: impl Into<String>) -> ProgramError {
         ProgramError::Internal {
             unit: self.label.to_string(),
@@ -552,27 +607,7 @@ impl Builder<'_> {
                         .max(head_dim.next_power_of_two() as u32),
                 };
                 let generated = codegen::attention(&spec);
-                // Smaller grids for short positions (fuse::bands), where the block is split:
-                // the same bindings (a band's splits fit the block's scratch).
-                let alternatives: Vec<(u32, Generated)> = match spec.splits {
-                    0 | 1 => vec![],
-                    splits => self
-                        .opts
-                        .attention_bands
-                        .iter()
-                        .flatten()
-                        .filter(|b| (2..=splits).contains(&b.splits))
-                        .map(|b| {
-                            let band = AttnSpec {
-                                splits: b.splits,
-                                // At least the head, as the block's own.
-                                workgroup: b.workgroup.max(head_dim.next_power_of_two() as u32),
-                                ..spec.clone()
-                            };
-                            (b.below, codegen::attention(&band))
-                        })
-                        .collect(),
-                };
+                let alternatives = self.attention_bands(&spec)?;
                 let ty = self.ty(c)?;
                 let bytes = ty.bytes() as u64;
                 let out = self.with_out(

@@ -6,7 +6,7 @@
 //! into one slice), `state`, `io` (token, position, logits) and `arena`, whose values are placed
 //! from level-based liveness by the buffer planner.
 
-use super::bands::{self, AttentionBand};
+use super::bands::AttentionBand;
 use super::codegen::Generated;
 use super::cost::{Cost, DeviceCost};
 use super::discover::{discover, Segmentation};
@@ -54,11 +54,11 @@ pub struct FuseOptions {
     /// dim where smaller); `None`: [`super::codegen::attention_wg`]. A tuning knob.
     pub attention_wg: Option<u32>,
     /// The attention block's grids for bands of short positions ([`super::bands`]); `None`:
-    /// the choice for the program's weights ([`super::bands::for_program`]). Applies only where
-    /// the block is split.
+    /// the choice for the program's weights ([`super::bands::for_program`]), where the block is
+    /// split and has at least the bands' splits. Given bands that cannot apply are an error.
     pub attention_bands: Option<Vec<AttentionBand>>,
     /// Weight prefetch into L2 beside weight-free levels ([`super::prefetch`]); `None`: the
-    /// choice for the program's weights ([`Prefetch::for_program`]).
+    /// choice for the program's weights and bands ([`Prefetch::for_program`]).
     pub prefetch: Option<Prefetch>,
     /// Chain a matvec into the matvec kernel feeding it ([`super::rules::chain`]): one level
     /// fewer per SwiGLU block, but the kernel needs float atomics on the device.
@@ -184,14 +184,6 @@ pub fn fuse_unit(
 
 /// Fuses every unit of `p`.
 pub fn fuse(p: &Program, opts: &FuseOptions) -> Result<Fused, FuseError> {
-    let opts = &FuseOptions {
-        attention_bands: Some(
-            opts.attention_bands
-                .clone()
-                .unwrap_or_else(|| bands::for_program(p)),
-        ),
-        ..opts.clone()
-    };
     let seg = discover(p);
     let mut units = vec![];
     let mut sequence = vec![];
@@ -386,7 +378,6 @@ impl Lowering<'_> {
             .ok_or_else(|| FuseError::Internal("a state leaf used as a value".into()))
     }
 
-    /// Lowers one instance (first op `start`) of `fu`.
     /// The kernel of generated source `gen` (compiled on first use; true: just added).
     fn generated_kernel(
         &mut self,
@@ -416,6 +407,7 @@ impl Lowering<'_> {
         Ok((id, true))
     }
 
+    /// Lowers one instance (first op `start`) of `fu`.
     fn instance(
         &mut self,
         fu: &FusedUnit,
@@ -818,7 +810,10 @@ pub fn lower_units_planned(
 
     let mut levels = regions.levels;
     let weights = BufferId(WEIGHTS as u32);
-    let choice = opts.prefetch.unwrap_or_else(|| Prefetch::for_program(p));
+    let banded = dispatches.iter().any(|d| !d.alternatives.is_empty());
+    let choice = opts
+        .prefetch
+        .unwrap_or_else(|| Prefetch::for_program(p, banded));
     let prefetches = prefetch::plan(&dispatches, &levels, &l.streams, weights, choice);
     if !prefetches.is_empty() {
         // Written never in practice (prefetch.comp): any 4 bytes nothing reads.

@@ -121,6 +121,10 @@ pub struct KernelDecl {
     pub subgroups: Option<u32>,
 }
 
+/// Most distinct bounds of alternative grids ([`Schedule::bands`]): replay records each of its
+/// recordings once per band.
+pub const MAX_BANDS: usize = 16;
+
 /// Most subgroups a load-time workgroup may span ([`KernelDecl::subgroups`]).
 pub const MAX_WORKGROUP_SUBGROUPS: u32 = 32;
 
@@ -199,11 +203,12 @@ pub struct Dispatch {
 
 /// Another kernel and workgroup count for one dispatch, for the steps whose position is below
 /// `below` (and not below the previous alternative's). It binds the same buffers, takes the
-/// same push constants and computes the same values, only over another grid: the attention
-/// block with fewer splits or smaller workgroups, which is faster while the context is short
-/// and slower once it is long (docs/perf.md, session 19). So it is correct at every position,
-/// and the host, which knows each step's position, may choose by it: replay records one step
-/// per band of positions ([`Schedule::bands`]) and submits the one for the position.
+/// same push constants and computes the same values (up to f32 rounding), only over another
+/// grid: the attention block with fewer splits or smaller workgroups, which is faster while the
+/// context is short and slower once it is long (docs/perf.md, session 19). So it is correct at
+/// every position, and the host, which knows each step's position, may choose by it: replay
+/// records one step per band of positions ([`Schedule::bands`]) and submits the one for the
+/// position.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Alternative {
     /// The first position it is not for.

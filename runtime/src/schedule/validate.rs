@@ -184,6 +184,23 @@ impl Schedule {
     /// made for the dispatch serve them too), and grids that are not empty.
     fn validate_alternatives(&self) -> Result<(), ScheduleError> {
         let invalid = |m: String| Err(ScheduleError::Invalid(m));
+        // A region's dispatch replaces levels whose grids it chose itself.
+        for (i, r) in self.persistent.iter().enumerate() {
+            if !r.dispatch.alternatives.is_empty() {
+                return invalid(format!(
+                    "persistent region {i} ({}): alternative grids on a region's dispatch",
+                    r.dispatch.label
+                ));
+            }
+        }
+        // Replay records every step once per band.
+        let bands = self.bands().len();
+        if bands > super::MAX_BANDS {
+            return invalid(format!(
+                "{bands} bounds of alternative grids, more than the {} bands replay records",
+                super::MAX_BANDS
+            ));
+        }
         for (i, d) in self.dispatches.iter().enumerate() {
             if d.alternatives.is_empty() {
                 continue;
