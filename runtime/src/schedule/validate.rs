@@ -118,7 +118,6 @@ impl Schedule {
                 check_slice(self, b, &what)?;
             }
         }
-        self.validate_alternatives()?;
         let mut next = 0u32;
         for l in &self.levels {
             if l.start != next || l.end <= l.start {
@@ -149,20 +148,7 @@ impl Schedule {
             }
             free = r.levels.end;
         }
-        for (i, d) in self.dispatches.iter().enumerate() {
-            let region = self.persistent.iter().find(|r| {
-                self.levels
-                    .get(r.levels.start as usize..r.levels.end as usize)
-                    .is_some_and(|ls| ls.iter().any(|l| l.contains(&(i as u32))))
-            });
-            if let (false, Some(r)) = (d.alternatives.is_empty(), region) {
-                return invalid(format!(
-                    "dispatch {i} ({}): alternative grids inside persistent region `{}`, whose \
-                     dispatch would replace them",
-                    d.label, r.dispatch.label
-                ));
-            }
-        }
+        self.validate_alternatives()?;
         let io = &self.io;
         for (name, s, min) in [
             ("token", io.token, 4),
@@ -179,9 +165,10 @@ impl Schedule {
         Ok(())
     }
 
-    /// Each dispatch's alternatives: ascending positions, existing kernels interchangeable with
-    /// the dispatch's own (so that the descriptor set, the push constants and the handoff plan
-    /// made for the dispatch serve them too), and grids that are not empty.
+    /// Each dispatch's alternatives (after the levels and regions are checked): none in or on a
+    /// persistent region, ascending positions, existing kernels interchangeable with the
+    /// dispatch's own (so that the descriptor set, the push constants and the handoff plan made
+    /// for the dispatch serve them too), and grids that are not empty.
     fn validate_alternatives(&self) -> Result<(), ScheduleError> {
         let invalid = |m: String| Err(ScheduleError::Invalid(m));
         // A region's dispatch replaces levels whose grids it chose itself.
@@ -191,6 +178,19 @@ impl Schedule {
                     "persistent region {i} ({}): alternative grids on a region's dispatch",
                     r.dispatch.label
                 ));
+            }
+            let levels = &self.levels[r.levels.start as usize..r.levels.end as usize];
+            let inside = levels[0].start as usize..levels[levels.len() - 1].end as usize;
+            for (k, d) in self.dispatches[inside.clone()].iter().enumerate() {
+                if !d.alternatives.is_empty() {
+                    return invalid(format!(
+                        "dispatch {} ({}): alternative grids inside persistent region `{}`, \
+                         whose dispatch would replace them",
+                        inside.start + k,
+                        d.label,
+                        r.dispatch.label
+                    ));
+                }
             }
         }
         // Replay records every step once per band.

@@ -60,10 +60,9 @@ impl Eager {
     /// Runs one step. `token` is the input (teacher forcing); `None` feeds the previous
     /// step's device-side argmax.
     pub fn step(&mut self, token: Option<u32>) -> Result<StepOutput, SessionError> {
-        self.loaded.prepare_step(token)?;
-        let l = &self.loaded;
         // Each dispatch on its grid for this position, as replay runs it.
-        let position = l.position()?;
+        let position = self.loaded.prepare_step(token)?;
+        let l = &self.loaded;
         let mut rec = self.cmd.begin()?;
         if let Some(ts) = &self.timestamps {
             rec.reset_timestamps(ts)?;

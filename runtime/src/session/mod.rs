@@ -460,8 +460,8 @@ impl Loaded {
     }
 
     /// Checks a step at the current position fits the KV capacity, and writes `token` (when
-    /// given) as the step's input.
-    pub fn prepare_step(&mut self, token: Option<u32>) -> Result<(), SessionError> {
+    /// given) as the step's input; returns that position.
+    pub fn prepare_step(&mut self, token: Option<u32>) -> Result<u32, SessionError> {
         let (position, capacity) = (self.position()?, self.schedule.meta.max_context);
         if position >= capacity {
             return Err(SessionError::ContextFull { position, capacity });
@@ -474,7 +474,7 @@ impl Loaded {
             let s = self.schedule.io.token;
             self.buffers[s.buffer.index()].write_pod(s.offset, &[t as i32])?;
         }
-        Ok(())
+        Ok(position)
     }
 
     /// The logits and next token of the step that just finished (recorded with

@@ -475,9 +475,9 @@ impl Replay {
     /// Runs one step: `token` is the input (teacher forcing); `None` feeds the previous step's
     /// device-side argmax. The host does nothing but write the token (if any) and submit.
     pub fn step(&mut self, token: Option<u32>) -> Result<StepOutput, SessionError> {
-        self.loaded.prepare_step(token)?;
+        let position = self.loaded.prepare_step(token)?;
         let parity = self.parity;
-        let band = self.band_at(self.loaded.position()?);
+        let band = self.band_at(position);
         self.loaded
             .device
             .submit_and_wait(&mut self.single[band][parity], STEP_TIMEOUT)?;
@@ -487,16 +487,15 @@ impl Replay {
     }
 
     /// Checks `k` (steps in one submit) and that `n` steps from here fit the KV capacity;
-    /// writes `first` as the first step's input if given.
-    fn check_greedy(&mut self, first: Option<u32>, k: u32, n: u32) -> Result<(), SessionError> {
+    /// writes `first` as the first step's input if given; returns the first step's position.
+    fn check_greedy(&mut self, first: Option<u32>, k: u32, n: u32) -> Result<u32, SessionError> {
         if k == 0 || k > MAX_TOKENS_PER_SUBMIT {
             return Err(SessionError::Vulkan(crate::Error::InvalidArgument(
                 format!("tokens per submit must be in 1..={MAX_TOKENS_PER_SUBMIT}, not {k}"),
             )));
         }
-        self.loaded.prepare_step(first)?;
         let (position, capacity) = (
-            self.loaded.position()?,
+            self.loaded.prepare_step(first)?,
             self.loaded.schedule.meta.max_context,
         );
         if u64::from(position) + u64::from(n) > u64::from(capacity) {
@@ -505,16 +504,16 @@ impl Replay {
                 capacity,
             });
         }
-        Ok(())
+        Ok(position)
     }
 
     /// Runs `k` greedy steps in one submit (the first consumes `first` if given, each later one
     /// the previous argmax) and returns every step's output, logits included (each step's
     /// logits are copied out: use [`Self::greedy_tokens`] when only the tokens are needed).
     pub fn steps(&mut self, first: Option<u32>, k: u32) -> Result<Vec<StepOutput>, SessionError> {
-        self.check_greedy(first, k, k)?;
+        let position = self.check_greedy(first, k, k)?;
         let parity = self.parity;
-        let band = self.band_at(self.loaded.position()? + (k - 1));
+        let band = self.band_at(position + (k - 1));
         let key = (k, Out::Logits, parity, band);
         self.record_once(key)?;
         let cmd = self.chains.get_mut(&key).expect("recorded above");
@@ -544,9 +543,8 @@ impl Replay {
         n: u32,
         k: u32,
     ) -> Result<Vec<u32>, SessionError> {
-        self.check_greedy(first, k, n)?;
         // Fits u32: check_greedy bounds position + n by the capacity.
-        let mut position = self.loaded.position()?;
+        let mut position = self.check_greedy(first, k, n)?;
         let mut tokens = Vec::with_capacity(n as usize);
         let mut in_flight: VecDeque<ChainKey> = VecDeque::new();
         let (mut left, mut slot) = (n, 0);
@@ -600,7 +598,8 @@ impl Replay {
         let mut sum = vec![0.0; levels];
         for _ in 0..runs {
             let parity = self.parity;
-            let band = self.band_at(self.loaded.position()?);
+            let position = self.loaded.prepare_step(None)?;
+            let band = self.band_at(position);
             if !self.profiles.contains_key(&(band, parity)) {
                 let Some(ts) = self
                     .loaded
@@ -618,7 +617,6 @@ impl Replay {
                 rec.finish()?;
                 self.profiles.insert((band, parity), (cmd, ts));
             }
-            self.loaded.prepare_step(None)?;
             let (cmd, ts) = self
                 .profiles
                 .get_mut(&(band, parity))
