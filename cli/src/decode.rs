@@ -104,18 +104,31 @@ pub fn open_device(index: Option<usize>) -> Result<Device> {
     Ok(Device::new(&instance, &adapter, &Requirements::none())?)
 }
 
-/// Loads `schedule` and opens the Vulkan executor `backend` on it. Counting starts after
-/// everything done once (loading, recording, descriptor writes), so the figures are per token.
-fn vulkan_engine(
+/// How `vkfuse run` executes: the backend, the device and replay's options.
+struct EngineChoice<'a> {
     backend: Backend,
-    schedule: Schedule,
-    weights: &dyn TensorBytes,
     device: Option<usize>,
-    chains: &[u32],
-    pipeline_cache: Option<CacheFile>,
+    /// Tokens per submit to record ahead (replay).
+    chains: &'a [u32],
     persistence: Persistence,
     handoffs: Handoffs,
+}
+
+/// Loads `schedule` and opens the Vulkan executor `choice.backend` on it. Counting starts after
+/// everything done once (loading, recording, descriptor writes), so the figures are per token.
+fn vulkan_engine(
+    choice: &EngineChoice,
+    schedule: Schedule,
+    weights: &dyn TensorBytes,
+    pipeline_cache: Option<CacheFile>,
 ) -> Result<Box<dyn Engine>> {
+    let EngineChoice {
+        backend,
+        device,
+        chains,
+        persistence,
+        handoffs,
+    } = *choice;
     let device = open_device(device)?;
     let mut upload = UploadDisplay::new();
     let options = LoadOptions {
@@ -227,51 +240,26 @@ impl Source {
         }
     }
 
-    fn engine(
-        &self,
-        backend: Backend,
-        device: Option<usize>,
-        chains: &[u32],
-        persistence: Persistence,
-        handoffs: Handoffs,
-    ) -> Result<Box<dyn Engine + '_>> {
-        Ok(match (self, backend) {
+    fn engine(&self, choice: &EngineChoice) -> Result<Box<dyn Engine + '_>> {
+        Ok(match (self, choice.backend) {
             (Source::Model { model, program, .. }, Backend::Reference) => Box::new(
                 Reference::owning(program, EncodedWeights::new(&model.tensors, program)?),
             ),
-            (Source::Model { model, program, .. }, backend) => {
+            (Source::Model { model, program, .. }, _) => {
                 let meta = lower::Meta::of(model);
                 let schedule = lower::lower(program, &meta, &mut SpirvCache::default())
                     .context("lowering the trace")?;
                 let weights = EncodedWeights::new(&model.tensors, program)?;
-                vulkan_engine(
-                    backend,
-                    schedule,
-                    &weights,
-                    device,
-                    chains,
-                    None,
-                    persistence,
-                    handoffs,
-                )?
+                vulkan_engine(choice, schedule, &weights, None)?
             }
             (Source::File(_), Backend::Reference) => {
                 bail!("the reference backend interprets the trace: give it the model directory, not a schedule file")
             }
-            (Source::File(f), backend) => {
+            (Source::File(f), _) => {
                 let schedule = f.schedule().clone();
                 let cache =
                     CacheFile::beside(f.path(), pipeline_cache::schedule_checksum(&schedule));
-                vulkan_engine(
-                    backend,
-                    schedule,
-                    f.weights(),
-                    device,
-                    chains,
-                    Some(cache),
-                    persistence,
-                    handoffs,
-                )?
+                vulkan_engine(choice, schedule, f.weights(), Some(cache))?
             }
         })
     }
@@ -309,13 +297,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
     // The chain lengths the greedy loop will submit, recorded before timing starts.
     let k = args.tokens_per_submit as usize;
     let chains = [k, args.max_new_tokens.saturating_sub(1) % k].map(|c| c as u32);
-    let mut engine = source.engine(
-        backend_kind,
-        args.device,
-        &chains,
-        args.run.persistent,
-        args.run.handoffs,
-    )?;
+    let mut engine = source.engine(&EngineChoice {
+        backend: backend_kind,
+        device: args.device,
+        chains: &chains,
+        persistence: args.run.persistent,
+        handoffs: args.run.handoffs,
+    })?;
     let backend = format!("{backend_kind:?}").to_lowercase();
 
     let mut logits = Vec::with_capacity(steps * vocab);
