@@ -235,6 +235,23 @@ impl Case {
     }
 }
 
+/// A value that tests rounding to f16: a midpoint between two neighbouring finite f16s (a tie),
+/// one a little off such a midpoint, a value in f16's subnormal range, one near its largest
+/// finite value (65504; 65520 and above round to infinity), or one of any magnitude.
+fn f16_rounding_probe(rng: &mut Rng) -> f32 {
+    let sign = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+    let finite = |bits: u16| f16::from_bits(bits & 0x7bff).to_f32();
+    let h = rng.below(0x7bff) as u16;
+    let (lo, hi) = (finite(h), finite(h + 1));
+    sign * match rng.below(5) {
+        0 => (lo + hi) / 2.0,
+        1 => (lo + hi) / 2.0 * (1.0 + (rng.uniform(-1.0, 1.0) * 1e-6)),
+        2 => rng.uniform(0.0, 6.2e-5),
+        3 => rng.uniform(65000.0, 66000.0),
+        _ => rng.uniform(1.0, 2.0) * 2f32.powi(rng.below(48) as i32 - 30),
+    }
+}
+
 /// How results must agree.
 #[derive(Clone, Copy, Debug)]
 enum Tol {
@@ -791,6 +808,24 @@ proptest! {
         let (kv, _) = c.state(StateKind::KvCache, Tensor::f32(&[hkv, cap, d], init));
         let p = c.position(pos);
         let x = c.f32(&[hkv, d]);
+        c.op(OpKind::KvWrite { state: kv }, vec![x, p]);
+        check(c, |_| Tol::Exact)?;
+    }
+
+    /// f16 caches: every element rounded to the nearest f16, ties to even, as the reference
+    /// (the half crate) rounds, over values that test the rounding: exact midpoints between
+    /// neighbouring f16s, f16's subnormal range, and around its largest finite value.
+    #[test]
+    fn kv_write_rounds_to_the_nearest_f16(hkv in 1usize..4, d in prop_oneof![Just(64usize), (1usize..40).prop_map(|h| 2 * h)], cap in 1usize..40, pos_frac in 0.0f64..1.0, seed in any::<u64>()) {
+        let mut c = Case::new(seed);
+        let pos = ((cap as f64 * pos_frac) as usize).min(cap - 1) as i32;
+        let init: Vec<f32> = c.rng.vec(hkv * cap * d, -1.0, 1.0).into_iter().map(|v| f16::from_f32(v).to_f32()).collect();
+        let name = format!("s{}", c.states.len());
+        let kv = c.p.add_state(name, StateKind::KvCache, Type::new(DType::F16, [hkv, cap, d]));
+        c.states.push((kv, Tensor::f32(&[hkv, cap, d], init)));
+        let p = c.position(pos);
+        let xs: Vec<f32> = (0..hkv * d).map(|_| f16_rounding_probe(&mut c.rng)).collect();
+        let x = c.weight_data(DType::F32, &[hkv, d], xs);
         c.op(OpKind::KvWrite { state: kv }, vec![x, p]);
         check(c, |_| Tol::Exact)?;
     }

@@ -37,6 +37,27 @@ float bf16_at(uint word, uint i) {
     return uintBitsToFloat((i & 1u) == 0u ? (word << 16) : (word & 0xffff0000u));
 }
 
+// x rounded to the nearest f16 (ties to even), as an f32 that f16 holds exactly, in integer
+// arithmetic: Vulkan leaves packHalf2x16's rounding to the implementation, and NVIDIA's
+// compiler folds unpackHalf2x16(packHalf2x16(x)) back to x (the fused attention block then
+// attended to its fresh key and value unrounded: logits 2.8e-4..3.9e-4 off on an H100, where
+// the cache it wrote held them rounded). Packing the result is exact under any rounding mode.
+float f16_round(float x) {
+    uint b = floatBitsToUint(x);
+    uint a = b & 0x7fffffffu;
+    if (a >= 0x477ff000u) {
+        // 65520 and above round to infinity; NaN stays NaN.
+        return a > 0x7f800000u ? x : uintBitsToFloat((b & 0x80000000u) | 0x7f800000u);
+    }
+    if (a < 0x38800000u) {
+        // Below 2^-14: f16's subnormals, multiples of 2^-24 (both scalings are exact).
+        return roundEven(x * 16777216.0) * (1.0 / 16777216.0);
+    }
+    // Drop 13 mantissa bits, rounding to nearest, ties to even (a carry moves the exponent).
+    uint r = a + 0x0fffu + ((a >> 13) & 1u);
+    return uintBitsToFloat((b & 0x80000000u) | (r & 0xffffe000u));
+}
+
 // Both halves of a word as f32 (element 2i, element 2i+1).
 vec2 f16_pair(uint word) { return unpackHalf2x16(word); }
 vec2 bf16_pair(uint word) { return vec2(uintBitsToFloat(word << 16), uintBitsToFloat(word & 0xffff0000u)); }

@@ -24,8 +24,9 @@ vec4 kv_k4(uint i) {
 }
 float kv_k(uint i) { return LOAD(F16, k, i); }
 float kv_v(uint i) { return LOAD(F16, v, i); }
-// `x` as the cache holds it (what a later step reads back).
-float kv_round(float x) { return unpackHalf2x16(packHalf2x16(vec2(x, 0.0))).x; }
+// `x` as the cache holds it (what a later step reads back): the writers store kv_round's
+// values, which packHalf2x16 packs exactly.
+float kv_round(float x) { return f16_round(x); }
 #else
 layout(set = 0, binding = KV_K_BINDING, std430) KV_ACCESS buffer K { float k[]; };
 layout(set = 0, binding = KV_K_BINDING, std430) readonly buffer K4 { vec4 k4[]; };

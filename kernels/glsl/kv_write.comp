@@ -2,7 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 // kv_write: cache[h, pos, :] = x[h, :] for every kv head h; the cache is updated in place.
 // Bindings: 0 = the cache state [HKV, CAP, D] (f32, or f16 with KV_DTYPE F16: two elements per
-// word, rounded as packHalf2x16 does, D even), 1 = x f32[HKV, D], 2 = pos i32[1].
+// word, rounded to nearest by common.glsl's f16_round, D even), 1 = x f32[HKV, D], 2 = pos i32[1].
 // Spec constants: 0 = workgroup size, 1 = HKV, 2 = CAP, 3 = D.
 // Dispatch: ceil(HKV*D / workgroup size), or ceil(HKV*D/2 / workgroup size) for f16 (one word,
 // two elements, per invocation). A position outside 0..CAP writes nothing.
@@ -30,7 +30,7 @@ void main() {
     }
     uint h = 2u * i / D;
     uint c = 2u * i - h * D;
-    vec2 pair = vec2(uintBitsToFloat(x[2u * i]), uintBitsToFloat(x[2u * i + 1u]));
+    vec2 pair = vec2(f16_round(uintBitsToFloat(x[2u * i])), f16_round(uintBitsToFloat(x[2u * i + 1u])));
     cache[((h * CAP + uint(p)) * D + c) / 2u] = packHalf2x16(pair);
 #else
     if (i >= HKV * D || p < 0 || uint(p) >= CAP) {
