@@ -10,15 +10,17 @@ source scripts/install-deps.sh
 model=fixtures/models/qwen3-tied
 out=${VKFUSE_OUT:-target/demo}
 mkdir -p "$out"
-echo "== building (release)"
-cargo build --release --quiet --bin vkfuse --bin compile-model
+# Where cargo puts the binaries: CARGO_TARGET_DIR when set, as cargo itself does.
+bin=${CARGO_TARGET_DIR:-target}/release
+echo "== building (release; a few minutes the first time)"
+cargo build --release --bin vkfuse --bin compile-model
 echo "== Vulkan devices"
-./target/release/vkfuse devices
+"$bin"/vkfuse devices
 echo "== compiling $model"
-./target/release/compile-model "$model" -o "$out/qwen3-tied.vkf"
+"$bin"/compile-model "$model" -o "$out/qwen3-tied.vkf"
 echo "== decoding: prompt 1,2,3, 16 new tokens, replay (record once, submit per token)"
-./target/release/vkfuse run "$out/qwen3-tied.vkf" --ids 1,2,3 --max-new-tokens 16
+"$bin"/vkfuse run "$out/qwen3-tied.vkf" --ids 1,2,3 --max-new-tokens 16
 echo "== the CPU reference interpreter on the model directory (the oracle): the ids must agree"
-./target/release/vkfuse run "$model" --backend reference --ids 1,2,3 --max-new-tokens 16
+"$bin"/vkfuse run "$model" --backend reference --ids 1,2,3 --max-new-tokens 16
 echo "== benchmark: the same 64 tokens, unfused and fused, eager and replay"
-./target/release/vkfuse bench "$model" --tokens 64
+"$bin"/vkfuse bench "$model" --tokens 64

@@ -219,6 +219,9 @@ impl Source {
             ..Default::default()
         };
         let mut program = trace::trace(&model, &opts).context("tracing the decode step")?;
+        if let Some(warning) = trace::past_trained_context(&model, &opts) {
+            eprintln!("{warning}");
+        }
         args.run.convert(&mut program)?;
         let capacity = trace::max_context(&model, &opts)?;
         Ok(Source::Model {
@@ -265,22 +268,42 @@ impl Source {
     }
 }
 
+/// The positions a run of `prompt` ids and `max_new_tokens` fills, refused past the KV
+/// capacity with where to raise it: a schedule file's capacity was fixed by compile-model.
+pub fn positions(
+    prompt: usize,
+    max_new_tokens: usize,
+    capacity: usize,
+    schedule_file: bool,
+) -> Result<usize> {
+    let steps = prompt + max_new_tokens.saturating_sub(1);
+    if steps > capacity {
+        bail!(
+            "{prompt} prompt ids + {max_new_tokens} new token{} need {steps} positions, more than \
+             the KV capacity of {capacity} ({})",
+            if max_new_tokens == 1 { "" } else { "s" },
+            if schedule_file {
+                "compile-model --max-context"
+            } else {
+                "raise --max-context"
+            }
+        );
+    }
+    Ok(steps)
+}
+
 pub fn run(args: &RunArgs) -> Result<()> {
     if args.ids.is_empty() {
         bail!("--ids needs at least one token id");
     }
     let source = Source::open(args)?;
     let (vocab, capacity) = source.vocab_and_capacity();
-    let steps = args.ids.len() + args.max_new_tokens.saturating_sub(1);
-    if steps > capacity {
-        bail!(
-            "{} prompt ids + {} new token{} need {steps} positions, more than the KV capacity of \
-             {capacity} (raise --max-context)",
-            args.ids.len(),
-            args.max_new_tokens,
-            if args.max_new_tokens == 1 { "" } else { "s" }
-        );
-    }
+    let steps = positions(
+        args.ids.len(),
+        args.max_new_tokens,
+        capacity,
+        matches!(source, Source::File(_)),
+    )?;
     if let Some(bad) = args.ids.iter().find(|&&t| t as usize >= vocab) {
         bail!("token id {bad} is outside the vocabulary of {vocab}");
     }

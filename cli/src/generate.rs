@@ -136,17 +136,12 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             meta.vocab_size
         );
     }
-    let steps = prompt.len() + args.max_new_tokens.saturating_sub(1);
-    if steps > meta.max_context as usize {
-        bail!(
-            "{} prompt ids + {} new token{} need {steps} positions, more than the KV capacity of \
-             {} (raise --max-context, or compile-model --max-context)",
-            prompt.len(),
-            args.max_new_tokens,
-            if args.max_new_tokens == 1 { "" } else { "s" },
-            meta.max_context
-        );
-    }
+    crate::decode::positions(
+        prompt.len(),
+        args.max_new_tokens,
+        meta.max_context as usize,
+        args.model.is_file(),
+    )?;
 
     // A schedule file keeps its compiled pipelines beside it (or in the user's cache folder).
     let cache = args
@@ -247,6 +242,9 @@ fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)>
         ..Default::default()
     };
     let mut program = trace::trace(&model, &opts).context("tracing the decode step")?;
+    if let Some(warning) = trace::past_trained_context(&model, &opts) {
+        eprintln!("{warning}");
+    }
     args.run.convert(&mut program)?;
     let schedule = lower::lower(
         &program,

@@ -5,8 +5,13 @@ use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
-    #[error("cannot read or write {path}")]
-    Io {
+    #[error("cannot read {path}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}")]
+    Write {
         path: String,
         source: std::io::Error,
     },
@@ -48,7 +53,7 @@ pub fn to_bytes(a: &Array2) -> Vec<u8> {
 }
 
 pub fn write(path: &Path, a: &Array2) -> Result<(), NpyError> {
-    std::fs::write(path, to_bytes(a)).map_err(|source| NpyError::Io {
+    std::fs::write(path, to_bytes(a)).map_err(|source| NpyError::Write {
         path: path.display().to_string(),
         source,
     })
@@ -109,7 +114,7 @@ pub fn from_bytes(bytes: &[u8], path: &str) -> Result<Array2, NpyError> {
 }
 
 pub fn read(path: &Path) -> Result<Array2, NpyError> {
-    let bytes = std::fs::read(path).map_err(|source| NpyError::Io {
+    let bytes = std::fs::read(path).map_err(|source| NpyError::Read {
         path: path.display().to_string(),
         source,
     })?;

@@ -65,8 +65,9 @@ pub enum Backend {
 /// How to open a [`Session`].
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
-    /// The Vulkan device by index (as `vkfuse devices` lists them); `None`: `VKFUSE_DEVICE`,
-    /// else the first discrete GPU, then integrated, then CPU.
+    /// The Vulkan device by index (as `vkfuse devices` lists them; errors name it `--device`,
+    /// the CLI's flag); `None`: `VKFUSE_DEVICE`, else the first discrete GPU, then integrated,
+    /// then CPU.
     pub device: Option<usize>,
     /// The executor.
     pub backend: Backend,

@@ -48,7 +48,7 @@ pub enum Error {
         "{source_of_choice} asks for device {index}, but there are {count} device(s):\n{list}"
     )]
     AdapterIndex {
-        /// Where the index came from (an argument or `VKFUSE_DEVICE`).
+        /// Where the index came from (`--device` or `VKFUSE_DEVICE=N`).
         source_of_choice: String,
         /// The index that was asked for.
         index: usize,

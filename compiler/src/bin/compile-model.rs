@@ -161,6 +161,9 @@ fn run(args: Args) -> Result<()> {
     let mut program = st.run("trace", || {
         trace::trace(&model, &opts).context("tracing the decode step")
     })?;
+    if let Some(warning) = trace::past_trained_context(&model, &opts) {
+        eprintln!("{warning}");
+    }
     let conversion = match args.weights {
         Some(format) => {
             Some(quant::convert(&mut program, format).context("converting the weights' format")?)

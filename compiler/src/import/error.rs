@@ -75,9 +75,23 @@ pub enum ImportError {
         path: PathBuf,
     },
 
-    /// A safetensors file is truncated or its header is corrupt.
+    /// A safetensors file's header is corrupt, or its size does not match it.
     #[error("{}: not a valid safetensors file: {message}", file.display())]
     BadSafetensors { file: PathBuf, message: String },
+
+    /// A safetensors file ends before its header says it does (a cut-off download or copy).
+    /// `at_least`: the header itself is cut, so only its own length is known.
+    #[error(
+        "{} is truncated: its header declares {}{expected} bytes, the file has {actual}",
+        file.display(),
+        if *at_least { "at least " } else { "" }
+    )]
+    TruncatedSafetensors {
+        file: PathBuf,
+        expected: u64,
+        actual: u64,
+        at_least: bool,
+    },
 
     /// Two shards hold a tensor of the same name.
     #[error("tensor \"{tensor}\" is stored twice: in {} and in {}", first.display(), second.display())]

@@ -15,7 +15,8 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::tensor::Metadata;
+use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde_json::Value;
 
 use super::error::ImportError;
@@ -93,6 +94,42 @@ fn map_file(path: &Path) -> R<Mmap> {
     // writes a checkpoint, and a model directory must not be rewritten while it is being
     // compiled (the same contract as the `safetensors` Python loader's mmap).
     unsafe { Mmap::map(&file) }.map_err(ImportError::io(path))
+}
+
+/// The `safetensors` crate's limit on a header's length (its `MAX_HEADER_SIZE`, private).
+const MAX_HEADER_LEN: u64 = 100_000_000;
+
+/// Why `read_metadata` refused `bytes`: a file shorter than its header declares is reported as
+/// truncated (the crate's "invalid header length" and "incomplete metadata" do not say so);
+/// anything else in the crate's words.
+fn bad_safetensors(file: &Path, bytes: &[u8], error: SafeTensorError) -> ImportError {
+    let actual = bytes.len() as u64;
+    let truncated = |expected, at_least| ImportError::TruncatedSafetensors {
+        file: file.to_path_buf(),
+        expected,
+        actual,
+        at_least,
+    };
+    if let Some(&n) = bytes.first_chunk::<8>() {
+        let header_len = u64::from_le_bytes(n);
+        let header_end = header_len.saturating_add(8);
+        // Past the crate's own header limit the length is garbage, not a cut file.
+        if header_end > actual && header_len <= MAX_HEADER_LEN {
+            return truncated(header_end, true);
+        }
+        let data_end = bytes
+            .get(8..header_end as usize)
+            .and_then(|h| serde_json::from_slice::<Metadata>(h).ok())
+            .and_then(|m| m.tensors().values().map(|t| t.data_offsets.1).max())
+            .map(|end| header_end.saturating_add(end as u64));
+        if let Some(expected) = data_end.filter(|&end| end > actual) {
+            return truncated(expected, false);
+        }
+    }
+    ImportError::BadSafetensors {
+        file: file.to_path_buf(),
+        message: error.to_string(),
+    }
 }
 
 fn readable(dtype: Dtype) -> Option<DType> {
@@ -209,10 +246,7 @@ impl TensorStore {
             let map = map_file(path)?;
             let shard = store.shards.len();
             let (header_len, metadata) =
-                SafeTensors::read_metadata(&map).map_err(|e| ImportError::BadSafetensors {
-                    file: path.clone(),
-                    message: e.to_string(),
-                })?;
+                SafeTensors::read_metadata(&map).map_err(|e| bad_safetensors(path, &map, e))?;
             // read_metadata has checked that the offsets tile the data section exactly.
             let data_start = 8 + header_len;
             let mut tensors: Vec<_> = metadata.tensors().into_iter().collect();
@@ -403,5 +437,66 @@ impl TensorStore {
                 EntryKind::Unreadable { numel, .. } => *numel,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors file of one 2x2 F32 tensor: an 8-byte length, the JSON header, 16 bytes.
+    fn one_tensor() -> Vec<u8> {
+        let header = br#"{"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#;
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(header);
+        b.extend_from_slice(&[0; 16]);
+        b
+    }
+
+    fn refusal(bytes: &[u8]) -> String {
+        let error = SafeTensors::read_metadata(bytes).map(|_| ()).unwrap_err();
+        bad_safetensors(Path::new("m.safetensors"), bytes, error).to_string()
+    }
+
+    #[test]
+    fn a_cut_file_is_reported_as_truncated_with_both_sizes() {
+        let whole = one_tensor();
+        assert!(SafeTensors::read_metadata(&whole).is_ok());
+        let n = whole.len();
+        // Cut in the data, then in the header.
+        assert_eq!(
+            refusal(&whole[..n - 5]),
+            format!(
+                "m.safetensors is truncated: its header declares {n} bytes, the file has {}",
+                n - 5
+            )
+        );
+        assert_eq!(
+            refusal(&whole[..20]),
+            format!(
+                "m.safetensors is truncated: its header declares at least {} bytes, the file has 20",
+                n - 16
+            )
+        );
+    }
+
+    #[test]
+    fn other_refusals_keep_the_crate_message() {
+        // Too long is not truncated; a garbage length is not a cut header.
+        let mut long = one_tensor();
+        long.push(0);
+        let msg = refusal(&long);
+        assert!(
+            msg.starts_with("m.safetensors: not a valid safetensors file: "),
+            "{msg}"
+        );
+        let mut garbage = one_tensor();
+        garbage[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let msg = refusal(&garbage);
+        assert!(
+            msg.starts_with("m.safetensors: not a valid safetensors file: "),
+            "{msg}"
+        );
+        assert!(refusal(&[1, 2, 3]).contains("not a valid safetensors file"));
     }
 }

@@ -56,6 +56,9 @@ impl KvCache {
 
 impl TraceOptions {
     pub const DEFAULT_MAX_CONTEXT: usize = 4096;
+    /// The largest `max_context`: rope turns the position into an f32, exact up to 2^24.
+    /// The model's max_position_embeddings is no limit (see [`past_trained_context`]).
+    pub const MAX_CONTEXT_LIMIT: usize = 1 << 24;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,15 +75,29 @@ pub enum TraceError {
 
 /// The resolved KV capacity for a model.
 pub fn max_context(model: &Model, opts: &TraceOptions) -> Result<usize, TraceError> {
-    let limit = model.config.max_position_embeddings.max(1);
     match opts.max_context {
-        Some(n) if n == 0 || n > (1 << 24) => Err(TraceError::MaxContext {
+        Some(n) if n == 0 || n > TraceOptions::MAX_CONTEXT_LIMIT => Err(TraceError::MaxContext {
             requested: n,
-            limit,
+            limit: TraceOptions::MAX_CONTEXT_LIMIT,
         }),
         Some(n) => Ok(n),
-        None => Ok(limit.min(TraceOptions::DEFAULT_MAX_CONTEXT)),
+        None => Ok(model
+            .config
+            .max_position_embeddings
+            .clamp(1, TraceOptions::DEFAULT_MAX_CONTEXT)),
     }
+}
+
+/// A warning when `--max-context` asks for more positions than the model was trained on: it
+/// is allowed (the caches are only memory), but past max_position_embeddings the model's
+/// output is outside what it was trained for.
+pub fn past_trained_context(model: &Model, opts: &TraceOptions) -> Option<String> {
+    let trained = model.config.max_position_embeddings;
+    opts.max_context.filter(|&n| n > trained).map(|n| {
+        format!(
+            "warning: --max-context {n} exceeds the model's max_position_embeddings ({trained})"
+        )
+    })
 }
 
 /// Builds the verified decode step of `model`.

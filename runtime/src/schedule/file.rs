@@ -190,9 +190,11 @@ fn version_message(found: u32, supported: u32, header_intact: bool) -> String {
     if header_intact {
         what
     } else {
+        // The version is still checked first (a newer version may keep its checksum
+        // elsewhere), but a field of random bytes is far likelier than a future format.
         format!(
-            "{what} (or the file is damaged: its header checksum does not match, so the \
-             version may be a flipped byte)"
+            "the file is damaged: its header checksum does not match, so the version it names \
+             may be a damaged byte too; if it is not, {what}"
         )
     }
 }

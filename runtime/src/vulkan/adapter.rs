@@ -721,7 +721,9 @@ pub(crate) fn pick(
         }
     };
     if let Some(index) = explicit {
-        return by_index(index, "the device index");
+        // An explicit index is the CLI's `--device` (embedders pass `SessionOptions::device`);
+        // the variable names itself below.
+        return by_index(index, "--device");
     }
     if let Some(value) = env.map(str::trim).filter(|v| !v.is_empty()) {
         if let Ok(index) = value.parse::<usize>() {
@@ -833,7 +835,8 @@ pub(crate) mod tests {
         ));
         let msg = err.to_string();
         assert!(
-            msg.contains("1 device(s)") && msg.contains("[0] llvmpipe"),
+            msg.contains("--device asks for device 3, but there are 1 device(s)")
+                && msg.contains("[0] llvmpipe"),
             "{msg}"
         );
         let msg = pick(&infos, None, Some("7")).unwrap_err().to_string();
