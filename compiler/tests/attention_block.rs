@@ -331,9 +331,15 @@ fn matches_the_reference_step_after_step(s: Shape, positions: &[i32]) {
             let e = rel_l2(&kgot, floats(&kcache));
             assert!(e < k_tol, "{what}: k cache off by relative L2 {e:.2e}");
         }
-        // The values are stored as given (f16 caches: rounded to nearest in integer arithmetic,
-        // common.glsl's f16_round, as the reference rounds them).
-        assert_eq!(vgot, floats(&vcache), "{what}: v cache");
+        if s.f16 {
+            // packHalf2x16 rounds as the implementation chooses (Vulkan allows nearest or
+            // towards zero; the reference rounds to nearest): each value within one f16 step.
+            if let Some((i, g, w)) = beyond_one_f16_step(&vgot, floats(&vcache)) {
+                panic!("{what}: v cache element {i} is {g}, the reference's {w}");
+            }
+        } else {
+            assert_eq!(vgot, floats(&vcache), "{what}: v cache");
+        }
         if s.splits > 1 {
             let counters: Vec<u32> = device.readback_pod(&bufs[10], 0, s.hq).expect("counters");
             assert!(

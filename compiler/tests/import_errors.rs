@@ -879,17 +879,35 @@ fn truncated_safetensors_names_the_file() {
     let dir = TempDir::new("truncated");
     dir.write("config.json", LLAMA);
     let bytes = safetensors_file(&dense_weights(&config(LLAMA), Dtype::BF16));
-    for cut in [0, 5, 8, 40, bytes.len() - 1] {
+    let file = dir.path().join("model.safetensors");
+    // Shorter than the header's own length field: the crate's refusal, with the file.
+    for cut in [0, 5] {
         dir.write("model.safetensors", &bytes[..cut]);
         let e = load_err(dir.path());
         assert!(
-            matches!(&e, ImportError::BadSafetensors { file, .. } if file == &dir.path().join("model.safetensors")),
+            matches!(&e, ImportError::BadSafetensors { file: f, .. } if f == &file),
             "cut {cut}: {e:?}"
         );
         assert!(
             e.to_string().contains("not a valid safetensors file"),
             "{e}"
         );
+    }
+    // Cut in the header, then in the data: said to be truncated, with both sizes.
+    let header_end = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    for (cut, expected, at_least) in [
+        (8, header_end, true),
+        (40, header_end, true),
+        (bytes.len() - 1, bytes.len() as u64, false),
+    ] {
+        dir.write("model.safetensors", &bytes[..cut]);
+        let e = load_err(dir.path());
+        assert!(
+            matches!(&e, ImportError::TruncatedSafetensors { file: f, expected: x, actual, at_least: a }
+                if f == &file && *x == expected && *actual == cut as u64 && *a == at_least),
+            "cut {cut}: {e:?}"
+        );
+        assert!(e.to_string().contains("is truncated"), "{e}");
     }
 }
 

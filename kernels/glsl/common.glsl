@@ -38,10 +38,10 @@ float bf16_at(uint word, uint i) {
 }
 
 // x rounded to the nearest f16 (ties to even), as an f32 that f16 holds exactly, in integer
-// arithmetic: Vulkan leaves packHalf2x16's rounding to the implementation, and NVIDIA's
-// compiler folds unpackHalf2x16(packHalf2x16(x)) back to x (the fused attention block then
-// attended to its fresh key and value unrounded: logits 2.8e-4..3.9e-4 off on an H100, where
-// the cache it wrote held them rounded). Packing the result is exact under any rounding mode.
+// arithmetic: Vulkan leaves packHalf2x16's rounding to the implementation, and packing the
+// result is exact under any rounding mode, so kv_write stores the reference's bits on every
+// device. (Not in the fused attention block, where it cost bf16 0.8% on an H100:
+// fused_attention.glsl's fresh_round.)
 float f16_round(float x) {
     uint b = floatBitsToUint(x);
     uint a = b & 0x7fffffffu;

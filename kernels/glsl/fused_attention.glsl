@@ -27,7 +27,7 @@
 // `float inv_freq(uint i)` for i < ROT/2 and, when SPLITS > 1, PART_BINDING and COUNT_BINDING.
 // Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D], 2 = k f32[HKV, D], 3 = v f32[HKV, D],
 // 4 = k cache [HKV, CAP, D], 5 = v cache [HKV, CAP, D] (f32, or f16 with KV_DTYPE F16, the
-// fresh rows rounded as stored: kv_cache.glsl), 6 = pos i32[1],
+// fresh rows rounded as stored: fresh_round), 6 = pos i32[1],
 // 7 = q norm weight [D], 8 = k norm weight [D] (when QK_NORM); when SPLITS > 1:
 // PART_BINDING = partials f32[HQ, SPLITS, D + 2] (scratch), COUNT_BINDING = arrival counters
 // u32[HQ] (zero before the dispatch, zero again after it).
@@ -38,6 +38,7 @@
 // Handoffs (handoff.glsl): q, k and v (bindings 1-3) can be read as handoff words, and y is
 // published (the wide o_proj reads it: fused_chain.glsl's INNER_ONLY; each element has one
 // writer, the head's last split or its only one).
+#extension GL_KHR_shader_subgroup_shuffle : require
 #define HANDOFF_ROLE (0x80000000u | (1u << 1) | (1u << 2) | (1u << 3))
 #include "handoff.glsl"
 #include "reduce.glsl"
@@ -184,6 +185,22 @@ VT vt_unpack(VT_RAW r) { return r; }
 VT vt_fresh(uint cv) { return vf_s[cv]; }
 void vt_share(uint t, VT a) { part[t] = a; }
 float vt_shared(uint i, uint e) { return part[i * DV + e]; }
+#endif
+
+// `x` as the cache holds it, so that the fresh slot attends to what later steps read back, and
+// the writer packs exactly what was attended to. f16 caches: the hardware's conversion there
+// and back, with a shuffle to the lane itself between them, because NVIDIA's compiler folds
+// unpackHalf2x16(packHalf2x16(x)) to x (the block then attended to its fresh key and value
+// unrounded while the cache held them rounded: tests/kv_cache.rs's fused logits 2.8e-4..3.9e-4
+// off on an H100). On the H100 the shuffle costs ±0.1%; rounding in integer arithmetic instead
+// (common.glsl's f16_round) cost bf16 0.8%, and the f16 bits through shared memory q4_0 2.3%
+// (docs/perf.md, session 20).
+#if KV_DTYPE == F16
+float fresh_round(float x) {
+    return unpackHalf2x16(subgroupShuffle(packHalf2x16(vec2(x, 0.0)), gl_SubgroupInvocationID)).x;
+}
+#else
+float fresh_round(float x) { return x; }
 #endif
 
 // Elements e .. e + 3 of the query row.
@@ -515,10 +532,8 @@ void main() {
     vec2 qk = prepare(raw, wn, praw, pwn, angle_pos);
     if (t < D) {
         q_s[t] = qk.x;
-        // As the cache holds them (kv_round: f16 caches), so that the fresh slot attends to
-        // what later steps read back.
-        kf_s[t] = kv_round(qk.y);
-        vf_s[t] = kv_round(vv);
+        kf_s[t] = fresh_round(qk.y);
+        vf_s[t] = fresh_round(vv);
 #if KV_DTYPE != F16
         if (in_cache && writer) {
             k[kv_base + uint(p) * D + t] = qk.y;

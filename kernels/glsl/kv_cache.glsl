@@ -24,9 +24,6 @@ vec4 kv_k4(uint i) {
 }
 float kv_k(uint i) { return LOAD(F16, k, i); }
 float kv_v(uint i) { return LOAD(F16, v, i); }
-// `x` as the cache holds it (what a later step reads back): the writers store kv_round's
-// values, which packHalf2x16 packs exactly.
-float kv_round(float x) { return f16_round(x); }
 #else
 layout(set = 0, binding = KV_K_BINDING, std430) KV_ACCESS buffer K { float k[]; };
 layout(set = 0, binding = KV_K_BINDING, std430) readonly buffer K4 { vec4 k4[]; };
@@ -34,5 +31,4 @@ layout(set = 0, binding = KV_V_BINDING, std430) KV_ACCESS buffer V { float v[]; 
 vec4 kv_k4(uint i) { return k4[i]; }
 float kv_k(uint i) { return k[i]; }
 float kv_v(uint i) { return v[i]; }
-float kv_round(float x) { return x; }
 #endif
