@@ -38,8 +38,13 @@ pub struct BenchArgs {
     /// timestamp after each level) and print where the step's GPU time goes.
     #[arg(long)]
     pub profile: bool,
-    /// Profiled steps to average.
-    #[arg(long, default_value_t = 64, value_name = "N")]
+    /// Profiled steps to average (at least 1).
+    #[arg(
+        long,
+        default_value_t = 64,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
     pub profile_steps: u32,
     #[command(flatten)]
     pub run: RunOptions,
@@ -131,13 +136,6 @@ fn measure(
         config.handoffs,
     )?;
     let mut handed = 0;
-    let capacity = loaded.schedule.meta.max_context as usize;
-    if tokens + 1 > capacity {
-        bail!(
-            "--tokens {tokens} needs {} positions; the schedule reserves {capacity}",
-            tokens + 1
-        );
-    }
     let mut ids = vec![];
     let counters = if k == 0 {
         let mut e = Eager::new(loaded)?;
@@ -214,6 +212,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         schedules.push((true, fused));
         Box::new(EncodedWeights::new(model.tensors, &program)?)
     };
+    // Before the device and the table's header, so that the error stands alone.
+    for (_, schedule) in &schedules {
+        let capacity = schedule.meta.max_context as usize;
+        if args.tokens + 1 > capacity {
+            bail!(
+                "--tokens {} needs {} positions; the schedule reserves {capacity}",
+                args.tokens,
+                args.tokens + 1
+            );
+        }
+    }
     let device = crate::decode::open_device(args.device)?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "device: {}", device.info().name)?;

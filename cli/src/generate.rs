@@ -38,7 +38,14 @@ pub struct GenerateArgs {
     pub prompt: Option<String>,
     /// Prompt token ids instead of text, comma-separated (e.g. 1,2,3). Without a tokenizer
     /// the output is ids too.
-    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    // Negative numbers reach the parser, as for `run --ids`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        allow_negative_numbers = true,
+        value_parser = crate::options::parse_token_id
+    )]
     pub ids: Option<Vec<u32>>,
     /// The most tokens to generate.
     #[arg(

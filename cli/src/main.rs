@@ -80,7 +80,16 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub tokens_per_submit: u32,
     /// Prompt token ids, comma-separated (e.g. 1,2,3).
-    #[arg(long, value_delimiter = ',', required = true, num_args = 1..)]
+    // Negative numbers reach the parser (which refuses them) instead of clap's "use '-- -1'"
+    // tip, which would make the id the model path.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required = true,
+        num_args = 1..,
+        allow_negative_numbers = true,
+        value_parser = options::parse_token_id
+    )]
     pub ids: Vec<u32>,
     /// How many tokens to generate greedily after the prompt.
     #[arg(long, default_value_t = 16, value_name = "N")]

@@ -32,6 +32,12 @@ pub struct RunOptions {
     pub handoffs: Handoffs,
 }
 
+/// `--ids`' value parser: clap's own for u32 would say "-1 is not in 0..=4294967295".
+pub fn parse_token_id(text: &str) -> std::result::Result<u32, String> {
+    text.parse()
+        .map_err(|_| format!("token ids are integers from 0 to {}: {text}", u32::MAX))
+}
+
 impl RunOptions {
     /// Refuses what a schedule file fixed at compile time.
     pub fn check_file(&self) -> Result<()> {

@@ -147,6 +147,38 @@ fn bad_input_is_a_clear_error_not_a_panic() {
 }
 
 #[test]
+fn bad_arguments_are_refused_before_any_work() {
+    let dir = fixture_dir("qwen3-tied");
+    let d = dir.to_str().unwrap();
+    // Refused by the argument parser (exit 2), naming the value.
+    for (args, needle) in [
+        (
+            &["run", d, "--ids", "1,-1"][..],
+            "token ids are integers from 0",
+        ),
+        (&["bench", d, "--profile-steps", "0"][..], "--profile-steps"),
+    ] {
+        let out = vkfuse(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: `{stderr}`");
+    }
+    // More tokens than the schedule reserves: the error alone, no table begun.
+    let out = vkfuse(&["bench", d, "--tokens", "600"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--tokens 600 needs 601 positions"),
+        "{stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
 fn vulkan_problems_are_clear_errors_not_panics() {
     let dir = fixture_dir("qwen3-tied");
     let d = dir.to_str().unwrap();

@@ -118,10 +118,16 @@ struct Stages {
 
 impl Stages {
     fn run<T>(&mut self, name: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        // The name first, so that a long stage shows what it is waiting on.
         eprint!("{name:<10} ...");
         let start = Instant::now();
         let out = f();
         let secs = start.elapsed().as_secs_f64();
+        if out.is_err() {
+            // No time for a stage that failed: it would read as a success above the error.
+            eprintln!(" failed");
+            return out;
+        }
         eprintln!(" {:.3} s", secs);
         self.times.push((name, secs));
         out
