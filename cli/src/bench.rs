@@ -215,11 +215,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // Before the device and the table's header, so that the error stands alone.
     for (_, schedule) in &schedules {
         let capacity = schedule.meta.max_context as usize;
-        if args.tokens + 1 > capacity {
+        // A one-token prompt, then tokens - 1 more steps: one position per token.
+        if args.tokens > capacity {
             bail!(
                 "--tokens {} needs {} positions; the schedule reserves {capacity}",
                 args.tokens,
-                args.tokens + 1
+                args.tokens
             );
         }
     }

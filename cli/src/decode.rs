@@ -276,7 +276,7 @@ pub fn positions(
     capacity: usize,
     schedule_file: bool,
 ) -> Result<usize> {
-    let steps = prompt + max_new_tokens.saturating_sub(1);
+    let steps = prompt.saturating_add(max_new_tokens.saturating_sub(1));
     if steps > capacity {
         bail!(
             "{prompt} prompt ids + {max_new_tokens} new token{} need {steps} positions, more than \

@@ -24,7 +24,7 @@ pub struct RunOptions {
     /// Handoffs (replay only): where one kernel of a level reads what one kernel of the level
     /// before wrote, replay records no barrier between the two levels and that kernel waits on
     /// flagged words in device memory instead: `auto` (the default: on for NVIDIA devices,
-    /// where it measured 25-26% more tokens/s on the H100 at 256 tokens, docs/perf.md session
+    /// where it measured about 25% more tokens/s on the H100 at 256 tokens, docs/perf.md session
     /// 19; off elsewhere, since it relies on the driver launching dispatches in order), `on`
     /// or `off`. `vkfuse inspect` lists the levels a schedule hands over; `vkfuse bench`
     /// measures the fused replay rows with and without them.

@@ -147,11 +147,15 @@ fn bad_input_is_a_clear_error_not_a_panic() {
 }
 
 #[test]
-fn bad_arguments_are_refused_before_any_work() {
+fn bad_arguments_are_refused_before_decoding() {
     let dir = fixture_dir("qwen3-tied");
     let d = dir.to_str().unwrap();
     // Refused by the argument parser (exit 2), naming the value.
     for (args, needle) in [
+        (
+            &["run", d, "--ids", "-1"][..],
+            "token ids are integers from 0",
+        ),
         (
             &["run", d, "--ids", "1,-1"][..],
             "token ids are integers from 0",
@@ -168,7 +172,7 @@ fn bad_arguments_are_refused_before_any_work() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("--tokens 600 needs 601 positions"),
+        stderr.contains("--tokens 600 needs 600 positions"),
         "{stderr}"
     );
     assert!(

@@ -173,12 +173,18 @@ fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-/// The first element of `got` more than one f16 rounding step from `want`'s (index, got, want).
+/// The first element of `got` more than one f16 rounding step from `want`'s (index, got, want);
+/// a value that is not finite (NaN, or rounded to infinity) must have the same bits.
 fn beyond_one_f16_step(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
     got.iter().zip(want).enumerate().find_map(|(i, (g, w))| {
-        let h = half::f16::from_f32(*w);
-        let step = (half::f16::from_bits(h.to_bits() + 1).to_f32() - h.to_f32()).abs();
-        ((g - w).abs() > step * 1.0001).then_some((i, *g, *w))
+        let close = if g.is_finite() && w.is_finite() {
+            let h = half::f16::from_f32(*w);
+            let step = (half::f16::from_bits(h.to_bits() + 1).to_f32() - h.to_f32()).abs();
+            (g - w).abs() <= step * 1.0001
+        } else {
+            g.to_bits() == w.to_bits()
+        };
+        (!close).then_some((i, *g, *w))
     })
 }
 

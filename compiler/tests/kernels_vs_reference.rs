@@ -240,14 +240,25 @@ impl Case {
 /// finite value (65504; 65520 and above round to infinity), or one of any magnitude.
 fn f16_rounding_probe(rng: &mut Rng) -> f32 {
     let sign = if rng.below(2) == 0 { 1.0 } else { -1.0 };
-    let finite = |bits: u16| f16::from_bits(bits & 0x7bff).to_f32();
+    // Neighbouring finite f16s: h < 0x7bff (65504), so h + 1 is finite too.
     let h = rng.below(0x7bff) as u16;
-    let (lo, hi) = (finite(h), finite(h + 1));
-    sign * match rng.below(5) {
+    let (lo, hi) = (f16::from_bits(h).to_f32(), f16::from_bits(h + 1).to_f32());
+    // The edges: 65520 (the tie that rounds to infinity) and the f32 below it, the smallest
+    // subnormal's half (a tie to zero) and 2^-14 (the smallest normal) and the f32s around it.
+    let edges = [
+        65520.0,
+        f32::from_bits(65520f32.to_bits() - 1),
+        2f32.powi(-25),
+        2f32.powi(-14),
+        f32::from_bits(2f32.powi(-14).to_bits() - 1),
+        f32::from_bits(2f32.powi(-14).to_bits() + 1),
+    ];
+    sign * match rng.below(6) {
         0 => (lo + hi) / 2.0,
         1 => (lo + hi) / 2.0 * (1.0 + (rng.uniform(-1.0, 1.0) * 1e-6)),
         2 => rng.uniform(0.0, 6.2e-5),
         3 => rng.uniform(65000.0, 66000.0),
+        4 => edges[rng.below(edges.len())],
         _ => rng.uniform(1.0, 2.0) * 2f32.powi(rng.below(48) as i32 - 30),
     }
 }

@@ -40,7 +40,8 @@ float bf16_at(uint word, uint i) {
 // x rounded to the nearest f16 (ties to even), as an f32 that f16 holds exactly, in integer
 // arithmetic: Vulkan leaves packHalf2x16's rounding to the implementation, and packing the
 // result is exact under any rounding mode, so kv_write stores the reference's bits on every
-// device. (Not in the fused attention block, where it cost bf16 0.8% on an H100:
+// device (f16 subnormals aside, which a device that does not preserve 16-bit denormals may
+// flush when packing). (Not in the fused attention block, where it cost bf16 0.8% on an H100:
 // fused_attention.glsl's fresh_round.)
 float f16_round(float x) {
     uint b = floatBitsToUint(x);
@@ -50,8 +51,10 @@ float f16_round(float x) {
         return a > 0x7f800000u ? x : uintBitsToFloat((b & 0x80000000u) | 0x7f800000u);
     }
     if (a < 0x38800000u) {
-        // Below 2^-14: f16's subnormals, multiples of 2^-24 (both scalings are exact).
-        return roundEven(x * 16777216.0) * (1.0 / 16777216.0);
+        // Below 2^-14: f16's subnormals, multiples of 2^-24 (both scalings are exact); the
+        // magnitude rounded, the sign put back (zero keeps its sign).
+        float m = roundEven(uintBitsToFloat(a) * 16777216.0) * (1.0 / 16777216.0);
+        return uintBitsToFloat((b & 0x80000000u) | floatBitsToUint(m));
     }
     // Drop 13 mantissa bits, rounding to nearest, ties to even (a carry moves the exponent).
     uint r = a + 0x0fffu + ((a >> 13) & 1u);

@@ -192,7 +192,8 @@ float vt_shared(uint i, uint e) { return part[i * DV + e]; }
 // and back, with a shuffle to the lane itself between them, because NVIDIA's compiler folds
 // unpackHalf2x16(packHalf2x16(x)) to x (the block then attended to its fresh key and value
 // unrounded while the cache held them rounded: tests/kv_cache.rs's fused logits 2.8e-4..3.9e-4
-// off on an H100). On the H100 the shuffle costs ±0.1%; rounding in integer arithmetic instead
+// off on an H100; that test, run there, is the guard against a compiler that folds the shuffle
+// too: lavapipe cannot tell). On the H100 the shuffle costs ±0.1%; rounding in integer arithmetic instead
 // (common.glsl's f16_round) cost bf16 0.8%, and the f16 bits through shared memory q4_0 2.3%
 // (docs/perf.md, session 20).
 #if KV_DTYPE == F16

@@ -117,8 +117,10 @@ fn bad_safetensors(file: &Path, bytes: &[u8], error: SafeTensorError) -> ImportE
         if header_end > actual && header_len <= MAX_HEADER_LEN {
             return truncated(header_end, true);
         }
-        let data_end = bytes
-            .get(8..header_end as usize)
+        // A header that parses but whose offsets pass the end is read as a cut file too.
+        let data_end = usize::try_from(header_end)
+            .ok()
+            .and_then(|end| bytes.get(8..end))
             .and_then(|h| serde_json::from_slice::<Metadata>(h).ok())
             .and_then(|m| m.tensors().values().map(|t| t.data_offsets.1).max())
             .map(|end| header_end.saturating_add(end as u64));

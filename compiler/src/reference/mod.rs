@@ -220,7 +220,9 @@ impl<'a> Reference<'a> {
                     let pos = a(1).i()[0] as usize;
                     let mut x = a(0).f().to_vec();
                     if f16 {
-                        // An f16 cache holds the values rounded as the kernels store them.
+                        // An f16 cache holds the values rounded to the nearest f16, as kv_write
+                        // stores them (the fused attention block rounds with the device's
+                        // packHalf2x16, to nearest on lavapipe and the H100).
                         for v in &mut x {
                             *v = half::f16::from_f32(*v).to_f32();
                         }
