@@ -26,6 +26,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// Another thread has held validated Vulkan instances for too long: validated instances
+    /// take turns, one thread at a time per process (the validation layer's global state is not
+    /// thread-safe: runtime/src/vulkan/validated_turn.rs).
+    #[error(
+        "waited {waited:?} for another thread's validated Vulkan instances to be dropped; \
+         validated instances take turns, one thread at a time per process (the validation layer \
+         is not safe across threads): drop them sooner, or use one instance across threads"
+    )]
+    ValidationBusy {
+        /// How long this thread waited.
+        waited: Duration,
+    },
+
     /// The loader works but lists no physical device.
     #[error(
         "Vulkan found no device. Install a driver for your GPU, or \

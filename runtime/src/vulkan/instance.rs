@@ -8,6 +8,7 @@ use ash::vk;
 
 use super::adapter::{self, Adapter};
 use super::debug::{self, Message, ValidationLog};
+use super::validated_turn::ValidatedTurn;
 use crate::error::{vk_err, Error, Result};
 
 /// The Khronos validation layer.
@@ -63,6 +64,9 @@ pub(crate) struct InstanceShared {
     pub(crate) log: ValidationLog,
     pub(crate) api_version: u32,
     pub(crate) validation: bool,
+    /// Held while the instance lives, given back after `vkDestroyInstance` (fields drop after
+    /// `Drop::drop`): validated instances take turns ([`ValidatedTurn`]).
+    _turn: Option<ValidatedTurn>,
 }
 
 impl fmt::Debug for Instance {
@@ -81,6 +85,8 @@ impl Instance {
     /// [`Error::LayerMissing`] when validation is asked for but not installed.
     pub fn new(options: &InstanceOptions) -> Result<Self> {
         let options = options.with_env();
+        // Before the layer is loaded: its global state is not safe against another thread.
+        let turn = options.validation.then(ValidatedTurn::take).transpose()?;
         // SAFETY: loading libvulkan runs its initialisers; the Vulkan loader is a well-behaved
         // library and `Entry` keeps it loaded for as long as the instance lives.
         let entry = unsafe { ash::Entry::load() }.map_err(|e| Error::NoVulkan {
@@ -217,6 +223,7 @@ impl Instance {
                 log,
                 api_version,
                 validation: options.validation,
+                _turn: turn,
             }),
         })
     }

@@ -18,6 +18,7 @@ mod instance;
 mod pipeline;
 mod query;
 pub mod spirv;
+mod validated_turn;
 
 pub use adapter::{
     Adapter, AdapterInfo, DeviceType, Feature, Requirements, ShaderFeatures, SubgroupOps, Version,
