@@ -1,6 +1,7 @@
 //! Shared helpers of the end-to-end tests: the fixtures and how logits are compared.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use vkfuse_compiler::npy::{self, Array2};
 
 /// The fixture models, each with transformers' logits (see fixtures/README.md).
@@ -52,6 +53,18 @@ pub fn expected(name: &str) -> Expected {
         teacher_logits: npy::read(&dir.join("teacher_logits.npy")).expect("teacher logits"),
         greedy_logits: npy::read(&dir.join("greedy_logits.npy")).expect("greedy logits"),
     }
+}
+
+/// The test binary's SPIR-V, compiled once per kernel variant and shared by its tests. Validated
+/// tests run one at a time (runtime/src/vulkan/validated_turn.rs), so a fresh cache per test
+/// compiled the same kernels again and again, in series (the suite's test time 141 -> 110 s).
+pub fn spirv_cache() -> MutexGuard<'static, vkfuse_compiler::lower::SpirvCache> {
+    static CACHE: OnceLock<Mutex<vkfuse_compiler::lower::SpirvCache>> = OnceLock::new();
+    // A test that panicked while compiling left whole entries only: used as is.
+    CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }
 
 /// ‖a − b‖₂ / ‖b‖₂.
@@ -178,7 +191,7 @@ pub fn fixture_schedule(
     vkfuse_compiler::import::Model,
     vkfuse_runtime::schedule::Schedule,
 ) {
-    use vkfuse_compiler::lower::{self, Meta, SpirvCache};
+    use vkfuse_compiler::lower::{self, Meta};
     use vkfuse_compiler::{import, trace};
     let model = import::load(&fixture_dir(name)).unwrap();
     let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
@@ -187,7 +200,7 @@ pub fn fixture_schedule(
         eos_token_ids: vec![],
         tokenizer: None,
     };
-    let schedule = lower::lower(&program, &meta, &mut SpirvCache::default()).unwrap();
+    let schedule = lower::lower(&program, &meta, &mut spirv_cache()).unwrap();
     (model, schedule)
 }
 
@@ -222,7 +235,7 @@ pub fn fused_schedule_with(
     vkfuse_compiler::fuse::FusionReport,
 ) {
     use vkfuse_compiler::fuse::lower_fused;
-    use vkfuse_compiler::lower::{Meta, SpirvCache};
+    use vkfuse_compiler::lower::Meta;
     use vkfuse_compiler::{import, trace};
     let model = import::load(&fixture_dir(name)).unwrap();
     let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
@@ -231,8 +244,7 @@ pub fn fused_schedule_with(
         eos_token_ids: vec![],
         tokenizer: None,
     };
-    let (schedule, report) =
-        lower_fused(&program, &meta, &mut SpirvCache::default(), opts).unwrap();
+    let (schedule, report) = lower_fused(&program, &meta, &mut spirv_cache(), opts).unwrap();
     (model, schedule, report)
 }
 
@@ -259,14 +271,14 @@ pub fn compiled_fixture(
     vkfuse_runtime::schedule::Schedule,
 ) {
     use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
-    use vkfuse_compiler::lower::{Meta, SpirvCache};
+    use vkfuse_compiler::lower::Meta;
     use vkfuse_compiler::{import, trace};
     let model = import::load(&fixture_dir(name)).unwrap();
     let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
     let (schedule, _) = lower_fused(
         &program,
         &Meta::of(&model),
-        &mut SpirvCache::default(),
+        &mut spirv_cache(),
         &FuseOptions::default(),
     )
     .unwrap();
@@ -297,16 +309,19 @@ pub fn teacher_forced_rows(
     vkfuse_runtime::session::Replay,
 ) {
     use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
-    use vkfuse_compiler::lower::{self, Meta, SpirvCache};
+    use vkfuse_compiler::lower::{self, Meta};
     use vkfuse_runtime::session::{Eager, Loaded, Replay};
     let meta = Meta {
         architecture: architecture.to_string(),
         eos_token_ids: vec![],
         tokenizer: None,
     };
-    let mut spirv = SpirvCache::default();
-    let unfused = lower::lower(program, &meta, &mut spirv).unwrap();
-    let (fused, _) = lower_fused(program, &meta, &mut spirv, &FuseOptions::default()).unwrap();
+    let (unfused, fused) = {
+        let mut spirv = spirv_cache();
+        let unfused = lower::lower(program, &meta, &mut spirv).unwrap();
+        let (fused, _) = lower_fused(program, &meta, &mut spirv, &FuseOptions::default()).unwrap();
+        (unfused, fused)
+    };
     let load = |s| Loaded::new(device.clone(), s, weights).unwrap();
     let mut unfused = Eager::new(load(unfused)).unwrap();
     let mut eager = Eager::new(load(fused.clone())).unwrap();
