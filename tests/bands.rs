@@ -19,7 +19,7 @@
 
 use vkfuse_compiler::fuse::bands::AttentionBand;
 use vkfuse_compiler::fuse::{lower_fused, FuseError, FuseOptions};
-use vkfuse_compiler::lower::{Meta, SpirvCache};
+use vkfuse_compiler::lower::Meta;
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Alternative, KernelDecl, Schedule};
@@ -213,7 +213,7 @@ fn lower(
         eos_token_ids: vec![],
         tokenizer: None,
     };
-    lower_fused(program, &meta, &mut SpirvCache::default(), opts).map(|(s, _)| s)
+    lower_fused(program, &meta, &mut vkfuse_tests::spirv_cache(), opts).map(|(s, _)| s)
 }
 
 #[test]

@@ -61,7 +61,7 @@ fn eager_refuses_a_step_past_the_kv_capacity() {
             eos_token_ids: vec![],
             tokenizer: None,
         };
-        let schedule = lower::lower(&program, &meta, &mut lower::SpirvCache::default()).unwrap();
+        let schedule = lower::lower(&program, &meta, &mut vkfuse_tests::spirv_cache()).unwrap();
         let mut eager = vkfuse_runtime::session::Eager::new(
             Loaded::new(device, schedule, &model.tensors).unwrap(),
         )
@@ -94,8 +94,7 @@ fn a_model_larger_than_device_memory_is_a_clear_error() {
             eos_token_ids: vec![],
             tokenizer: None,
         };
-        let mut schedule =
-            lower::lower(&program, &meta, &mut lower::SpirvCache::default()).unwrap();
+        let mut schedule = lower::lower(&program, &meta, &mut vkfuse_tests::spirv_cache()).unwrap();
         let weights = schedule
             .buffers
             .iter_mut()
