@@ -202,8 +202,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         let model = import::load(&args.model)
             .with_context(|| format!("loading {}", args.model.display()))?;
-        let mut program = trace::trace(&model, &trace::TraceOptions::default())?;
-        args.run.convert(&mut program)?;
+        let program = args.run.program(&model, &trace::TraceOptions::default())?;
         let meta = lower::Meta::of(&model);
         let mut spirv = SpirvCache::default();
         schedules.push((false, lower::lower(&program, &meta, &mut spirv)?));
@@ -217,11 +216,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let capacity = schedule.meta.max_context as usize;
         // A one-token prompt, then tokens - 1 more steps: one position per token.
         if args.tokens > capacity {
-            bail!(
-                "--tokens {} needs {} positions; the schedule reserves {capacity}",
-                args.tokens,
-                args.tokens
-            );
+            let tokens = args.tokens;
+            bail!("--tokens {tokens} needs {tokens} positions; the schedule reserves {capacity}");
         }
     }
     let device = crate::decode::open_device(args.device)?;

@@ -218,11 +218,7 @@ impl Source {
             max_context: args.max_context,
             ..Default::default()
         };
-        let mut program = trace::trace(&model, &opts).context("tracing the decode step")?;
-        if let Some(warning) = trace::past_trained_context(&model, &opts) {
-            eprintln!("{warning}");
-        }
-        args.run.convert(&mut program)?;
+        let program = args.run.program(&model, &opts)?;
         let capacity = trace::max_context(&model, &opts)?;
         Ok(Source::Model {
             model: Box::new(model),

@@ -248,11 +248,7 @@ fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)>
         max_context: args.max_context,
         ..Default::default()
     };
-    let mut program = trace::trace(&model, &opts).context("tracing the decode step")?;
-    if let Some(warning) = trace::past_trained_context(&model, &opts) {
-        eprintln!("{warning}");
-    }
-    args.run.convert(&mut program)?;
+    let program = args.run.program(&model, &opts)?;
     let schedule = lower::lower(
         &program,
         &lower::Meta::of(&model),

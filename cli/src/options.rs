@@ -2,8 +2,10 @@
 //! directory's weights are stored, and whether persistent regions and handoffs run.
 
 use anyhow::{bail, Context, Result};
+use vkfuse_compiler::import::Model;
 use vkfuse_compiler::ir::Program;
 use vkfuse_compiler::quant::{self, WeightFormat};
+use vkfuse_compiler::trace;
 use vkfuse_runtime::{Handoffs, Persistence};
 
 #[derive(clap::Args)]
@@ -47,11 +49,16 @@ impl RunOptions {
         Ok(())
     }
 
-    /// Stores a traced model directory's weights as `--weights` asks.
-    pub fn convert(&self, program: &mut Program) -> Result<()> {
-        if let Some(format) = self.weights {
-            quant::convert(program, format).context("converting the weights' format")?;
+    /// A model directory's decode step, traced with `opts` (a warning where `--max-context`
+    /// passes the positions the model was trained on), its weights stored as `--weights` asks.
+    pub fn program(&self, model: &Model, opts: &trace::TraceOptions) -> Result<Program> {
+        let mut program = trace::trace(model, opts).context("tracing the decode step")?;
+        if let Some(warning) = trace::past_trained_context(model, opts) {
+            eprintln!("{warning}");
         }
-        Ok(())
+        if let Some(format) = self.weights {
+            quant::convert(&mut program, format).context("converting the weights' format")?;
+        }
+        Ok(program)
     }
 }

@@ -63,17 +63,17 @@ pub(crate) struct InstanceShared {
     /// Kept here so the callback's user data stays valid until after `vkDestroyInstance`.
     pub(crate) log: ValidationLog,
     pub(crate) api_version: u32,
-    pub(crate) validation: bool,
-    /// Held while the instance lives, given back after `vkDestroyInstance` (fields drop after
-    /// `Drop::drop`): validated instances take turns ([`ValidatedTurn`]).
-    _turn: Option<ValidatedTurn>,
+    /// Some exactly when the validation layer is on: held while the instance lives, given back
+    /// after `vkDestroyInstance` (fields drop after `Drop::drop`), since validated instances
+    /// take turns ([`ValidatedTurn`]).
+    validation: Option<ValidatedTurn>,
 }
 
 impl fmt::Debug for Instance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Instance")
             .field("api_version", &adapter::Version(self.shared.api_version))
-            .field("validation", &self.shared.validation)
+            .field("validation", &self.shared.validation.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -222,15 +222,14 @@ impl Instance {
                 messenger,
                 log,
                 api_version,
-                validation: options.validation,
-                _turn: turn,
+                validation: turn,
             }),
         })
     }
 
     /// Whether `VK_LAYER_KHRONOS_validation` is on.
     pub fn validation_enabled(&self) -> bool {
-        self.shared.validation
+        self.shared.validation.is_some()
     }
 
     /// The instance's Vulkan version (the loader's, capped at 1.3).
