@@ -35,7 +35,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Also time every dependency level of the fused replay step (a separate recording with a
-    /// timestamp after each level) and print where the step's GPU time goes.
+    /// timestamp after each level) and print where the step's GPU time goes; for a model
+    /// directory, also each fused kernel against the plain kernels of its ops (both schedules
+    /// timed one dispatch per level).
     #[arg(long)]
     pub profile: bool,
     /// Profiled steps to average (at least 1).
@@ -362,6 +364,25 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         )?;
         let mut replay = Replay::new(loaded)?;
         crate::profile::print(&mut out, &mut replay, args.profile_steps)?;
+        drop(replay);
+        match (
+            schedules.iter().find(|(fused, _)| *fused),
+            schedules.iter().find(|(fused, _)| !*fused),
+        ) {
+            (Some((_, fused)), Some((_, plain))) => crate::against_plain::print(
+                &mut out,
+                &device,
+                fused,
+                plain,
+                weights.as_ref(),
+                args.profile_steps,
+            )?,
+            _ => writeln!(
+                out,
+                "\nfused kernels against plain ones: give a model directory (bench compiles it \
+                 both ways; a schedule file holds one)"
+            )?,
+        }
     }
     if args.json {
         writeln!(out, "{}", serde_json::to_string(&rows)?)?;

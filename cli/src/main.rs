@@ -1,6 +1,7 @@
 //! `vkfuse`: run a model or schedule, generate text with it, benchmark it, inspect it, list
 //! devices.
 
+mod against_plain;
 mod bench;
 mod decode;
 mod devices;

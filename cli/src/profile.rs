@@ -7,6 +7,22 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use vkfuse_runtime::session::Replay;
 
+/// `steps` within what the schedule's KV capacity lets a sequence run after its first token.
+pub fn profiled_steps(replay: &Replay, steps: u32) -> u32 {
+    let capacity = replay.loaded().schedule.meta.max_context;
+    steps.clamp(1, capacity.saturating_sub(2).max(1))
+}
+
+/// The mean ns of each level over `steps` greedy steps after token 1, after a warm-up
+/// (pipelines, caches); `None` where the device has no timestamp queries.
+pub fn level_times(replay: &mut Replay, steps: u32) -> Result<Option<Vec<f64>>> {
+    replay.step(Some(1))?;
+    replay.profile_levels(steps.min(8))?;
+    replay.reset()?;
+    replay.step(Some(1))?;
+    Ok(replay.profile_levels(steps)?)
+}
+
 /// The kernel family of a kernel label (`fused_matvec[...]` -> `fused_matvec`).
 fn family(label: &str) -> &str {
     label.split('[').next().unwrap_or(label)
@@ -15,14 +31,8 @@ fn family(label: &str) -> &str {
 /// Profiles `steps` greedy steps (after a warm-up) and prints the per-level table and a summary
 /// by kernel family.
 pub fn print(out: &mut dyn Write, replay: &mut Replay, steps: u32) -> Result<()> {
-    let capacity = replay.loaded().schedule.meta.max_context;
-    let steps = steps.clamp(1, capacity.saturating_sub(2).max(1));
-    // Warm-up (pipelines, caches), then a fresh sequence: token 1, greedy steps profiled.
-    replay.step(Some(1))?;
-    replay.profile_levels(steps.min(8))?;
-    replay.reset()?;
-    replay.step(Some(1))?;
-    let Some(ns) = replay.profile_levels(steps)? else {
+    let steps = profiled_steps(replay, steps);
+    let Some(ns) = level_times(replay, steps)? else {
         writeln!(out, "profile: the device has no timestamp queries")?;
         return Ok(());
     };

@@ -291,6 +291,24 @@ fn bench_profile_prints_every_level_of_the_fused_step() {
     assert!(levels > 5, "{stdout}");
     let step = stdout.lines().find(|l| l.starts_with("step:")).unwrap();
     assert!(step.contains(&format!("in {levels} levels")), "{step}");
+    // Then each fused kernel against the plain kernels of its ops: the qwen3-tied step's
+    // five (q/k/v with its norm, the attention block, o_proj with the residual, the chained
+    // MLP, lm_head with the argmax), each replacing two or more plain dispatches.
+    let kernels: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("fused kernel "))
+        .skip(1)
+        .take_while(|l| !l.starts_with("all fused kernels:"))
+        .collect();
+    assert_eq!(kernels.len(), 5, "{stdout}");
+    for row in &kernels {
+        // From the right: kernels only, ratio, plain µs, fused µs, plain dispatches, n.
+        let cols: Vec<&str> = row.split_whitespace().rev().take(6).collect();
+        let plain: f64 = cols[4].parse().unwrap();
+        assert!(plain >= 2.0, "{row}");
+    }
+    assert!(kernels[1].starts_with("attention block"), "{stdout}");
+    assert!(stdout.contains("all fused kernels:"), "{stdout}");
     // The JSON array stays the last line.
     let rows: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 6);

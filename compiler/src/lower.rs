@@ -301,6 +301,7 @@ pub fn lower_with_report(
             workgroups: call.workgroups,
             label: text(),
             alternatives: vec![],
+            ops: vec![id.index() as u32],
         });
     }
 

@@ -178,6 +178,8 @@ fn sample() -> (Schedule, MapWeights) {
                 kernel: KernelId(0),
                 workgroups: [2, 1, 1],
             }],
+            // Ops of a trace (any: the file only carries them).
+            ops: vec![3, 5, 8],
         },
         Dispatch {
             kernel: KernelId(1),
@@ -186,6 +188,7 @@ fn sample() -> (Schedule, MapWeights) {
             workgroups: [4, 1, 1],
             label: "rms_norm+q".into(),
             alternatives: vec![],
+            ops: vec![],
         },
         Dispatch {
             kernel: KernelId(1),
@@ -194,6 +197,7 @@ fn sample() -> (Schedule, MapWeights) {
             workgroups: [4, 2, 1],
             label: "rms_norm+kv".into(),
             alternatives: vec![],
+            ops: vec![],
         },
         Dispatch {
             kernel: KernelId(2),
@@ -202,6 +206,7 @@ fn sample() -> (Schedule, MapWeights) {
             workgroups: [1, 1, 1],
             label: "argmax".into(),
             alternatives: vec![],
+            ops: vec![],
         },
     ];
     let weights = vec![
@@ -635,8 +640,8 @@ fn should_reject_a_newer_version_saying_which() {
 
 #[test]
 fn should_refuse_a_version_1_file_asking_to_recompile() {
-    // Version 1 had no tokenizer in its metadata; this build reads version 6 only.
-    assert_eq!(FORMAT_VERSION, 6);
+    // Version 1 had no tokenizer in its metadata; this build reads version 7 only.
+    assert_eq!(FORMAT_VERSION, 7);
     let (_, mut b) = sample_file("version-1-src");
     b[8..12].copy_from_slice(&1u32.to_le_bytes());
     fix_checksums(&mut b);
@@ -646,7 +651,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
             err,
             ScheduleFileError::UnsupportedVersion {
                 found: 1,
-                supported: 6,
+                supported: 7,
                 ..
             }
         ),
@@ -654,7 +659,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 6)"),
+        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 7)"),
         "{msg}"
     );
     assert!(msg.contains("recompile the model"), "{msg}");
@@ -871,7 +876,7 @@ fn should_dump_every_table_readably() {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     let whole = file.to_string();
-    assert!(whole.contains("vkfuse schedule format 6"), "{whole}");
+    assert!(whole.contains("vkfuse schedule format 7"), "{whole}");
     assert!(whole.contains("tensors in the file (3):"), "{whole}");
     assert!(whole.contains(&text), "{whole}");
 }

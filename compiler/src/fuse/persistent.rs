@@ -153,6 +153,7 @@ pub fn add_regions(
                     members.join(" | ")
                 ),
                 alternatives: vec![],
+                ops: vec![],
             },
         });
     }

@@ -255,6 +255,7 @@ fn dispatch(
             total as f64 * 32.0 / 1e6
         ),
         alternatives: vec![],
+        ops: vec![],
     })
 }
 
@@ -285,6 +286,7 @@ mod tests {
             workgroups: [1, 1, 1],
             label: String::new(),
             alternatives: vec![],
+            ops: vec![],
         }
     }
 

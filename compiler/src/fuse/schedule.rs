@@ -579,6 +579,7 @@ impl Lowering<'_> {
                 workgroups,
                 label,
                 alternatives,
+                ops: k.covers.iter().map(|o| (start + o) as u32).collect(),
             });
         }
         for &(offset, v) in &fu.outputs {

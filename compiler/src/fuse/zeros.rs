@@ -73,6 +73,7 @@ fn merged(
         workgroups: gen.workgroups,
         label: format!("zero {} outputs (the chains')", group.len()),
         alternatives: vec![],
+        ops: vec![],
     })
 }
 
@@ -129,6 +130,7 @@ mod tests {
             workgroups: [1, 1, 1],
             label: format!("d{offset}"),
             alternatives: vec![],
+            ops: vec![],
         }
     }
 

@@ -33,7 +33,7 @@ pub const MAGIC: [u8; 8] = *b"VKFUSE\0\n";
 /// The last 8 bytes of every schedule file (every version so far).
 pub const END_MAGIC: [u8; 8] = *b"VKFEND\0\n";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 /// Every tensor (and the weights section itself) starts at a multiple of this many bytes.
 pub const WEIGHT_ALIGN: u64 = 4096;
 
@@ -651,7 +651,7 @@ impl Encoder {
                 self.u32(g);
             }
         }
-        Ok(())
+        self.u32s(&d.ops, "dispatch ops")
     }
 }
 
@@ -860,6 +860,7 @@ impl<'a> Decoder<'a> {
                 ],
             })
         })?;
+        let ops = self.u32s("dispatch ops")?;
         Ok(Dispatch {
             kernel,
             bindings,
@@ -867,13 +868,14 @@ impl<'a> Decoder<'a> {
             workgroups,
             label,
             alternatives,
+            ops,
         })
     }
 }
 
 const SLICE_SIZE: usize = 20;
 /// The fewest bytes an encoded dispatch takes (label length, kernel, workgroups, counts).
-const DISPATCH_MIN: usize = 4 + 4 + 12 + 4 + 4 + 4;
+const DISPATCH_MIN: usize = 4 + 4 + 12 + 4 + 4 + 4 + 4;
 /// An encoded alternative grid: position, kernel, workgroups.
 const ALTERNATIVE_SIZE: usize = 4 + 4 + 12;
 

@@ -199,6 +199,12 @@ pub struct Dispatch {
     /// Other grids for steps at short positions, by ascending [`Alternative::below`]; empty for
     /// almost every dispatch ([`Dispatch::grid_at`]).
     pub alternatives: Vec<Alternative>,
+    /// The traced program's ops it computes (their indices in the trace, `#N` in dumps), in
+    /// program order; empty for work the trace has no op for (zeroing, prefetch, persistent
+    /// regions). A fused schedule and the unfused one of the same trace name the same ops, so
+    /// a fused kernel can be timed against the plain kernels it replaces (`vkfuse bench
+    /// --profile`).
+    pub ops: Vec<u32>,
 }
 
 /// Another kernel and workgroup count for one dispatch, for the steps whose position is below
@@ -317,6 +323,20 @@ impl Schedule {
         bounds
     }
 
+    /// The same step with every dispatch in a level of its own (a barrier before each), and no
+    /// persistent regions (they stand for levels that no longer exist): what timing each
+    /// kernel alone in the step needs ([`crate::session::Replay::profile_levels`] then gives a
+    /// time per dispatch). Still correct: a barrier more orders nothing wrongly.
+    pub fn one_dispatch_per_level(&self) -> Schedule {
+        Schedule {
+            levels: (0..self.dispatches.len() as u32)
+                .map(|d| d..d + 1)
+                .collect(),
+            persistent: vec![],
+            ..self.clone()
+        }
+    }
+
     /// The band ([`Self::bands`]) of `position`.
     pub fn band_of(bands: &[u32], position: u32) -> usize {
         bands.partition_point(|&b| b <= position)
@@ -377,6 +397,7 @@ mod tests {
             workgroups: [9, 1, 1],
             label: "attention".into(),
             alternatives: vec![alt(128, 1), alt(512, 2)],
+            ops: vec![],
         };
         assert_eq!(d.grid_at(0), (KernelId(1), [1, 1, 1]));
         assert_eq!(d.grid_at(127), (KernelId(1), [1, 1, 1]));

@@ -77,6 +77,7 @@ mod tests {
             workgroups: [64, 1, 1],
             label: label.into(),
             alternatives: vec![],
+            ops: vec![],
         }
     }
 

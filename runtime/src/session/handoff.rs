@@ -258,6 +258,7 @@ mod tests {
                     workgroups: [1, 1, 1],
                     label: format!("d{i}"),
                     alternatives: vec![],
+                    ops: vec![],
                 })
                 .collect(),
             levels: (0..n).map(|i| i..i + 1).collect(),

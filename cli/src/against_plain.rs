@@ -1,0 +1,313 @@
+//! `vkfuse bench MODEL --profile`, second table: each fused kernel timed against the plain
+//! kernels it replaces (issue 7: "fused kernels lose nothing against the plain ones").
+//!
+//! Both schedules of the same trace run with every dispatch in a level of its own (a barrier
+//! before each, no handoffs, no persistent regions), so a timestamp after each level times
+//! each kernel alone in a real step: its weights, its inputs, the caches as the step leaves
+//! them. A dispatch's [`Dispatch::ops`] name the trace's ops it computes, the same ids in both
+//! schedules, so a fused kernel's plain counterpart is the unfused dispatches of its ops.
+//!
+//! Each kernel's time includes the barrier before it, so the plain side pays one barrier per
+//! kernel, as eager runs it. The "kernels only" columns take that out: they subtract, from
+//! every dispatch, the cheapest dispatch of the plain step (a barrier and a launch of almost no
+//! work), which is an upper bound of what a barrier alone costs there.
+
+use anyhow::Result;
+use std::collections::HashMap;
+use std::io::Write;
+use vkfuse_runtime::schedule::{Dispatch, Schedule};
+use vkfuse_runtime::session::{LoadOptions, Loaded, Replay, TensorBytes};
+use vkfuse_runtime::{Device, Handoffs, Persistence};
+
+/// One fused kernel (all its dispatches in the step) against the plain dispatches of its ops.
+#[derive(Debug, PartialEq)]
+pub struct KernelRow {
+    /// The first dispatch's label, without its op list.
+    pub label: String,
+    /// Its dispatches in the step (one per layer for a layer's kernel).
+    pub instances: usize,
+    /// Plain dispatches per instance (the mean, where instances differ).
+    pub plain_dispatches: f64,
+    /// Mean ns per instance, fused and plain (the plain dispatches of its ops summed).
+    pub fused_ns: f64,
+    pub plain_ns: f64,
+}
+
+/// Pairs every dispatch of `fused` whose kernel is a fused one (`fused_*`) with the dispatches
+/// of `plain` computing its ops, one row per fused kernel, in step order. `fused_ns[d]` and
+/// `plain_ns[d]` are dispatch d's times. A plain dispatch of an op no fused kernel covers is
+/// left out (the fused step computes it another way or not at all).
+pub fn pair(
+    fused: &Schedule,
+    fused_ns: &[f64],
+    plain: &Schedule,
+    plain_ns: &[f64],
+) -> Vec<KernelRow> {
+    let by_op: HashMap<u32, f64> = plain
+        .dispatches
+        .iter()
+        .zip(plain_ns)
+        .flat_map(|(d, &t)| d.ops.iter().map(move |&o| (o, t)))
+        .collect();
+    // By kernel, in the order the kernels first run.
+    let mut rows: Vec<KernelRow> = vec![];
+    let mut row_of: HashMap<u32, usize> = HashMap::new();
+    for (d, &t) in fused.dispatches.iter().zip(fused_ns) {
+        if !fused.kernels[d.kernel.index()].label.starts_with("fused_") {
+            continue;
+        }
+        let matched: Vec<f64> = d.ops.iter().filter_map(|o| by_op.get(o).copied()).collect();
+        if matched.is_empty() {
+            continue;
+        }
+        let r = *row_of.entry(d.kernel.0).or_insert_with(|| {
+            rows.push(KernelRow {
+                label: description(d),
+                instances: 0,
+                plain_dispatches: 0.0,
+                fused_ns: 0.0,
+                plain_ns: 0.0,
+            });
+            rows.len() - 1
+        });
+        let row = &mut rows[r];
+        row.instances += 1;
+        row.plain_dispatches += matched.len() as f64;
+        row.fused_ns += t;
+        row.plain_ns += matched.iter().sum::<f64>();
+    }
+    for r in &mut rows {
+        let n = r.instances as f64;
+        r.plain_dispatches /= n;
+        r.fused_ns /= n;
+        r.plain_ns /= n;
+    }
+    rows
+}
+
+/// A dispatch's label without the op list fused labels end with (`... (#5 #7)`), which
+/// differs from layer to layer.
+fn description(d: &Dispatch) -> String {
+    let text = match d.label.rfind(" (#") {
+        Some(at) => &d.label[..at],
+        None => &d.label,
+    };
+    if text.chars().count() > 56 {
+        text.chars().take(53).collect::<String>() + "..."
+    } else {
+        text.to_string()
+    }
+}
+
+/// Each dispatch's mean ns over `steps` greedy steps, `schedule` run one dispatch per level;
+/// `None` where the device has no timestamp queries.
+fn dispatch_times(
+    device: &Device,
+    schedule: &Schedule,
+    weights: &dyn TensorBytes,
+    steps: u32,
+) -> Result<Option<Vec<f64>>> {
+    let loaded = Loaded::load(
+        device.clone(),
+        schedule.one_dispatch_per_level(),
+        weights,
+        LoadOptions {
+            pipeline_cache: None,
+            progress: None,
+            persistence: Persistence::Off,
+            handoffs: Handoffs::Off,
+        },
+    )?;
+    let mut replay = Replay::new(loaded)?;
+    let steps = crate::profile::profiled_steps(&replay, steps);
+    crate::profile::level_times(&mut replay, steps)
+}
+
+/// Times both schedules one dispatch per level and prints the table.
+pub fn print(
+    out: &mut dyn Write,
+    device: &Device,
+    fused: &Schedule,
+    plain: &Schedule,
+    weights: &dyn TensorBytes,
+    steps: u32,
+) -> Result<()> {
+    let (Some(fused_ns), Some(plain_ns)) = (
+        dispatch_times(device, fused, weights, steps)?,
+        dispatch_times(device, plain, weights, steps)?,
+    ) else {
+        writeln!(
+            out,
+            "fused against plain: the device has no timestamp queries"
+        )?;
+        return Ok(());
+    };
+    let rows = pair(fused, &fused_ns, plain, &plain_ns);
+    // The cheapest plain dispatch: a barrier and a launch of almost no work.
+    let floor = plain_ns.iter().copied().fold(f64::INFINITY, f64::min);
+    let floor = if floor.is_finite() { floor } else { 0.0 };
+    writeln!(
+        out,
+        "\nfused kernels against the plain kernels of their ops: both schedules one dispatch per \
+         level (a barrier before each, no handoffs), mean of {steps} greedy steps; a kernel's µs \
+         include its barrier; \"kernels only\" takes {:.2} µs (the cheapest plain dispatch: a \
+         barrier and a near-empty launch) from every dispatch",
+        floor / 1e3
+    )?;
+    writeln!(
+        out,
+        "{:<56} {:>4} {:>6} {:>10} {:>10} {:>7} {:>13}",
+        "fused kernel", "n", "plain", "fused µs", "plain µs", "ratio", "kernels only"
+    )?;
+    let (mut fused_sum, mut plain_sum) = (0.0, 0.0);
+    let (mut fused_only, mut plain_only) = (0.0, 0.0);
+    for r in &rows {
+        let n = r.instances as f64;
+        let f_only = (r.fused_ns - floor).max(0.0);
+        let p_only = (r.plain_ns - r.plain_dispatches * floor).max(0.0);
+        fused_sum += n * r.fused_ns;
+        plain_sum += n * r.plain_ns;
+        fused_only += n * f_only;
+        plain_only += n * p_only;
+        writeln!(
+            out,
+            "{:<56} {:>4} {:>6.1} {:>10.2} {:>10.2} {:>7.2} {:>13}",
+            r.label,
+            r.instances,
+            r.plain_dispatches,
+            r.fused_ns / 1e3,
+            r.plain_ns / 1e3,
+            r.fused_ns / r.plain_ns.max(1e-9),
+            ratio(f_only, p_only)
+        )?;
+    }
+    writeln!(
+        out,
+        "all fused kernels: {:.1} µs against {:.1} µs plain per step (ratio {:.2}; kernels only \
+         {})",
+        fused_sum / 1e3,
+        plain_sum / 1e3,
+        fused_sum / plain_sum.max(1e-9),
+        ratio(fused_only, plain_only)
+    )?;
+    Ok(())
+}
+
+/// `a / b` to two places, or `-` where the plain side is all barrier.
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}", a / b)
+    } else {
+        "-".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vkfuse_runtime::schedule::{
+        BufferId, Io, KernelDecl, KernelId, ModelMeta, Schedule, Slice,
+    };
+
+    fn kernel(label: &str) -> KernelDecl {
+        KernelDecl {
+            label: label.into(),
+            spirv: vec![],
+            bindings: 0,
+            push_constant_bytes: 0,
+            spec_constants: vec![],
+            subgroups: None,
+        }
+    }
+
+    fn dispatch(kernel: u32, label: &str, ops: &[u32]) -> Dispatch {
+        Dispatch {
+            kernel: KernelId(kernel),
+            bindings: vec![],
+            push_constants: vec![],
+            workgroups: [1, 1, 1],
+            label: label.into(),
+            alternatives: vec![],
+            ops: ops.to_vec(),
+        }
+    }
+
+    fn schedule(kernels: Vec<KernelDecl>, dispatches: Vec<Dispatch>) -> Schedule {
+        let s = Slice {
+            buffer: BufferId(0),
+            offset: 0,
+            size: 4,
+        };
+        Schedule {
+            meta: ModelMeta {
+                architecture: "t".into(),
+                vocab_size: 1,
+                max_context: 8,
+                eos_token_ids: vec![],
+                tokenizer: None,
+            },
+            buffers: vec![],
+            weights: vec![],
+            kernels,
+            levels: (0..dispatches.len() as u32).map(|d| d..d + 1).collect(),
+            dispatches,
+            io: Io {
+                token: s,
+                position: s,
+                logits: s,
+            },
+            persistent: vec![],
+        }
+    }
+
+    #[test]
+    fn should_pair_each_fused_kernel_with_the_plain_dispatches_of_its_ops() {
+        // Two layers of a fused norm+matvec kernel (ops 1,2 and 5,6), a plain embedding kept
+        // as it is, and a zeroing dispatch with no ops.
+        let fused = schedule(
+            vec![
+                kernel("embedding[]"),
+                kernel("fused_matvec[]"),
+                kernel("zero[]"),
+            ],
+            vec![
+                dispatch(0, "embedding %0", &[0]),
+                dispatch(2, "zero", &[]),
+                dispatch(1, "matvec norm (#1 #2)", &[1, 2]),
+                dispatch(1, "matvec norm (#5 #6)", &[5, 6]),
+            ],
+        );
+        let plain = schedule(
+            vec![
+                kernel("embedding[]"),
+                kernel("rms_norm[]"),
+                kernel("matvec[]"),
+            ],
+            vec![
+                dispatch(0, "embedding", &[0]),
+                dispatch(1, "rms_norm", &[1]),
+                dispatch(2, "matvec", &[2]),
+                dispatch(1, "rms_norm", &[5]),
+                dispatch(2, "matvec", &[6]),
+                // An op of the plain step no fused kernel covers: not counted.
+                dispatch(2, "matvec", &[9]),
+            ],
+        );
+        let rows = pair(
+            &fused,
+            &[1.0, 1.0, 10.0, 14.0],
+            &plain,
+            &[1.0, 3.0, 9.0, 5.0, 11.0, 100.0],
+        );
+        assert_eq!(
+            rows,
+            vec![KernelRow {
+                label: "matvec norm".into(),
+                instances: 2,
+                plain_dispatches: 2.0,
+                fused_ns: 12.0,
+                plain_ns: 14.0,
+            }]
+        );
+    }
+}
