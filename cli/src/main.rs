@@ -3,6 +3,7 @@
 
 mod against_plain;
 mod bench;
+mod calibrate;
 mod decode;
 mod devices;
 mod generate;
@@ -47,6 +48,9 @@ enum Command {
     /// recordings and submits. A step the host reads alone (K=1) with handoffs has one barrier
     /// more, after emptying the handoff words.
     Bench(bench::BenchArgs),
+    /// Measure this device's bandwidth, dispatch and barrier costs for the fusion compiler's
+    /// cost model (`compile-model --device-cost FILE`).
+    Calibrate(calibrate::CalibrateArgs),
     /// Print a schedule file (from `compile-model -o`) as readable text.
     Inspect {
         /// The schedule file.
@@ -127,6 +131,7 @@ fn main() {
         Command::Generate(args) => generate::run(&args),
         Command::Devices => devices::list(),
         Command::Bench(args) => bench::run(&args),
+        Command::Calibrate(args) => calibrate::run(&args),
         Command::Inspect { file } => inspect(&file),
     };
     if let Err(e) = result {

@@ -378,3 +378,34 @@ fn run_says_when_handoffs_asked_for_do_not_run() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("expected auto, on or off"), "{stderr}");
 }
+
+#[test]
+fn calibrate_writes_costs_that_compile_model_reads() {
+    let path = std::env::temp_dir().join(format!("vkfuse-calibrate-{}.json", std::process::id()));
+    let out = vkfuse_ok(&["calibrate", "-o", path.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for row in [
+        "GB/s",
+        "barrier µs",
+        "dispatch µs",
+        "compute units",
+        "wrote",
+    ] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
+    // The file is what the compiler's reader accepts (every cost positive), named after the
+    // device it measured.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cost = vkfuse_compiler::fuse::cost::DeviceCost::from_json(&text).unwrap();
+    let device = stdout
+        .lines()
+        .next()
+        .unwrap()
+        .trim_start_matches("device: ");
+    assert_eq!(cost.name, device);
+    std::fs::remove_file(&path).ok();
+    // Without -o, the JSON is the last line.
+    let out = vkfuse_ok(&["calibrate"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    vkfuse_compiler::fuse::cost::DeviceCost::from_json(stdout.lines().last().unwrap()).unwrap();
+}

@@ -93,3 +93,87 @@ fn bad_arguments_are_clear_errors() {
         );
     }
 }
+
+#[test]
+fn device_cost_file_sets_the_costs_and_bad_ones_are_named() {
+    let dir = std::env::temp_dir().join(format!("vkfuse-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    // A device with 4 compute units: the attention block splits the context less than for
+    // the default H100's 132 (its grid follows the units, where the context is long enough
+    // to split), so the file is what was used.
+    let mut cost = serde_json::to_value(vkfuse_compiler::fuse::cost::DeviceCost::h100()).unwrap();
+    cost["name"] = "small-gpu".into();
+    cost["compute_units"] = 4.into();
+    std::fs::write(path("small.json"), cost.to_string()).unwrap();
+    let attention_groups = |extra: &[&str]| {
+        let out_path = path("s.vkf");
+        let mut args = vec![
+            fixture("qwen3-untied"),
+            "-o".into(),
+            out_path.clone(),
+            "--max-context".into(),
+            "4096".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = compile_model(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let f = vkfuse_runtime::schedule::ScheduleFile::open(&out_path).unwrap();
+        let d = f
+            .schedule()
+            .dispatches
+            .iter()
+            .find(|d| d.label.starts_with("attention block"))
+            .expect("an attention block")
+            .workgroups[0];
+        (d, String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    let (default_groups, stdout) = attention_groups(&[]);
+    assert!(
+        stdout.contains("costs of:    h100: barrier 3.5 µs"),
+        "{stdout}"
+    );
+    let (small_groups, stdout) = attention_groups(&["--device-cost", &path("small.json")]);
+    assert!(
+        stdout.contains(
+            "costs of:    small-gpu: barrier 3.5 µs, dispatch 0.2 µs, 3000 GB/s, 4 compute units"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        small_groups < default_groups,
+        "{small_groups} vs {default_groups}"
+    );
+
+    // Bad files: the error names the file and the field.
+    cost["compute_units"] = 0.into();
+    std::fs::write(path("zero.json"), cost.to_string()).unwrap();
+    std::fs::write(path("text.json"), "barrier_us = 3").unwrap();
+    for (file, want) in [
+        (
+            "zero.json",
+            "`compute_units` is 0: it must be a whole number above 0",
+        ),
+        ("text.json", "not JSON"),
+        ("absent.json", "reading the device cost file"),
+    ] {
+        let out = compile_model(&[
+            &fixture("qwen3-tied"),
+            "-o",
+            &path("bad.vkf"),
+            "--device-cost",
+            &path(file),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{file}");
+        assert!(stderr.contains(want), "{file}: {stderr}");
+        assert!(stderr.contains(&path(file)), "{file}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -43,9 +43,9 @@ struct Args {
     #[arg(long)]
     no_plan: bool,
     /// Workgroups per query head of the fused attention block, each over a chunk of the context
-    /// (1: one workgroup walks the whole context). Default: chosen from the shapes for the
-    /// device class the compiler tunes for (132 compute units, an H100): about two workgroups
-    /// per compute unit over all heads. On a GPU with far fewer units, fewer splits may do.
+    /// (1: one workgroup walks the whole context). Default: chosen from the shapes and the
+    /// device's compute units (`--device-cost`; else an H100's 132): about two workgroups per
+    /// compute unit over all heads.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     attention_splits: Option<u32>,
     /// Workgroup size of the fused attention block (a power of two up to 1024, raised to the
@@ -85,6 +85,12 @@ struct Args {
     /// without them, use this.
     #[arg(long)]
     no_argmax_in_matvec: bool,
+    /// The device costs fusion minimises and the attention block's splits follow: a JSON file
+    /// that `vkfuse calibrate -o FILE` writes on the target device (its barrier's cost, its
+    /// dispatch cost and bandwidth as measured, its compute units as the driver reports them).
+    /// Default: an H100's, as measured in docs/perf.md.
+    #[arg(long, value_name = "FILE")]
+    device_cost: Option<PathBuf>,
     /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.
     #[arg(long)]
     explain: bool,
@@ -96,6 +102,17 @@ struct Args {
     /// f32/f16/bf16 only). Default: the checkpoint's dtypes.
     #[arg(long, value_name = "FORMAT")]
     weights: Option<quant::WeightFormat>,
+}
+
+/// The device costs of `--device-cost FILE`, else the H100's.
+fn device_cost(path: Option<&std::path::Path>) -> Result<fuse::cost::DeviceCost> {
+    let Some(path) = path else {
+        return Ok(fuse::cost::DeviceCost::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the device cost file {}", path.display()))?;
+    fuse::cost::DeviceCost::from_json(&text)
+        .with_context(|| format!("the device cost file {}", path.display()))
 }
 
 fn main() {
@@ -212,6 +229,7 @@ fn run(args: Args) -> Result<()> {
     let segmentation = st.run("discover", || Ok(fuse::discover(&program)))?;
     let meta = lower::Meta::of(&model);
     let mut spirv = SpirvCache::default();
+    let mut cost_line = None;
     let (schedule, fusion, plan) = if args.no_fuse {
         let (s, r) = st.run("lower", || {
             lower::lower_with_report(&program, &meta, &mut spirv, !args.no_plan).context("lowering")
@@ -229,8 +247,18 @@ fn run(args: Args) -> Result<()> {
                 budget: m.saturating_mul(1 << 20),
                 ..fuse::prefetch::Prefetch::for_program(&program, false)
             }),
+            device: device_cost(args.device_cost.as_deref())?,
             ..Default::default()
         };
+        let d = &opts.device;
+        cost_line = Some(format!(
+            "{}: barrier {} µs, dispatch {} µs, {:.0} GB/s, {} compute units",
+            d.name,
+            d.barrier_us,
+            d.dispatch_us,
+            d.bytes_per_us / 1e3,
+            d.compute_units
+        ));
         let (s, r) = st.run("fuse", || {
             fuse::lower_fused(&program, &meta, &mut spirv, &opts).context("fusing and lowering")
         })?;
@@ -266,6 +294,9 @@ fn run(args: Args) -> Result<()> {
                 per.join(", ")
             );
         }
+    }
+    if let Some(c) = &cost_line {
+        println!("costs of:    {c}");
     }
     println!(
         "trace:       {} ops -> {} dispatches per token",

@@ -6,14 +6,16 @@ use super::lang::{FuseGraph, FuseLang};
 use egg::{Id, Language};
 use std::fmt;
 
-/// Cost parameters of a device class.
-#[derive(Clone, Debug, PartialEq)]
+/// Cost parameters of a device class: the H100's by default, or a device's own as `vkfuse
+/// calibrate` measures them (a JSON file of these fields, `compile-model --device-cost FILE`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct DeviceCost {
     /// A name for reports.
-    pub name: &'static str,
+    pub name: String,
     /// µs per dispatch when dispatches overlap (no barrier between them).
     pub dispatch_us: f64,
-    /// µs of idle GPU per compute→compute barrier (one per dependency level).
+    /// µs a dependency level costs a step beyond its work: the barrier, the drain before it and
+    /// the ramp after it.
     pub barrier_us: f64,
     /// Bytes per µs of memory bandwidth.
     pub bytes_per_us: f64,
@@ -25,6 +27,27 @@ pub struct DeviceCost {
     pub compute_units: usize,
 }
 
+/// Why a device cost file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceCostError {
+    #[error("not JSON: {0} (expected the object `vkfuse calibrate` writes)")]
+    Json(#[from] serde_json::Error),
+    #[error("not a JSON object (expected the object `vkfuse calibrate` writes)")]
+    NotAnObject,
+    #[error("missing field `{0}`")]
+    Missing(&'static str),
+    #[error("unknown field `{0}` (the fields are {FIELDS})")]
+    Unknown(String),
+    #[error("`{field}` is {value}: it must be {want}")]
+    Invalid {
+        field: &'static str,
+        value: String,
+        want: &'static str,
+    },
+}
+
+const FIELDS: &str = "name, dispatch_us, barrier_us, bytes_per_us, nominal_context, compute_units";
+
 impl DeviceCost {
     /// An H100: dispatch ~0.2 µs, ~3 TB/s, 132 SMs (DESIGN.md's measurements), and a level
     /// boundary ~3.5 µs: not the barrier's own ~2.3 µs (DESIGN.md) but what a step saves
@@ -32,13 +55,65 @@ impl DeviceCost {
     /// µs per boundary, session 13; 4.6-7 µs on the H100 with handoffs, session 15).
     pub fn h100() -> DeviceCost {
         DeviceCost {
-            name: "h100",
+            name: "h100".into(),
             dispatch_us: 0.2,
             barrier_us: 3.5,
             bytes_per_us: 3.0e6,
             nominal_context: 512,
             compute_units: 132,
         }
+    }
+
+    /// Parses and checks a device cost file's text (`vkfuse calibrate`'s JSON), naming the
+    /// field it refuses.
+    pub fn from_json(text: &str) -> Result<DeviceCost, DeviceCostError> {
+        let value: serde_json::Value = serde_json::from_str(text)?;
+        let obj = value.as_object().ok_or(DeviceCostError::NotAnObject)?;
+        if let Some(k) = obj
+            .keys()
+            .find(|k| !FIELDS.split(", ").any(|f| f == k.as_str()))
+        {
+            return Err(DeviceCostError::Unknown(k.clone()));
+        }
+        let get = |field: &'static str| obj.get(field).ok_or(DeviceCostError::Missing(field));
+        let positive = |field: &'static str| -> Result<f64, DeviceCostError> {
+            let v = get(field)?;
+            match v.as_f64() {
+                Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+                _ => Err(DeviceCostError::Invalid {
+                    field,
+                    value: v.to_string(),
+                    want: "a number above 0",
+                }),
+            }
+        };
+        let count = |field: &'static str| -> Result<usize, DeviceCostError> {
+            let v = get(field)?;
+            match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                Some(n) if n > 0 => Ok(n),
+                _ => Err(DeviceCostError::Invalid {
+                    field,
+                    value: v.to_string(),
+                    want: "a whole number above 0",
+                }),
+            }
+        };
+        let name = get("name")?;
+        Ok(DeviceCost {
+            name: name
+                .as_str()
+                .ok_or_else(|| DeviceCostError::Invalid {
+                    field: "name",
+                    value: name.to_string(),
+                    want: "a string",
+                })?
+                .to_string(),
+            dispatch_us: positive("dispatch_us")?,
+            barrier_us: positive("barrier_us")?,
+            bytes_per_us: positive("bytes_per_us")?,
+            nominal_context: count("nominal_context")?,
+            compute_units: count("compute_units")?,
+        })
     }
 }
 
@@ -175,5 +250,66 @@ pub fn node_cost(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) ->
         dispatches * dev.dispatch_us + node_bytes(g, class, node, dev) / dev.bytes_per_us
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn should_read_back_the_json_a_cost_writes() {
+        let h100 = DeviceCost::h100();
+        let text = serde_json::to_string_pretty(&h100).unwrap();
+        assert_eq!(DeviceCost::from_json(&text).unwrap(), h100);
+        // Every field the writer writes is one the reader knows.
+        let v = serde_json::to_value(&h100).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        let mut fields: Vec<&str> = FIELDS.split(", ").collect();
+        fields.sort_unstable();
+        let mut keys = keys;
+        keys.sort_unstable();
+        assert_eq!(keys, fields);
+    }
+
+    #[test]
+    fn should_name_the_field_that_a_cost_file_gets_wrong() {
+        let good = serde_json::to_value(DeviceCost::h100()).unwrap();
+        let with = |field: &str, value: serde_json::Value| {
+            let mut v = good.clone();
+            v[field] = value;
+            DeviceCost::from_json(&v.to_string())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = with("barrier_us", serde_json::json!(-1.0));
+        assert!(e.contains("`barrier_us` is -1.0"), "{e}");
+        let e = with("compute_units", serde_json::json!(0));
+        assert!(e.contains("`compute_units` is 0"), "{e}");
+        let e = with("compute_units", serde_json::json!(1.5));
+        assert!(
+            e.contains("`compute_units` is 1.5: it must be a whole"),
+            "{e}"
+        );
+        let e = with("bytes_per_us", serde_json::json!("fast"));
+        assert!(e.contains("`bytes_per_us` is \"fast\""), "{e}");
+        let e = with("name", serde_json::json!(3));
+        assert!(e.contains("`name` is 3"), "{e}");
+        let mut missing = good.clone();
+        missing.as_object_mut().unwrap().remove("dispatch_us");
+        let e = DeviceCost::from_json(&missing.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing field `dispatch_us`"), "{e}");
+        let mut extra = good.clone();
+        extra["barrier_ms"] = serde_json::json!(1.0);
+        let e = DeviceCost::from_json(&extra.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `barrier_ms`"), "{e}");
+        let e = DeviceCost::from_json("{").unwrap_err().to_string();
+        assert!(e.contains("not JSON"), "{e}");
+        let e = DeviceCost::from_json("[1]").unwrap_err().to_string();
+        assert!(e.contains("not a JSON object"), "{e}");
     }
 }
