@@ -5,14 +5,17 @@
 //! before each, no handoffs, no persistent regions), so a timestamp after each level times
 //! each kernel alone in a real step: its weights, its inputs, the caches as the step leaves
 //! them. A dispatch's [`Dispatch::ops`] name the trace's ops it computes, the same ids in both
-//! schedules, so a fused kernel's plain counterpart is the unfused dispatches of its ops.
+//! schedules, so a fused kernel's plain counterpart is the unfused dispatches of its ops. The
+//! fused step runs without its L2 prefetch dispatches here: they would read the next fused
+//! matvecs' weights into the cache ahead of them, and the plain step has none. Its other work
+//! that no op names (zeroing the chained MLP's sums) is a row of its own, counted in the total.
 //!
 //! Each kernel's time includes the barrier before it, so the plain side pays one barrier per
 //! kernel, as eager runs it. The "kernels only" columns take that out: they subtract, from
 //! every dispatch, the cheapest dispatch of the plain step (a barrier and a launch of almost no
 //! work), which is an upper bound of what a barrier alone costs there.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::collections::HashMap;
 use std::io::Write;
 use vkfuse_runtime::schedule::{Dispatch, Schedule};
@@ -43,11 +46,11 @@ pub fn pair(
     plain: &Schedule,
     plain_ns: &[f64],
 ) -> Vec<KernelRow> {
-    let by_op: HashMap<u32, f64> = plain
+    let by_op: HashMap<u32, usize> = plain
         .dispatches
         .iter()
-        .zip(plain_ns)
-        .flat_map(|(d, &t)| d.ops.iter().map(move |&o| (o, t)))
+        .enumerate()
+        .flat_map(|(i, d)| d.ops.iter().map(move |&o| (o, i)))
         .collect();
     // By kernel, in the order the kernels first run.
     let mut rows: Vec<KernelRow> = vec![];
@@ -56,7 +59,10 @@ pub fn pair(
         if !fused.kernels[d.kernel.index()].label.starts_with("fused_") {
             continue;
         }
-        let matched: Vec<f64> = d.ops.iter().filter_map(|o| by_op.get(o).copied()).collect();
+        // The plain dispatches of its ops, each once (should one compute several of them).
+        let mut matched: Vec<usize> = d.ops.iter().filter_map(|o| by_op.get(o).copied()).collect();
+        matched.sort_unstable();
+        matched.dedup();
         if matched.is_empty() {
             continue;
         }
@@ -74,7 +80,7 @@ pub fn pair(
         row.instances += 1;
         row.plain_dispatches += matched.len() as f64;
         row.fused_ns += t;
-        row.plain_ns += matched.iter().sum::<f64>();
+        row.plain_ns += matched.iter().map(|&i| plain_ns[i]).sum::<f64>();
     }
     for r in &mut rows {
         let n = r.instances as f64;
@@ -83,6 +89,12 @@ pub fn pair(
         r.plain_ns /= n;
     }
     rows
+}
+
+/// Whether a dispatch only reads weights into the L2 cache (`fuse::prefetch`): it writes
+/// nothing any other dispatch reads, so a step without it computes the same.
+fn is_prefetch(s: &Schedule, d: &Dispatch) -> bool {
+    s.kernels[d.kernel.index()].label.starts_with("prefetch[")
 }
 
 /// A dispatch's label without the op list fused labels end with (`... (#5 #7)`), which
@@ -99,14 +111,14 @@ fn description(d: &Dispatch) -> String {
     }
 }
 
-/// Each dispatch's mean ns over `steps` greedy steps, `schedule` run one dispatch per level;
-/// `None` where the device has no timestamp queries.
+/// Each dispatch's mean ns over `steps` greedy steps (as clamped to the schedule's capacity,
+/// returned too), `schedule` run one dispatch per level.
 fn dispatch_times(
     device: &Device,
     schedule: &Schedule,
     weights: &dyn TensorBytes,
     steps: u32,
-) -> Result<Option<Vec<f64>>> {
+) -> Result<(Vec<f64>, u32)> {
     let loaded = Loaded::load(
         device.clone(),
         schedule.one_dispatch_per_level(),
@@ -120,7 +132,9 @@ fn dispatch_times(
     )?;
     let mut replay = Replay::new(loaded)?;
     let steps = crate::profile::profiled_steps(&replay, steps);
-    crate::profile::level_times(&mut replay, steps)
+    let ns = crate::profile::level_times(&mut replay, steps)?
+        .context("the device has no timestamp queries")?;
+    Ok((ns, steps))
 }
 
 /// Times both schedules one dispatch per level and prints the table.
@@ -132,28 +146,41 @@ pub fn print(
     weights: &dyn TensorBytes,
     steps: u32,
 ) -> Result<()> {
-    let (Some(fused_ns), Some(plain_ns)) = (
-        dispatch_times(device, fused, weights, steps)?,
-        dispatch_times(device, plain, weights, steps)?,
-    ) else {
+    if device.info().timestamp_valid_bits == 0 {
         writeln!(
             out,
             "fused against plain: the device has no timestamp queries"
         )?;
         return Ok(());
+    }
+    let fused = Schedule {
+        dispatches: fused
+            .dispatches
+            .iter()
+            .filter(|d| !is_prefetch(fused, d))
+            .cloned()
+            .collect(),
+        ..fused.clone()
     };
-    let rows = pair(fused, &fused_ns, plain, &plain_ns);
+    let (fused_ns, _) = dispatch_times(device, &fused, weights, steps)?;
+    let (plain_ns, steps) = dispatch_times(device, plain, weights, steps)?;
+    let rows = pair(&fused, &fused_ns, plain, &plain_ns);
     // The cheapest plain dispatch: a barrier and a launch of almost no work.
     let floor = plain_ns.iter().copied().fold(f64::INFINITY, f64::min);
     let floor = if floor.is_finite() { floor } else { 0.0 };
     writeln!(
         out,
         "\nfused kernels against the plain kernels of their ops: both schedules one dispatch per \
-         level (a barrier before each, no handoffs), mean of {steps} greedy steps; a kernel's µs \
-         include its barrier; \"kernels only\" takes {:.2} µs (the cheapest plain dispatch: a \
-         barrier and a near-empty launch) from every dispatch",
+         level (a barrier before each, no handoffs; the fused step without its L2 prefetch), \
+         mean of {steps} greedy steps; a kernel's µs include its barrier; \"kernels only\" takes \
+         {:.2} µs (the cheapest plain dispatch: a barrier and a near-empty launch) from every \
+         dispatch",
         floor / 1e3
     )?;
+    if rows.is_empty() {
+        writeln!(out, "no fused kernels in this step")?;
+        return Ok(());
+    }
     writeln!(
         out,
         "{:<56} {:>4} {:>6} {:>10} {:>10} {:>7} {:>13}",
@@ -179,6 +206,32 @@ pub fn print(
             r.plain_ns / 1e3,
             r.fused_ns / r.plain_ns.max(1e-9),
             ratio(f_only, p_only)
+        )?;
+    }
+    // The fused step's work that no op names (zeroing the chains' sums): the fused side's
+    // cost, with no plain counterpart.
+    let extra: Vec<f64> = fused
+        .dispatches
+        .iter()
+        .zip(&fused_ns)
+        .filter(|(d, _)| d.ops.is_empty())
+        .map(|(_, &t)| t)
+        .collect();
+    if !extra.is_empty() {
+        let t: f64 = extra.iter().sum();
+        let t_only: f64 = extra.iter().map(|t| (t - floor).max(0.0)).sum();
+        fused_sum += t;
+        fused_only += t_only;
+        writeln!(
+            out,
+            "{:<56} {:>4} {:>6} {:>10.2} {:>10} {:>7} {:>13}",
+            "(fused only: zeroing, no op of the trace)",
+            extra.len(),
+            "-",
+            t / 1e3 / extra.len() as f64,
+            "-",
+            "-",
+            "-"
         )?;
     }
     writeln!(

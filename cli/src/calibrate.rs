@@ -8,12 +8,15 @@
 //! - bandwidth: one dispatch reading a buffer much larger than any last-level cache;
 //! - a level boundary: LEVELS dispatches each reading its own slice (the bytes of a typical
 //!   decode level), once with a barrier between consecutive ones and once without: the
-//!   difference per boundary is what a dependency level costs a step beyond its work (the
-//!   barrier, the drain before it, the ramp after it), the quantity the cost model charges;
+//!   difference per boundary is what a dependency level costs streaming work beyond the work
+//!   itself (the barrier, the drain before it, the ramp after it). The cost model charges what
+//!   a boundary costs a decode step, whose levels are latency chains with longer ramps: on an
+//!   H100 this measures 2.4 µs where dropping a step's boundaries saved 3.0-4.4 (docs/perf.md,
+//!   sessions 13 and 21), so it is a lower bound of that price;
 //! - a dispatch: LEVELS one-workgroup dispatches with no barrier between them.
 //!
 //! The compute units are the driver's count (NVIDIA and AMD report theirs); elsewhere the host's
-//! CPU count for a CPU device, else 1 with a note to edit the file.
+//! CPU count for a CPU device, else 1, said in the output, for the user to correct in the file.
 
 use anyhow::{Context, Result};
 use std::io::Write;
@@ -134,7 +137,10 @@ pub fn measure(device: &Device, out: &mut dyn Write) -> Result<DeviceCost> {
             "not reported by the driver: 1 written, edit the file to the device's count",
         ),
     };
-    let sizes = if cpu {
+    // Within what one binding may span and one allocation may hold (128 MiB on some mobile
+    // GPUs), in whole 16-byte loads.
+    let most = u64::from(info.max_storage_buffer_range).min(info.max_memory_allocation_size) & !15;
+    let mut sizes = if cpu {
         Sizes {
             stream: 64 << 20,
             level: 256 << 10,
@@ -144,9 +150,11 @@ pub fn measure(device: &Device, out: &mut dyn Write) -> Result<DeviceCost> {
         Sizes {
             stream: 1 << 30,
             level: 4 << 20,
-            groups: 8 * compute_units.max(16) as u32,
+            groups: 8 * compute_units.clamp(16, 4096) as u32,
         }
     };
+    sizes.stream = sizes.stream.min(most);
+    sizes.level = sizes.level.min(sizes.stream / 4);
     let src = device
         .create_buffer(sizes.stream, BufferKind::DeviceLocal)
         .context("the buffer to stream")?;
@@ -187,6 +195,18 @@ pub fn measure(device: &Device, out: &mut dyn Write) -> Result<DeviceCost> {
     // A boundary that measured nothing (noise on a CPU device) still costs something: the cost
     // model needs a positive price, and the smallest it can tell from zero will do.
     let floor = 0.001;
+    let mut notes = vec![];
+    if barrier < floor {
+        notes.push(format!(
+            "the barriers cost nothing measurable here ({barrier:.3} µs per boundary): \
+             {floor} µs written"
+        ));
+    }
+    if dispatch < floor {
+        notes.push(format!(
+            "a dispatch measured {dispatch:.4} µs: {floor} µs written"
+        ));
+    }
     let cost = DeviceCost {
         name: info.name.clone(),
         dispatch_us: round3(dispatch.max(floor)),
@@ -231,6 +251,9 @@ pub fn measure(device: &Device, out: &mut dyn Write) -> Result<DeviceCost> {
         "{:<14} {:>12} {:>12}  {units_from}",
         "compute units", cost.compute_units, h100.compute_units
     )?;
+    for note in notes {
+        writeln!(out, "note: {note}")?;
+    }
     Ok(cost)
 }
 
@@ -239,6 +262,17 @@ fn round3(x: f64) -> f64 {
 }
 
 pub fn run(args: &CalibrateArgs) -> Result<()> {
+    // Before measuring: the folder the costs go to must exist.
+    if let Some(out) = &args.output {
+        let dir = out.parent().filter(|d| !d.as_os_str().is_empty());
+        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
+            anyhow::bail!(
+                "-o {}: the folder {} does not exist",
+                out.display(),
+                dir.display()
+            );
+        }
+    }
     let device = crate::decode::open_device(args.device)?;
     let mut out = std::io::stdout().lock();
     let cost = measure(&device, &mut out)?;

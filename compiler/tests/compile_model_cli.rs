@@ -141,7 +141,7 @@ fn device_cost_file_sets_the_costs_and_bad_ones_are_named() {
     let (small_groups, stdout) = attention_groups(&["--device-cost", &path("small.json")]);
     assert!(
         stdout.contains(
-            "costs of:    small-gpu: barrier 3.5 µs, dispatch 0.2 µs, 3000 GB/s, 4 compute units"
+            "costs of:    small-gpu: barrier 3.5 µs, dispatch 0.2 µs, 3000.0 GB/s, 4 compute units"
         ),
         "{stdout}"
     );
@@ -157,7 +157,7 @@ fn device_cost_file_sets_the_costs_and_bad_ones_are_named() {
     for (file, want) in [
         (
             "zero.json",
-            "`compute_units` is 0: it must be a whole number above 0",
+            "`compute_units` is 0: it must be a whole number from 1",
         ),
         ("text.json", "not JSON"),
         ("absent.json", "reading the device cost file"),
@@ -175,5 +175,16 @@ fn device_cost_file_sets_the_costs_and_bad_ones_are_named() {
         assert!(stderr.contains(&path(file)), "{file}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
+    // An unfused schedule has no costs to minimise: the flag is refused, not ignored.
+    let out = compile_model(&[
+        &fixture("qwen3-tied"),
+        "-o",
+        &path("bad.vkf"),
+        "--no-fuse",
+        "--device-cost",
+        &path("small.json"),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -522,6 +522,22 @@ fn should_refuse_alternatives_that_could_not_stand_in_for_their_dispatch() {
 }
 
 #[test]
+fn should_refuse_ops_out_of_order_or_named_twice() {
+    // Profiles pair a fused dispatch with the plain ones by its ops: each named once, in order.
+    for ops in [vec![8, 3], vec![3, 3]] {
+        let (mut schedule, weights) = sample();
+        schedule.dispatches[0].ops = ops.clone();
+        let err = schedule.write_to(&mut Vec::new(), &weights).unwrap_err();
+        assert!(matches!(err, ScheduleFileError::Unwritable(_)), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("dispatch 0 (embed)") && msg.contains("not strictly ascending"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
 fn should_refuse_a_load_time_workgroup_without_a_size_or_out_of_range() {
     for (subgroups, spec) in [(0, vec![64]), (33, vec![64]), (2, vec![])] {
         let (mut schedule, weights) = sample();
@@ -867,7 +883,8 @@ fn should_dump_every_table_readably() {
         "  level 1\n    d1    k1 [4,1,1] b3[+0,64] b0[+256,100] b0[+8064,64] b3[+256,64] \
          push [16] rms_norm+q\n    d2    k1 [4,2,1]",
         "d3    k2 [1,1,1] b1[+64,64] b1[+0,4] argmax",
-        "push [16 4] embed\n          below position 16: k0 [2,1,1]\n",
+        // Its ops, which an unfused-style label does not list.
+        "push [16 4] embed (#3 #5 #8)\n          below position 16: k0 [2,1,1]\n",
         "weights (4 uploads, 5228 bytes):",
         "model.layers.0.mlp.down_proj.weight -> b0[+1024,5000]",
         "persistent regions: 1 (applied where the device keeps every workgroup resident: 2 levels then)",

@@ -86,10 +86,11 @@ struct Args {
     #[arg(long)]
     no_argmax_in_matvec: bool,
     /// The device costs fusion minimises and the attention block's splits follow: a JSON file
-    /// that `vkfuse calibrate -o FILE` writes on the target device (its barrier's cost, its
-    /// dispatch cost and bandwidth as measured, its compute units as the driver reports them).
-    /// Default: an H100's, as measured in docs/perf.md.
-    #[arg(long, value_name = "FILE")]
+    /// that `vkfuse calibrate -o FILE` writes on the target device (its bandwidth, dispatch
+    /// cost and the cost of a boundary between streaming levels as measured, which is below
+    /// what a boundary costs a decode step: 2.4 against 3.5 µs on an H100; its compute units
+    /// as the driver reports them). Default: an H100's, from docs/perf.md's measurements.
+    #[arg(long, value_name = "FILE", conflicts_with = "no_fuse")]
     device_cost: Option<PathBuf>,
     /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.
     #[arg(long)]
@@ -173,6 +174,8 @@ fn run(args: Args) -> Result<()> {
             bail!("--attention-wg {wg}: a power of two from 4 to 1024");
         }
     }
+    // Before the import and trace, which take long on a large model.
+    let device = device_cost(args.device_cost.as_deref())?;
     let mut st = Stages { times: vec![] };
     let model = st.run("import", || {
         import::load(&args.model).with_context(|| format!("loading {}", args.model.display()))
@@ -247,12 +250,12 @@ fn run(args: Args) -> Result<()> {
                 budget: m.saturating_mul(1 << 20),
                 ..fuse::prefetch::Prefetch::for_program(&program, false)
             }),
-            device: device_cost(args.device_cost.as_deref())?,
+            device,
             ..Default::default()
         };
         let d = &opts.device;
         cost_line = Some(format!(
-            "{}: barrier {} µs, dispatch {} µs, {:.0} GB/s, {} compute units",
+            "{}: barrier {} µs, dispatch {} µs, {:.1} GB/s, {} compute units",
             d.name,
             d.barrier_us,
             d.dispatch_us,

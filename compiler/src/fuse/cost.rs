@@ -30,8 +30,9 @@ pub struct DeviceCost {
 /// Why a device cost file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceCostError {
-    #[error("not JSON: {0} (expected the object `vkfuse calibrate` writes)")]
-    Json(#[from] serde_json::Error),
+    /// The parser's message (kept as text, not as a source, so it is printed once).
+    #[error("not JSON ({0}); expected the object `vkfuse calibrate` writes")]
+    Json(String),
     #[error("not a JSON object (expected the object `vkfuse calibrate` writes)")]
     NotAnObject,
     #[error("missing field `{0}`")]
@@ -67,7 +68,8 @@ impl DeviceCost {
     /// Parses and checks a device cost file's text (`vkfuse calibrate`'s JSON), naming the
     /// field it refuses.
     pub fn from_json(text: &str) -> Result<DeviceCost, DeviceCostError> {
-        let value: serde_json::Value = serde_json::from_str(text)?;
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| DeviceCostError::Json(e.to_string()))?;
         let obj = value.as_object().ok_or(DeviceCostError::NotAnObject)?;
         if let Some(k) = obj
             .keys()
@@ -76,25 +78,28 @@ impl DeviceCost {
             return Err(DeviceCostError::Unknown(k.clone()));
         }
         let get = |field: &'static str| obj.get(field).ok_or(DeviceCostError::Missing(field));
-        let positive = |field: &'static str| -> Result<f64, DeviceCostError> {
+        // Ranges far beyond any device, so that no cost overflows the arithmetic it feeds
+        // (a level's price times the levels, the units times two in the attention splits).
+        let number = |field: &'static str, want: &'static str, range: (f64, f64)| {
             let v = get(field)?;
             match v.as_f64() {
-                Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+                Some(x) if x >= range.0 && x <= range.1 => Ok(x),
                 _ => Err(DeviceCostError::Invalid {
                     field,
                     value: v.to_string(),
-                    want: "a number above 0",
+                    want,
                 }),
             }
         };
+        let us = |field| number(field, "a number of µs from 0.0001 to 100000", (1e-4, 1e5));
         let count = |field: &'static str| -> Result<usize, DeviceCostError> {
             let v = get(field)?;
-            match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
-                Some(n) if n > 0 => Ok(n),
+            match v.as_u64() {
+                Some(n) if (1..=1 << 24).contains(&n) => Ok(n as usize),
                 _ => Err(DeviceCostError::Invalid {
                     field,
                     value: v.to_string(),
-                    want: "a whole number above 0",
+                    want: "a whole number from 1 to 16777216",
                 }),
             }
         };
@@ -108,9 +113,13 @@ impl DeviceCost {
                     want: "a string",
                 })?
                 .to_string(),
-            dispatch_us: positive("dispatch_us")?,
-            barrier_us: positive("barrier_us")?,
-            bytes_per_us: positive("bytes_per_us")?,
+            dispatch_us: us("dispatch_us")?,
+            barrier_us: us("barrier_us")?,
+            bytes_per_us: number(
+                "bytes_per_us",
+                "a number of bytes per µs from 1 to 10^9 (1 MB/s to 1 PB/s)",
+                (1.0, 1e9),
+            )?,
             nominal_context: count("nominal_context")?,
             compute_units: count("compute_units")?,
         })
@@ -307,8 +316,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown field `barrier_ms`"), "{e}");
-        let e = DeviceCost::from_json("{").unwrap_err().to_string();
-        assert!(e.contains("not JSON"), "{e}");
+        let e = DeviceCost::from_json("{").unwrap_err();
+        assert!(e.to_string().contains("not JSON (EOF while parsing"), "{e}");
+        // The parser's message is in the text only, not repeated as a cause.
+        assert!(std::error::Error::source(&e).is_none());
         let e = DeviceCost::from_json("[1]").unwrap_err().to_string();
         assert!(e.contains("not a JSON object"), "{e}");
     }

@@ -232,7 +232,14 @@ fn write_call(f: &mut fmt::Formatter<'_>, d: &super::Dispatch) -> fmt::Result {
     if !d.push_constants.is_empty() {
         write!(f, " push {}", PushConstants(&d.push_constants))?;
     }
-    writeln!(f, " {}", d.label)?;
+    write!(f, " {}", d.label)?;
+    // The ops it computes, where the label does not list them already (unfused labels name
+    // their inputs; fused ones list their ops but for reshapes).
+    if !d.ops.is_empty() && !d.label.contains("(#") {
+        let ops: Vec<String> = d.ops.iter().map(|o| format!("#{o}")).collect();
+        write!(f, " ({})", ops.join(" "))?;
+    }
+    writeln!(f)?;
     for a in &d.alternatives {
         let [x, y, z] = a.workgroups;
         writeln!(

@@ -117,6 +117,14 @@ impl Schedule {
             for b in &d.bindings {
                 check_slice(self, b, &what)?;
             }
+            // Profiles pair dispatches by their ops (`Dispatch::ops`): each named once.
+            if d.ops.windows(2).any(|w| w[0] >= w[1]) {
+                return invalid(format!(
+                    "{}: its ops {:?} are not strictly ascending",
+                    what(),
+                    d.ops
+                ));
+            }
         }
         let mut next = 0u32;
         for l in &self.levels {
