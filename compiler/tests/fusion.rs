@@ -632,52 +632,43 @@ fn should_fuse_each_dense_layer_into_five_dispatches_and_zero_all_chains_in_one(
     }
 }
 
-#[test]
-fn should_name_in_each_fused_dispatch_the_ops_of_the_unfused_dispatches_it_replaces() {
-    // `vkfuse bench --profile` times each fused kernel against the unfused dispatches of the
-    // ops it names (`Dispatch::ops`): every op the unfused step dispatches must be named by
-    // exactly one fused dispatch, and a fused dispatch names only ops of the trace.
-    for name in ["qwen3-tied", "qwen3-untied", "llama-gqa", "qwen3-next"] {
-        let p = fixture(name);
-        let mut spirv = SpirvCache::default();
-        let plain = vkfuse_compiler::lower::lower(&p, &meta(), &mut spirv).unwrap();
-        let (fused, _) = lower_fused(&p, &meta(), &mut spirv, &FuseOptions::default()).unwrap();
-        for d in &plain.dispatches {
-            assert_eq!(d.ops.len(), 1, "{name}: unfused `{}`", d.label);
-        }
-        let mut named = std::collections::HashMap::<u32, usize>::new();
-        for d in &fused.dispatches {
-            assert!(
-                d.ops.windows(2).all(|w| w[0] < w[1]),
-                "{name}: `{}`",
-                d.label
-            );
-            for &o in &d.ops {
-                assert!(
-                    (o as usize) < p.ops.len(),
-                    "{name}: `{}` names op {o}",
-                    d.label
-                );
-                *named.entry(o).or_default() += 1;
-            }
-        }
-        for d in &plain.dispatches {
-            let o = d.ops[0];
-            assert_eq!(
-                named.get(&o),
-                Some(&1),
-                "{name}: op {o} (`{}`) in fused dispatches",
-                d.label
-            );
-        }
-        // The fused dispatches of a layer's kernels name several ops each.
-        let fused_kernels = fused
-            .dispatches
-            .iter()
-            .filter(|d| fused.kernels[d.kernel.index()].label.starts_with("fused_"));
-        assert!(fused_kernels.clone().count() > 0, "{name}");
-        assert!(fused_kernels.clone().all(|d| !d.ops.is_empty()), "{name}");
+/// `vkfuse bench --profile` times each fused kernel against the unfused dispatches of the ops
+/// it names (`Dispatch::ops`): every op the unfused step of `p` dispatches must be named by
+/// exactly one dispatch of `fused`, and a fused kernel names only ops of the trace. (Called by
+/// `fused_program_snapshots`, which lowers the same programs: one fused lowering each.)
+fn assert_each_unfused_op_named_once(name: &str, p: &Program, fused: &Schedule) {
+    let plain = vkfuse_compiler::lower::lower(p, &meta(), &mut SpirvCache::default()).unwrap();
+    for d in &plain.dispatches {
+        assert_eq!(d.ops.len(), 1, "{name}: unfused `{}`", d.label);
     }
+    let mut named = std::collections::HashMap::<u32, usize>::new();
+    for d in &fused.dispatches {
+        for &o in &d.ops {
+            assert!(
+                (o as usize) < p.ops.len(),
+                "{name}: `{}` names op {o}",
+                d.label
+            );
+            *named.entry(o).or_default() += 1;
+        }
+    }
+    for d in &plain.dispatches {
+        let o = d.ops[0];
+        assert_eq!(
+            named.get(&o),
+            Some(&1),
+            "{name}: op {o} (`{}`) in fused dispatches",
+            d.label
+        );
+    }
+    // The fused kernels name their ops.
+    let mut fused_kernels = fused
+        .dispatches
+        .iter()
+        .filter(|d| fused.kernels[d.kernel.index()].label.starts_with("fused_"))
+        .peekable();
+    assert!(fused_kernels.peek().is_some(), "{name}");
+    assert!(fused_kernels.all(|d| !d.ops.is_empty()), "{name}");
 }
 
 #[test]
@@ -692,6 +683,7 @@ fn fused_program_snapshots() {
         )
         .unwrap();
         s.validate().unwrap();
+        assert_each_unfused_op_named_once(name, &p, &s);
         insta::assert_snapshot!(format!("fused-{name}"), fusion_text(&s, &r));
     }
     let (s, r) = lower_fused(
