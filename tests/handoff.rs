@@ -181,3 +181,51 @@ fn should_hand_q_k_v_to_every_split_at_longer_positions() {
     }
     assert!(log.is_clean(), "{}", log.report());
 }
+
+/// `compile-model --ablate` (timing probes): every ablated kernel still publishes every word
+/// its handed-over consumer waits for (on lavapipe a missing word would hang the step, on a
+/// GPU too), its label is marked, and it does change the output, which is what makes it an
+/// ablation: 40 greedy steps with handoffs on, 4 attention splits so that positions past 32
+/// combine splits, against the same schedule unablated.
+#[test]
+fn should_run_every_ablation_with_handoffs_and_change_the_tokens() {
+    use vkfuse_compiler::fuse::ablate::{Ablate, MARK};
+    let name = "qwen3-untied";
+    let (device, log) = validated_device();
+    let ids = |ablate: Vec<Ablate>| {
+        let opts = FuseOptions {
+            attention_splits: Some(4),
+            ablate,
+            ..FuseOptions::default()
+        };
+        let (model, schedule, _) = fused_schedule_with(name, &opts);
+        let marked = schedule
+            .kernels
+            .iter()
+            .filter(|k| k.label.ends_with(MARK))
+            .count();
+        let mut replay = Replay::new(load(&device, &schedule, &model, Handoffs::On)).unwrap();
+        assert!(replay.handed_levels() > 0);
+        let mut ids = vec![replay.step(Some(1)).unwrap().next_token];
+        ids.extend(replay.greedy_tokens(None, 39, 8).unwrap());
+        assert_words_empty(name, &replay);
+        (ids, marked)
+    };
+    let (plain, marked) = ids(vec![]);
+    assert_eq!(marked, 0);
+    for a in [
+        Ablate::Matvec,
+        Ablate::WideMatvec,
+        Ablate::Attention,
+        Ablate::AttentionCombine,
+        Ablate::Chain,
+    ] {
+        let (got, marked) = ids(vec![a]);
+        assert!(marked > 0, "{a:?}: no kernel marked");
+        assert_ne!(
+            got, plain,
+            "{a:?}: the same tokens as the unablated schedule"
+        );
+    }
+    assert!(log.is_clean(), "{}", log.report());
+}

@@ -14,7 +14,7 @@ use std::time::Instant;
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::quant::EncodedWeights;
 use vkfuse_compiler::{fuse, import, trace};
-use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
+use vkfuse_runtime::schedule::Schedule;
 use vkfuse_runtime::session::{
     writeback, Eager, LoadOptions, Loaded, Replay, TensorBytes, WriteBack,
 };
@@ -197,7 +197,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut schedules: Vec<(bool, Schedule)> = vec![];
     let weights: Box<dyn TensorBytes> = if args.model.is_file() {
         args.run.check_file()?;
-        let (s, w) = ScheduleFile::open(&args.model)?.into_parts();
+        let (s, w) = crate::options::open_schedule(&args.model)?.into_parts();
         let fused = s.kernels.iter().any(|k| k.label.starts_with("fused_"));
         schedules.push((fused, s));
         Box::new(w)

@@ -210,7 +210,9 @@ impl Source {
             if args.max_context.is_some() {
                 bail!("--max-context is fixed when the schedule is compiled (compile-model --max-context)");
             }
-            return Ok(Source::File(Box::new(ScheduleFile::open(&args.model)?)));
+            return Ok(Source::File(Box::new(crate::options::open_schedule(
+                &args.model,
+            )?)));
         }
         let model = import::load(&args.model)
             .with_context(|| format!("loading {}", args.model.display()))?;

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::quant::EncodedWeights;
 use vkfuse_compiler::{import, trace};
-use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
+use vkfuse_runtime::schedule::Schedule;
 use vkfuse_runtime::session::TensorBytes;
 use vkfuse_runtime::session::{pipeline_cache, CacheFile, LoadOptions};
 use vkfuse_runtime::{Backend, Session, SessionOptions};
@@ -240,7 +240,7 @@ fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)>
                 "--max-context is fixed when the schedule is compiled (compile-model --max-context)"
             );
         }
-        let (schedule, weights) = ScheduleFile::open(&args.model)?.into_parts();
+        let (schedule, weights) = crate::options::open_schedule(&args.model)?.into_parts();
         return Ok((schedule, Box::new(weights), origin));
     }
     let model = import::load(&args.model).with_context(|| format!("loading {origin}"))?;

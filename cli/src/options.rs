@@ -40,6 +40,27 @@ pub fn parse_token_id(text: &str) -> std::result::Result<u32, String> {
         .map_err(|_| format!("token ids are integers from 0 to {}: {text}", u32::MAX))
 }
 
+/// Opens a schedule file, with a warning where compile-model built it for timing only
+/// (`--ablate`: its kernels are marked, its tokens wrong by design).
+pub fn open_schedule(path: &std::path::Path) -> Result<vkfuse_runtime::schedule::ScheduleFile> {
+    let file = vkfuse_runtime::schedule::ScheduleFile::open(path)?;
+    let mark = vkfuse_compiler::fuse::ablate::MARK;
+    let ablated = file
+        .schedule()
+        .kernels
+        .iter()
+        .filter(|k| k.label.ends_with(mark))
+        .count();
+    if ablated > 0 {
+        eprintln!(
+            "warning: {} was compiled with --ablate ({ablated} kernels reduced for timing): its \
+             tokens and logits are wrong by design",
+            path.display()
+        );
+    }
+    Ok(file)
+}
+
 impl RunOptions {
     /// Refuses what a schedule file fixed at compile time.
     pub fn check_file(&self) -> Result<()> {

@@ -366,6 +366,15 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
 // combines all of them into y and resets the head's counter.
 void combine(uint h, uint split, uint used, float m, float total, float lsum) {
     uint t = gl_LocalInvocationID.x;
+#ifdef ABLATE_COMBINE
+    // Timing only (compile-model --ablate attention-combine): split 0 publishes its own
+    // partial as the head's output.
+    if (split == 0u && t < D) {
+        y[h * D + t] = total / lsum;
+        handoff_store(h * D + t, total / lsum);
+    }
+    return;
+#endif
     const uint stride = D + 2u;
     uint head = h * NSPLITS * stride;
     uint mine = head + split * stride;
@@ -478,6 +487,16 @@ void main() {
         praw = vec2(q[h * D + pt], k_new[g * D + pt]);
         vv = v_new[g * D + t];
     }
+#ifdef ABLATE_EMPTY
+    // Timing only (compile-model --ablate attention): the block reduced to its handoff hop,
+    // q/k/v words in, y words out.
+    if (wid % NSPLITS == 0u && t < D) {
+        float e = raw.x + praw.x + vv;
+        y[h * D + t] = e;
+        handoff_store(h * D + t, e);
+    }
+    return;
+#endif
     vec2 wn = vec2(1.0);
     vec2 pwn = vec2(1.0);
 #if QK_NORM

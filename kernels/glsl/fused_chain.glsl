@@ -210,6 +210,34 @@ void main() {
 #if INNER_IN
     float pin = t < CB ? IN0(CB * b + t) : 0.0;
 #endif
+#ifdef ABLATE_EMPTY
+    // Timing only (compile-model --ablate chain / wide-matvec): x waited for (each invocation
+    // its share), the outputs written (and published by the wide matvec).
+    {
+        float e = 0.0;
+        for (uint i = t; i < CH_I / 4u; i += gl_WorkGroupSize.x) {
+            vec4 v = handoff_reading() ? handoff_load4(0u, i) : vec4(x[4u * i]);
+            e += v.x * 1e-30;
+        }
+#if INNER_ONLY
+        if (t < CB) {
+            float v = e;
+#if INNER_IN
+            v += pin;
+#endif
+            y[CB * b + t] = v;
+            handoff_store(CB * b + t, v);
+        }
+#else
+        if (b == 0u) {
+            for (uint r = t; r < CH_O; r += gl_WorkGroupSize.x) {
+                add_row(r, b, e);
+            }
+        }
+#endif
+        return;
+    }
+#endif
     uint lane = gl_SubgroupInvocationID;
 #if PRE_STEPS > 0
     // This subgroup's first round of dots, its first PRE_STEPS steps loaded now (see the top).

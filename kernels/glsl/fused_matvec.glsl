@@ -134,6 +134,17 @@ void main() {
     if (row0 >= O) {
         return;
     }
+#ifdef ABLATE_EMPTY
+    // Timing only (compile-model --ablate matvec): its input read (one element per row), its
+    // outputs written and published.
+    if (t < ROWS && row0 + t < O) {
+        uint r = row0 + t;
+        float v = x[r % I] * 1e-30;
+        y[out_index(r)] = v;
+        handoff_store(out_index(r), v);
+    }
+    return;
+#endif
     // Dot j is output row row0 + j / PER_ROW, part j % PER_ROW; rows past O repeat O - 1.
     uint wrow[MAX_DOTS];
     float acc[MAX_DOTS];

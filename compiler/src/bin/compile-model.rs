@@ -92,6 +92,19 @@ struct Args {
     /// as the driver reports them). Default: an H100's, from docs/perf.md's measurements.
     #[arg(long, value_name = "FILE", conflicts_with = "no_fuse")]
     device_cost: Option<PathBuf>,
+    /// Timing probes, never for use: reduce these fused kernels, in every layer, to their
+    /// input wait and output (`matvec`: q/k/v; `wide-matvec`: o_proj; `attention`;
+    /// `attention-combine`: split 0's partial as the output; `chain`: the MLP), keeping every
+    /// level, handoff and barrier. The step's time against the unablated schedule's is what
+    /// that work costs the step as it runs. The tokens are wrong by design; vkfuse warns when
+    /// it loads such a file.
+    #[arg(
+        long,
+        value_name = "KERNELS",
+        value_delimiter = ',',
+        conflicts_with = "no_fuse"
+    )]
+    ablate: Vec<fuse::ablate::Ablate>,
     /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.
     #[arg(long)]
     explain: bool,
@@ -251,6 +264,7 @@ fn run(args: Args) -> Result<()> {
                 ..fuse::prefetch::Prefetch::for_program(&program, false)
             }),
             device,
+            ablate: args.ablate.clone(),
             ..Default::default()
         };
         let d = &opts.device;

@@ -11,6 +11,7 @@
 //! next matvecs' weights into L2 beside weight-free levels, [`zeros`] merges each level's zero
 //! kernels into few dispatches and [`persistent`] offers regions.
 
+pub mod ablate;
 pub mod bands;
 pub mod codegen;
 pub mod cost;

@@ -2,6 +2,7 @@
 //! an order that respects data and state dependencies. It is built once per template and
 //! instantiated for every instance by op offset ([`super::schedule`]).
 
+use super::ablate;
 use super::codegen::{
     self, AttnSpec, ChainSpec, ElementwiseSpec, Epi, ExpertSpec, ExtraSpec, GdnSpec, Generated,
     MatvecSpec, NormSpec, RouteSpec, TailSpec,
@@ -244,7 +245,12 @@ impl Builder<'_> {
         }
         Ok(out
             .into_iter()
-            .map(|(below, band)| (below, codegen::attention(&band)))
+            .map(|(below, band)| {
+                (
+                    below,
+                    ablate::apply(&self.opts.ablate, codegen::attention(&band)),
+                )
+            })
             .collect())
     }
 
@@ -487,7 +493,7 @@ impl Builder<'_> {
                 }
                 let step = spec.step;
                 let (_, len) = spec.layout();
-                let generated = codegen::matvec(&spec);
+                let generated = ablate::apply(&self.opts.ablate, codegen::matvec(&spec));
                 let ty = self.ty(c)?;
                 let out = self.with_out(
                     KernelKind::Matvec(spec),
@@ -544,7 +550,7 @@ impl Builder<'_> {
                     generated: Some(codegen::zero(&[words])),
                     alternatives: vec![],
                 });
-                let generated = codegen::chain(&spec);
+                let generated = ablate::apply(&self.opts.ablate, codegen::chain(&spec));
                 let out = self.with_out(
                     KernelKind::Chain(spec),
                     ty,
@@ -606,7 +612,7 @@ impl Builder<'_> {
                         })
                         .max(head_dim.next_power_of_two() as u32),
                 };
-                let generated = codegen::attention(&spec);
+                let generated = ablate::apply(&self.opts.ablate, codegen::attention(&spec));
                 let alternatives = self.attention_bands(&spec)?;
                 let ty = self.ty(c)?;
                 let bytes = ty.bytes() as u64;

@@ -67,6 +67,9 @@ pub struct FuseOptions {
     /// computes the logits (`argmax-in-matvec`, [`super::rules::tail`]): one level fewer per
     /// step, but the kernel needs 64-bit atomics on the device.
     pub argmax_in_matvec: bool,
+    /// Timing probes: kernels reduced to their input wait and output ([`super::ablate`]);
+    /// the schedule computes wrong tokens. Empty for every real schedule.
+    pub ablate: Vec<super::ablate::Ablate>,
 }
 
 impl Default for FuseOptions {
@@ -84,6 +87,7 @@ impl Default for FuseOptions {
             prefetch: None,
             chain: true,
             argmax_in_matvec: true,
+            ablate: vec![],
         }
     }
 }
