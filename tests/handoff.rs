@@ -204,6 +204,10 @@ fn should_run_every_ablation_with_handoffs_and_change_the_tokens() {
             .iter()
             .filter(|k| k.label.ends_with(MARK))
             .count();
+        // A region's body would be rebuilt without the ablation: none offered.
+        if marked > 0 {
+            assert!(schedule.persistent.is_empty());
+        }
         let mut replay = Replay::new(load(&device, &schedule, &model, Handoffs::On)).unwrap();
         assert!(replay.handed_levels() > 0);
         let mut ids = vec![replay.step(Some(1)).unwrap().next_token];

@@ -210,9 +210,40 @@ void main() {
 #if INNER_IN
     float pin = t < CB ? IN0(CB * b + t) : 0.0;
 #endif
+    uint lane = gl_SubgroupInvocationID;
+#if PRE_STEPS > 0
+    // This subgroup's first round of dots, its first PRE_STEPS steps loaded now (see the top).
+    uvec4 wp[DG * PRE_STEPS];
 #ifdef ABLATE_EMPTY
-    // Timing only (compile-model --ablate chain / wide-matvec): x waited for (each invocation
-    // its share), the outputs written (and published by the wide matvec).
+    if (false) {
+#else
+    if (DG * gl_SubgroupID < NDOTS) {
+#endif
+        for (uint i = 0u; i < DG; i++) {
+            uint d = DG * gl_SubgroupID + i;
+            uint row = (d % PER_ROW) * CH_J + CB * b + d / PER_ROW;
+            for (uint k = 0u; k < PRE_STEPS; k++) {
+                uint c = min(lane + k * gl_SubgroupSize, CH_I / 8u - 1u);
+                wp[i * PRE_STEPS + k] = inner_raw(row, c);
+            }
+        }
+    }
+#endif
+#if SENTINEL_RUN > 0
+    if (handoff_reading()) {
+        if (gl_SubgroupID == 0u) {
+            const uint run = uint(SENTINEL_RUN);
+            for (uint h = lane; h < CH_I / run; h += gl_SubgroupSize) {
+                handoff_load(0u, h * run + run - 1u);
+            }
+        }
+        barrier();
+    }
+#endif
+#ifdef ABLATE_EMPTY
+    // Timing only (compile-model --ablate chain / wide-matvec): no weights loaded; x waited for
+    // (behind the sentinel gate above, as unablated), the outputs written (and published by
+    // the wide matvec).
     {
         float e = 0.0;
         for (uint i = t; i < CH_I / 4u; i += gl_WorkGroupSize.x) {
@@ -236,32 +267,6 @@ void main() {
         }
 #endif
         return;
-    }
-#endif
-    uint lane = gl_SubgroupInvocationID;
-#if PRE_STEPS > 0
-    // This subgroup's first round of dots, its first PRE_STEPS steps loaded now (see the top).
-    uvec4 wp[DG * PRE_STEPS];
-    if (DG * gl_SubgroupID < NDOTS) {
-        for (uint i = 0u; i < DG; i++) {
-            uint d = DG * gl_SubgroupID + i;
-            uint row = (d % PER_ROW) * CH_J + CB * b + d / PER_ROW;
-            for (uint k = 0u; k < PRE_STEPS; k++) {
-                uint c = min(lane + k * gl_SubgroupSize, CH_I / 8u - 1u);
-                wp[i * PRE_STEPS + k] = inner_raw(row, c);
-            }
-        }
-    }
-#endif
-#if SENTINEL_RUN > 0
-    if (handoff_reading()) {
-        if (gl_SubgroupID == 0u) {
-            const uint run = uint(SENTINEL_RUN);
-            for (uint h = lane; h < CH_I / run; h += gl_SubgroupSize) {
-                handoff_load(0u, h * run + run - 1u);
-            }
-        }
-        barrier();
     }
 #endif
 

@@ -93,11 +93,12 @@ struct Args {
     #[arg(long, value_name = "FILE", conflicts_with = "no_fuse")]
     device_cost: Option<PathBuf>,
     /// Timing probes, never for use: reduce these fused kernels, in every layer, to their
-    /// input wait and output (`matvec`: q/k/v; `wide-matvec`: o_proj; `attention`;
+    /// input wait and output (`matvec`: q/k/v, and lm_head under --no-argmax-in-matvec;
+    /// `wide-matvec`: o_proj; `attention`;
     /// `attention-combine`: split 0's partial as the output; `chain`: the MLP), keeping every
-    /// level, handoff and barrier. The step's time against the unablated schedule's is what
-    /// that work costs the step as it runs. The tokens are wrong by design; vkfuse warns when
-    /// it loads such a file.
+    /// level, handoff and barrier (but no persistent regions are offered). The step's time
+    /// against the unablated schedule's is what that work costs the step as it runs. The
+    /// tokens are wrong by design; vkfuse warns when it loads such a file.
     #[arg(
         long,
         value_name = "KERNELS",

@@ -12,7 +12,8 @@ use std::str::FromStr;
 /// What to reduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ablate {
-    /// Fused matvec kernels but the one computing the logits (a dense layer's q/k/v).
+    /// Fused matvec kernels but the one that picks the next token (a dense layer's q/k/v; and
+    /// lm_head too under `--no-argmax-in-matvec`, where a tail kernel picks the token).
     Matvec,
     /// Wide matvec kernels (a dense layer's o_proj, handed the attention block's output).
     WideMatvec,
@@ -70,8 +71,8 @@ impl FromStr for Ablate {
 /// The marker in an ablated kernel's label.
 pub const MARK: &str = "+ablated";
 
-/// `generated` with the ablations of `what` that apply to it (the lm_head's matvec, which picks
-/// the token, never: the step must still advance).
+/// `generated` with the ablations of `what` that apply to it (never the matvec that picks the
+/// token, `argmax-in-matvec`: the step must still advance).
 pub fn apply(what: &[Ablate], mut generated: Generated) -> Generated {
     let step = generated.source.contains("#define STEP 1");
     let defines: Vec<&str> = what

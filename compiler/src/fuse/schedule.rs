@@ -845,7 +845,9 @@ pub fn lower_units_planned(
         .filter_map(|(k, v)| renumbered[k.index()].map(|k| (k, v)))
         .collect();
 
-    let runs = if opts.persistent {
+    // An ablated schedule offers no regions: a region's body is rebuilt from its matvecs'
+    // specs, without the ablation (fuse::ablate).
+    let runs = if opts.persistent && opts.ablate.is_empty() {
         persistent::find_in(&dispatches, &levels, &l.matvecs)
     } else {
         vec![]
