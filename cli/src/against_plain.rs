@@ -104,11 +104,7 @@ fn description(d: &Dispatch) -> String {
         Some(at) => &d.label[..at],
         None => &d.label,
     };
-    if text.chars().count() > 56 {
-        text.chars().take(53).collect::<String>() + "..."
-    } else {
-        text.to_string()
-    }
+    crate::profile::shortened(text, 56)
 }
 
 /// Each dispatch's mean ns over `steps` greedy steps (as clamped to the schedule's capacity,

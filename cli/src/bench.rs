@@ -365,11 +365,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let mut replay = Replay::new(loaded)?;
         crate::profile::print(&mut out, &mut replay, args.profile_steps)?;
         drop(replay);
-        match (
-            schedules.iter().find(|(fused, _)| *fused),
-            schedules.iter().find(|(fused, _)| !*fused),
-        ) {
-            (Some((_, fused)), Some((_, plain))) => crate::against_plain::print(
+        // A model directory was compiled both ways, unfused first.
+        match schedules.as_slice() {
+            [(false, plain), (true, fused)] => crate::against_plain::print(
                 &mut out,
                 &device,
                 fused,

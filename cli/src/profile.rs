@@ -23,6 +23,15 @@ pub fn level_times(replay: &mut Replay, steps: u32) -> Result<Option<Vec<f64>>> 
     Ok(replay.profile_levels(steps)?)
 }
 
+/// `text` cut to at most `max` characters, ending in `...` where cut (labels in tables).
+pub fn shortened(text: &str, max: usize) -> String {
+    if text.chars().count() > max {
+        text.chars().take(max - 3).collect::<String>() + "..."
+    } else {
+        text.to_string()
+    }
+}
+
 /// The kernel family of a kernel label (`fused_matvec[...]` -> `fused_matvec`).
 fn family(label: &str) -> &str {
     label.split('[').next().unwrap_or(label)
@@ -77,16 +86,7 @@ pub fn print(out: &mut dyn Write, replay: &mut Replay, steps: u32) -> Result<()>
             .filter(|d| !dropped.contains(&(*d as usize)))
             .map(|d| &s.dispatches[d as usize])
             .collect();
-        let names: Vec<String> = ds
-            .iter()
-            .map(|d| {
-                let mut text = d.label.clone();
-                if text.chars().count() > 60 {
-                    text = text.chars().take(57).collect::<String>() + "...";
-                }
-                text
-            })
-            .collect();
+        let names: Vec<String> = ds.iter().map(|d| shortened(&d.label, 60)).collect();
         for d in &ds {
             let f = family(&s.kernels[d.kernel.index()].label).to_string();
             let e = by_family.entry(f).or_default();

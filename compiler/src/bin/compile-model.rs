@@ -246,7 +246,8 @@ fn run(args: Args) -> Result<()> {
     let segmentation = st.run("discover", || Ok(fuse::discover(&program)))?;
     let meta = lower::Meta::of(&model);
     let mut spirv = SpirvCache::default();
-    let mut cost_line = None;
+    // The costs fusion minimises (an unfused schedule has none).
+    let cost_line = (!args.no_fuse).then(|| device.to_string());
     let (schedule, fusion, plan) = if args.no_fuse {
         let (s, r) = st.run("lower", || {
             lower::lower_with_report(&program, &meta, &mut spirv, !args.no_plan).context("lowering")
@@ -268,15 +269,6 @@ fn run(args: Args) -> Result<()> {
             ablate: args.ablate.clone(),
             ..Default::default()
         };
-        let d = &opts.device;
-        cost_line = Some(format!(
-            "{}: barrier {} µs, dispatch {} µs, {:.1} GB/s, {} compute units",
-            d.name,
-            d.barrier_us,
-            d.dispatch_us,
-            d.bytes_per_us / 1e3,
-            d.compute_units
-        ));
         let (s, r) = st.run("fuse", || {
             fuse::lower_fused(&program, &meta, &mut spirv, &opts).context("fusing and lowering")
         })?;

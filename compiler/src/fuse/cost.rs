@@ -126,6 +126,20 @@ impl DeviceCost {
     }
 }
 
+impl fmt::Display for DeviceCost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: barrier {} µs, dispatch {} µs, {:.1} GB/s, {} compute units",
+            self.name,
+            self.barrier_us,
+            self.dispatch_us,
+            self.bytes_per_us / 1e3,
+            self.compute_units
+        )
+    }
+}
+
 impl Default for DeviceCost {
     fn default() -> Self {
         DeviceCost::h100()
