@@ -14,7 +14,8 @@
 //!    19 wrong at every step, 12 to 15 included.
 //! 3. The bands' combine of several splits, which the fixture's 32 positions never reach (a
 //!    split attends at least 32 slots): 100 positions of a 4-split block with bands of 2 and 4
-//!    splits against the CPU reference interpreter, eager and replay.
+//!    splits against the CPU reference interpreter, eager, replay, and replay with handoffs
+//!    (where the bands' splits combine by polling).
 //! 4. Bands the block cannot take are errors when asked for, and the defaults leave them out.
 
 use vkfuse_compiler::fuse::bands::AttentionBand;
@@ -23,7 +24,7 @@ use vkfuse_compiler::lower::Meta;
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Alternative, KernelDecl, Schedule};
-use vkfuse_runtime::session::{Eager, Loaded, Replay};
+use vkfuse_runtime::session::{Eager, Handoffs, LoadOptions, Loaded, Replay};
 use vkfuse_tests::{
     as_array, assert_rows_close, expected, fixture_dir, fused_schedule_with, rel_l2,
     replay_greedy_ids, validated_device, Expected,
@@ -243,12 +244,27 @@ fn banded_combines_match_the_reference() {
         .map(|&t| eager.step(Some(t)).unwrap().logits)
         .collect();
     assert_rows_close("banded eager, 100 positions", &rows, &want, 1e-3);
-    let mut replay = Replay::new(load(schedule)).unwrap();
+    let mut replay = Replay::new(load(schedule.clone())).unwrap();
     let rows: Vec<Vec<f32>> = ids
         .iter()
         .map(|&t| replay.step(Some(t)).unwrap().logits)
         .collect();
     assert_rows_close("banded replay, 100 positions", &rows, &want, 1e-3);
+    // With handoffs, the bands' highest working split waits for the others' partials as
+    // flagged words and sets them back to zero (fused_attention.glsl's polled()): a word left
+    // set would hand the next layer's waiter this layer's partial.
+    let options = LoadOptions {
+        handoffs: Handoffs::On,
+        ..LoadOptions::default()
+    };
+    let handed = Loaded::load(device.clone(), schedule, &model.tensors, options).unwrap();
+    let mut replay = Replay::new(handed).unwrap();
+    assert!(replay.handed_levels() > 0);
+    let rows: Vec<Vec<f32>> = ids
+        .iter()
+        .map(|&t| replay.step(Some(t)).unwrap().logits)
+        .collect();
+    assert_rows_close("banded replay, handoffs, 100 positions", &rows, &want, 1e-3);
     assert!(log.is_clean(), "validation errors:\n{}", log.report());
 }
 

@@ -95,6 +95,7 @@ impl Shape {
             } else {
                 self.wg
             },
+            polled_combine: false,
         }
     }
 }

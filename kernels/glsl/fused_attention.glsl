@@ -12,7 +12,8 @@
 // (running max m, weight sum l, unnormalised output o[D]) to scratch and adds one to its head's
 // arrival counter; the split that arrives last combines the partials in a fixed order (so the
 // result does not depend on which one is last) and sets the counter back to 0, so the counter
-// is zero at the next dispatch without any host or in-between work.
+// is zero at the next dispatch without any host or in-between work. Where handoffs are on, the
+// highest used split waits for the others' partials in device memory instead (polled()).
 //
 // The fresh row is shared without sharing memory: every workgroup computes it beside its q
 // row (the same code on the same inputs, so the same bits; split 0 of the group's first query
@@ -30,7 +31,8 @@
 // fresh rows rounded as stored: fresh_round), 6 = pos i32[1],
 // 7 = q norm weight [D], 8 = k norm weight [D] (when QK_NORM); when SPLITS > 1:
 // PART_BINDING = partials f32[HQ, SPLITS, D + 2] (scratch), COUNT_BINDING = arrival counters
-// u32[HQ] (zero before the dispatch, zero again after it).
+// u32[HQ] then the polled partials' words u32[HQ, SPLITS, D + 2] (all zero before the dispatch,
+// zero again after it).
 // Spec constants: 0 = workgroup size (power of two, >= 4 and >= D), 1 = HQ, 2 = HKV, 3 = CAP,
 // 4 = D, 5 = SCALE (f32), 6 = EPS (f32).
 // Dispatch: HQ * SPLITS workgroups.
@@ -362,8 +364,165 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
 }
 
 #if SPLITS > 1
+// Polled partials: where handoffs are on (this dispatch publishes y), the driver launches a
+// dispatch's workgroups in order, so a head's highest used split can wait for the others in
+// device memory: they publish their partials as flagged words (as handoffs do: the value and
+// its readiness in one word, 0 meaning not yet, a published +0.0 sent as -0.0) after the arrival
+// counters in the counters' slice, and the highest folds them in as they come. That saves the
+// fence and the counted arrival, two round trips through L2, on the block's critical path; the
+// waiter sets the words back to 0, so the slice is zero again after the dispatch, as the
+// counters are. Without handoffs the order of launch is not known, and the last split to
+// arrive combines, as below.
+bool polled() {
+    return handoff.out_at != HANDOFF_NONE;
+}
+
+// Word i (m, l, o[0..D)) of split s of head h's polled partial.
+uint part_word(uint h, uint s, uint i) {
+    return HQ + (h * NSPLITS + s) * (D + 2u) + i;
+}
+
+void part_publish(uint at, float f) {
+    uint v = floatBitsToUint(f);
+    atomicStore(arrived[at], v == 0u ? 0x80000000u : v, gl_ScopeDevice,
+                gl_StorageSemanticsBuffer, gl_SemanticsRelaxed);
+}
+
+uint part_poll(uint at) {
+    return atomicLoad(arrived[at], gl_ScopeDevice, gl_StorageSemanticsBuffer,
+                      gl_SemanticsRelaxed);
+}
+
+// The value of word `at` whose first poll gave v, polled again while it is not yet published.
+float part_value(uint at, uint v) {
+    while (v == 0u) {
+        v = part_poll(at);
+    }
+    return uintBitsToFloat(v);
+}
+
+// The partials of splits gg, gg + G, ... of element c (ms, ls, os; invocation group gg of G
+// groups of D, c = t - gg * D; empty entries NEG_BIG, 0, 0) folded under the group's max into
+// part, m_s and l_s, in a fixed order of the sums, so the result does not depend on which split
+// came last. Every invocation must call it.
+void fold(uint gg, uint c, float ms[SPG], float ls[SPG], float os[SPG]) {
+    uint t = gl_LocalInvocationID.x;
+    float mg = NEG_BIG;
+    for (uint i = 0u; i < SPG; i++) {
+        mg = max(mg, ms[i]);
+    }
+    float og = 0.0;
+    float lg = 0.0;
+    for (uint i = 0u; i < SPG; i++) {
+        float w = exp(ms[i] - mg);
+        og += os[i] * w;
+        lg += ls[i] * w;
+    }
+    part[t] = gg < G ? og : 0.0;
+    if (gg < G && c == 0u) {
+        m_s[gg] = mg;
+        l_s[gg] = lg;
+    }
+    barrier();
+}
+
+// y from the groups' folds in part, m_s and l_s, published.
+void write_head(uint h) {
+    uint t = gl_LocalInvocationID.x;
+    if (t < D) {
+        float mm = NEG_BIG;
+        for (uint i = 0u; i < G; i++) {
+            mm = max(mm, m_s[i]);
+        }
+        float o = 0.0;
+        float l = 0.0;
+        for (uint i = 0u; i < G; i++) {
+            float w = exp(m_s[i] - mm);
+            l += l_s[i] * w;
+            o += part[i * D + t] * w;
+        }
+        y[h * D + t] = o / l;
+        handoff_store(h * D + t, o / l);
+    }
+}
+
+// Split `split` of head h publishes its partial as flagged words.
+void publish_partial(uint h, uint split, float m, float total, float lsum) {
+    uint t = gl_LocalInvocationID.x;
+    if (t < D) {
+        part_publish(part_word(h, split, 2u + t), total);
+    }
+    if (t == 0u) {
+        part_publish(part_word(h, split, 0u), m);
+        part_publish(part_word(h, split, 1u), lsum);
+    }
+}
+
+// Split `me` of head h folds its own partial and the published ones of the other used splits
+// (polled as they come) into y, and sets their words back to 0.
+void gather(uint h, uint me, uint used, float m, float total, float lsum) {
+    uint t = gl_LocalInvocationID.x;
+    // Its own partial through shared memory, for the group that folds it (lsum is invocation
+    // 0's; q_s and w_s were last read in attend(), before its closing barrier).
+    if (t < D) {
+        q_s[t] = total;
+    }
+    if (t == 0u) {
+        w_s[0] = lsum;
+    }
+    uint gg = t / D;
+    uint c = t - gg * D;
+    // Every word polled before any is waited on: one round trip where they are published.
+    uvec3 v[SPG];
+    for (uint i = 0u; i < SPG; i++) {
+        uint s = gg + i * G;
+        v[i] = uvec3(0u);
+        if (gg < G && s < used && s != me) {
+            v[i] = uvec3(part_poll(part_word(h, s, 0u)), part_poll(part_word(h, s, 1u)),
+                         part_poll(part_word(h, s, 2u + c)));
+        }
+    }
+    barrier();
+    float ms[SPG];
+    float ls[SPG];
+    float os[SPG];
+    for (uint i = 0u; i < SPG; i++) {
+        uint s = gg + i * G;
+        if (gg < G && s < used && s != me) {
+            ms[i] = part_value(part_word(h, s, 0u), v[i].x);
+            ls[i] = part_value(part_word(h, s, 1u), v[i].y);
+            os[i] = part_value(part_word(h, s, 2u + c), v[i].z);
+        } else if (gg < G && s == me) {
+            ms[i] = m;
+            ls[i] = w_s[0];
+            os[i] = q_s[c];
+        } else {
+            ms[i] = NEG_BIG;
+            ls[i] = 0.0;
+            os[i] = 0.0;
+        }
+    }
+    fold(gg, c, ms, ls, os);
+    // Every invocation has its words (the barrier above): they go back to 0 for the next
+    // dispatch that binds the slice.
+    for (uint i = 0u; i < SPG; i++) {
+        uint s = gg + i * G;
+        if (gg < G && s < used && s != me) {
+            atomicStore(arrived[part_word(h, s, 2u + c)], 0u, gl_ScopeDevice,
+                        gl_StorageSemanticsBuffer, gl_SemanticsRelaxed);
+            if (c == 0u) {
+                atomicStore(arrived[part_word(h, s, 0u)], 0u, gl_ScopeDevice,
+                            gl_StorageSemanticsBuffer, gl_SemanticsRelaxed);
+                atomicStore(arrived[part_word(h, s, 1u)], 0u, gl_ScopeDevice,
+                            gl_StorageSemanticsBuffer, gl_SemanticsRelaxed);
+            }
+        }
+    }
+    write_head(h);
+}
+
 // Split `split` of query head h publishes its partial; the last of the `used` splits to arrive
-// combines all of them into y and resets the head's counter.
+// combines all of them into y and resets the head's counter (or, polled(), combine_polled).
 void combine(uint h, uint split, uint used, float m, float total, float lsum) {
     uint t = gl_LocalInvocationID.x;
 #ifdef ABLATE_COMBINE
@@ -374,6 +533,16 @@ void combine(uint h, uint split, uint used, float m, float total, float lsum) {
         handoff_store(h * D + t, total / lsum);
     }
     return;
+#endif
+#if POLLED_COMBINE
+    if (polled()) {
+        if (split == used - 1u) {
+            gather(h, split, used, m, total, lsum);
+        } else {
+            publish_partial(h, split, m, total, lsum);
+        }
+        return;
+    }
 #endif
     const uint stride = D + 2u;
     uint head = h * NSPLITS * stride;
@@ -396,10 +565,8 @@ void combine(uint h, uint split, uint used, float m, float total, float lsum) {
         return;
     }
     memoryBarrierBuffer();
-    // Every partial is loaded in one round trip: invocation group gg (of G groups of D) takes
-    // splits gg, gg + G, ... of element c, folds them under its own max, and the groups meet
-    // in one exchange. The order of the sums is fixed (never which split came last), so the
-    // result does not depend on arrival order.
+    // Every partial loaded in one round trip (fold()'s groups). part and l_s were last read in
+    // attend(), before the barrier ahead of the arrival.
     uint gg = t / D;
     uint c = t - gg * D;
     float ms[SPG];
@@ -413,39 +580,8 @@ void combine(uint h, uint split, uint used, float m, float total, float lsum) {
         ls[i] = live ? partial[b + 1u] : 0.0;
         os[i] = live ? partial[b + 2u + c] : 0.0;
     }
-    float mg = NEG_BIG;
-    for (uint i = 0u; i < SPG; i++) {
-        mg = max(mg, ms[i]);
-    }
-    float og = 0.0;
-    float lg = 0.0;
-    for (uint i = 0u; i < SPG; i++) {
-        float w = exp(ms[i] - mg);
-        og += os[i] * w;
-        lg += ls[i] * w;
-    }
-    // part and l_s were last read in attend(), before the barrier ahead of the arrival.
-    part[t] = gg < G ? og : 0.0;
-    if (gg < G && c == 0u) {
-        m_s[gg] = mg;
-        l_s[gg] = lg;
-    }
-    barrier();
-    if (t < D) {
-        float mm = NEG_BIG;
-        for (uint i = 0u; i < G; i++) {
-            mm = max(mm, m_s[i]);
-        }
-        float o = 0.0;
-        float l = 0.0;
-        for (uint i = 0u; i < G; i++) {
-            float w = exp(m_s[i] - mm);
-            l += l_s[i] * w;
-            o += part[i * D + t] * w;
-        }
-        y[h * D + t] = o / l;
-        handoff_store(h * D + t, o / l);
-    }
+    fold(gg, c, ms, ls, os);
+    write_head(h);
     // Self-cleaning: every split of this head has arrived, none reads the counter again.
     if (t == 0u) {
         arrived[h] = 0u;

@@ -347,6 +347,11 @@ pub struct AttnSpec {
     pub workgroup: u32,
     /// The caches' element type: F32, or F16 (`--kv-cache f16`; kv_cache.glsl).
     pub kv_dtype: DType,
+    /// Where handoffs are on, the highest working split waits for the others' partials in
+    /// device memory instead of the last to arrive combining them (fused_attention.glsl's
+    /// `polled()`): faster at short positions with the bands' grids, slower on the block's
+    /// own at long ones (docs/perf.md, session 22).
+    pub polled_combine: bool,
 }
 
 impl AttnSpec {
@@ -359,10 +364,11 @@ impl AttnSpec {
         }
     }
 
-    /// Bytes of the per-head arrival counters; 0 without splits.
+    /// Bytes of the per-head arrival counters and, after them, the polled partials' words (m,
+    /// l, o[head_dim] per head and split: fused_attention.glsl's `polled()`); 0 without splits.
     pub fn counter_bytes(&self) -> u64 {
         if self.splits > 1 {
-            (self.hq * 4) as u64
+            (self.hq * 4) as u64 + self.partial_bytes()
         } else {
             0
         }
@@ -1014,6 +1020,11 @@ pub fn attention(spec: &AttnSpec) -> Generated {
     let _ = writeln!(s, "#define SPLITS {splits}");
     let _ = writeln!(s, "#define MIN_CHUNK {}u", spec.min_chunk.max(1));
     let _ = writeln!(s, "#define KV_DTYPE {}", dtype_code(spec.kv_dtype));
+    let _ = writeln!(
+        s,
+        "#define POLLED_COMBINE {}",
+        u8::from(spec.polled_combine)
+    );
     // The first tile's K and V loaded before the norms and rope (whole 16-byte chunks per lane).
     let _ = writeln!(
         s,

@@ -233,6 +233,7 @@ impl Builder<'_> {
             let band = AttnSpec {
                 splits: b.splits,
                 workgroup: b.workgroup.max(head),
+                polled_combine: true,
                 ..spec.clone()
             };
             out.push((b.below, band));
@@ -611,6 +612,7 @@ impl Builder<'_> {
                             _ => codegen::attention_split_wg(head_dim),
                         })
                         .max(head_dim.next_power_of_two() as u32),
+                    polled_combine: false,
                 };
                 let generated = ablate::apply(&self.opts.ablate, codegen::attention(&spec));
                 let alternatives = self.attention_bands(&spec)?;
