@@ -1,5 +1,5 @@
-//! `vkfuse`: run a model or schedule, generate text with it, benchmark it, inspect it, list
-//! devices.
+//! `vkfuse`: run a model or schedule, generate text with it, benchmark it, inspect it and its
+//! kernels on a device, list devices.
 
 mod against_plain;
 mod bench;
@@ -7,6 +7,7 @@ mod calibrate;
 mod decode;
 mod devices;
 mod generate;
+mod kernels;
 mod metrics;
 mod options;
 mod profile;
@@ -51,6 +52,10 @@ enum Command {
     /// Measure this device's bandwidth, dispatch and barrier costs for the fusion compiler's
     /// cost model (`compile-model --device-cost FILE`).
     Calibrate(calibrate::CalibrateArgs),
+    /// Compile a schedule file's kernels on the device and print what its driver reports of
+    /// each (registers per invocation on NVIDIA; VK_KHR_pipeline_executable_properties), with
+    /// its workgroup size there and the dispatches that run it.
+    Kernels(kernels::KernelsArgs),
     /// Print a schedule file (from `compile-model -o`) as readable text.
     Inspect {
         /// The schedule file.
@@ -132,6 +137,7 @@ fn main() {
         Command::Devices => devices::list(),
         Command::Bench(args) => bench::run(&args),
         Command::Calibrate(args) => calibrate::run(&args),
+        Command::Kernels(args) => kernels::run(&args),
         Command::Inspect { file } => inspect(&file),
     };
     if let Err(e) = result {

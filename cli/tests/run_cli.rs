@@ -102,7 +102,7 @@ fn zero_new_tokens_gives_one_row_per_id() {
 fn bad_input_is_a_clear_error_not_a_panic() {
     let dir = fixture_dir("qwen3-tied");
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &["run", "/nonexistent/model", "--ids", "1"],
             "/nonexistent/model",
@@ -110,6 +110,8 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         // A model directory where a schedule file belongs.
         (&["inspect", d], "is a directory, not a schedule file"),
         (&["inspect", "/nonexistent.vkf"], "/nonexistent.vkf"),
+        (&["kernels", "/nonexistent.vkf"], "/nonexistent.vkf"),
+        (&["kernels", d], "is a directory, not a schedule file"),
         (&["run", d, "--ids", "99999"], "outside the vocabulary"),
         (
             &[
@@ -414,4 +416,37 @@ fn calibrate_writes_costs_that_compile_model_reads() {
     let out = vkfuse_ok(&["calibrate"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     vkfuse_compiler::fuse::cost::DeviceCost::from_json(stdout.lines().last().unwrap()).unwrap();
+}
+
+/// `vkfuse kernels FILE`: one row per kernel of the schedule, with the dispatches that run it
+/// (a band's alternative counts), its workgroup size on this device and the driver's
+/// statistics where it offers them (lavapipe does not: then it says so).
+#[test]
+fn kernels_lists_every_kernel_with_its_driver_statistics() {
+    let opts = vkfuse_compiler::fuse::FuseOptions::default();
+    let (model, schedule, _) = vkfuse_tests::fused_schedule_with("qwen3-tied", &opts);
+    let path = std::env::temp_dir().join(format!("vkfuse-kernels-{}.vkf", std::process::id()));
+    schedule.write_file(&path, &model.tensors).unwrap();
+    let out = vkfuse_ok(&["kernels", path.to_str().unwrap()]);
+    std::fs::remove_file(&path).ok();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines = stdout.lines();
+    let head = lines.next().unwrap();
+    let offered = head.contains("with the driver's statistics");
+    assert!(offered || head.contains("offers no pipeline statistics"), "{head}");
+    let rows: Vec<&str> = lines.skip(1).collect();
+    assert_eq!(rows.len(), schedule.kernels.len(), "{stdout}");
+    for (i, (row, k)) in rows.iter().zip(&schedule.kernels).enumerate() {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols[0], i.to_string(), "{row}");
+        let runs = schedule
+            .dispatches
+            .iter()
+            .filter(|d| d.kernel.index() == i)
+            .count();
+        assert_eq!(cols[1], runs.to_string(), "{row}");
+        assert!(row.contains(&k.label), "{row}");
+        // Statistics, or the dash where the device offers none.
+        assert_eq!(row.trim_end().ends_with(" -"), !offered, "{row}");
+    }
 }

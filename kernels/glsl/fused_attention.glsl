@@ -41,6 +41,7 @@
 // published (the wide o_proj reads it: fused_chain.glsl's INNER_ONLY; each element has one
 // writer, the head's last split or its only one).
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_control_flow_attributes : require
 #define HANDOFF_ROLE (0x80000000u | (1u << 1) | (1u << 2) | (1u << 3))
 #include "handoff.glsl"
 #include "reduce.glsl"
@@ -474,7 +475,7 @@ void gather(uint h, uint me, uint used, float m, float total, float lsum) {
     uint c = t - gg * D;
     // Every word polled before any is waited on: one round trip where they are published.
     uvec3 v[SPG];
-    for (uint i = 0u; i < SPG; i++) {
+    [[unroll]] for (uint i = 0u; i < SPG; i++) {
         uint s = gg + i * G;
         v[i] = uvec3(0u);
         if (gg < G && s < used && s != me) {
@@ -486,7 +487,7 @@ void gather(uint h, uint me, uint used, float m, float total, float lsum) {
     float ms[SPG];
     float ls[SPG];
     float os[SPG];
-    for (uint i = 0u; i < SPG; i++) {
+    [[unroll]] for (uint i = 0u; i < SPG; i++) {
         uint s = gg + i * G;
         if (gg < G && s < used && s != me) {
             ms[i] = part_value(part_word(h, s, 0u), v[i].x);
@@ -505,7 +506,7 @@ void gather(uint h, uint me, uint used, float m, float total, float lsum) {
     fold(gg, c, ms, ls, os);
     // Every invocation has its words (the barrier above): they go back to 0 for the next
     // dispatch that binds the slice.
-    for (uint i = 0u; i < SPG; i++) {
+    [[unroll]] for (uint i = 0u; i < SPG; i++) {
         uint s = gg + i * G;
         if (gg < G && s < used && s != me) {
             atomicStore(arrived[part_word(h, s, 2u + c)], 0u, gl_ScopeDevice,

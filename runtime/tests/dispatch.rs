@@ -223,6 +223,7 @@ fn should_reuse_a_pipeline_cache_from_its_bytes() {
             n_bindings: 2,
             push_constant_bytes: 8,
             cache: Some(&cache),
+            capture_statistics: false,
         };
         let first = device.create_pipeline_with(&desc).unwrap();
         assert_eq!(first.label(), "scale_add");
@@ -238,6 +239,40 @@ fn should_reuse_a_pipeline_cache_from_its_bytes() {
         device
             .create_pipeline_cache(&[1, 2, 3, 4, 5, 6, 7, 8])
             .unwrap();
+    });
+}
+
+/// The driver's statistics of a pipeline: none unless asked for, and asked for, some exactly
+/// where the device offers them (lavapipe does not; NVIDIA's name registers per invocation).
+#[test]
+fn should_report_driver_statistics_only_where_captured_and_offered() {
+    on_device(|device| {
+        let spirv = spirv_file("scale_add");
+        let spec = SpecConstants::new().u32(0, 64);
+        let desc = PipelineDesc {
+            label: "scale_add",
+            spirv: &spirv,
+            entry_point: "main",
+            spec_constants: &spec,
+            n_bindings: 2,
+            push_constant_bytes: 8,
+            cache: None,
+            capture_statistics: false,
+        };
+        let plain = device.create_pipeline_with(&desc).unwrap();
+        assert_eq!(plain.statistics().unwrap(), None);
+        let captured = device
+            .create_pipeline_with(&PipelineDesc {
+                capture_statistics: true,
+                ..desc
+            })
+            .unwrap();
+        let stats = captured.statistics().unwrap();
+        let offered = device.info().features.pipeline_executable_info;
+        assert_eq!(stats.is_some(), offered, "{stats:?}");
+        if let Some(stats) = stats {
+            assert!(!stats.is_empty() && stats.iter().all(|s| !s.name.is_empty()));
+        }
     });
 }
 

@@ -146,6 +146,20 @@ impl KernelDecl {
         }
     }
 
+    /// Its specialization constants on the device `info` describes: the compiled ones, the
+    /// workgroup size ([`Self::workgroup_size`]) chosen for that device.
+    pub fn specialization(&self, info: &crate::AdapterInfo) -> crate::SpecConstants {
+        let mut spec = crate::SpecConstants::new();
+        for (i, v) in self.spec_constants.iter().enumerate() {
+            spec = spec.u32(i as u32, *v);
+        }
+        // Chosen here where the kernel leaves it open, else the compiled one again.
+        if let Some(wg) = self.workgroup_size(info.subgroup_size, info.max_workgroup_invocations) {
+            spec = spec.u32(0, wg);
+        }
+        spec
+    }
+
     /// Whether the SPIR-V declares float atomic add (`AtomicFloat32AddEXT`), which the device
     /// must offer as `shaderBufferFloat32AtomicAdd`.
     pub fn adds_floats_atomically(&self) -> bool {

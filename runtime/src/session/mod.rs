@@ -14,7 +14,7 @@ pub use replay::{Replay, MAX_TOKENS_PER_SUBMIT};
 pub use writeback::WriteBack;
 
 use crate::schedule::{BufferRole, Schedule, ScheduleError, ScheduleFileError};
-use crate::{Buffer, BufferKind, Device, Error, Feature, Pipeline, SpecConstants, Stages};
+use crate::{Buffer, BufferKind, Device, Error, Feature, Pipeline, Stages};
 use std::time::Duration;
 
 /// How long a step may take before the device is declared hung.
@@ -537,15 +537,7 @@ fn create_pipelines(
     let mut pipelines = Vec::with_capacity(schedule.kernels.len());
     let info = device.info();
     for k in &schedule.kernels {
-        let mut spec = SpecConstants::new();
-        for (i, v) in k.spec_constants.iter().enumerate() {
-            spec = spec.u32(i as u32, *v);
-        }
-        // The workgroup size for this device: chosen here where the kernel leaves it open,
-        // else the compiled one again.
-        if let Some(wg) = k.workgroup_size(info.subgroup_size, info.max_workgroup_invocations) {
-            spec = spec.u32(0, wg);
-        }
+        let spec = k.specialization(info);
         pipelines.push(device.create_pipeline_with(&crate::PipelineDesc {
             label: &k.label,
             spirv: &k.spirv,
@@ -554,6 +546,7 @@ fn create_pipelines(
             n_bindings: k.bindings,
             push_constant_bytes: k.push_constant_bytes,
             cache: cache.as_ref(),
+            capture_statistics: false,
         })?);
     }
     // Written when the file was missing, stale or damaged (the warning stays reported).

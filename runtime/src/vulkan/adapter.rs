@@ -142,6 +142,10 @@ pub struct ShaderFeatures {
     /// `shaderBufferInt64Atomics` (Vulkan 1.2): 64-bit atomics on storage buffers (the matvec
     /// computing the logits picks the next token with a 64-bit atomicMax).
     pub buffer_int64_atomics: bool,
+    /// `pipelineExecutableInfo` (`VK_KHR_pipeline_executable_properties`): the driver's
+    /// statistics of a compiled pipeline (registers per invocation on NVIDIA), for `vkfuse
+    /// kernels`. Not a shader feature, but enabled and reported the same way.
+    pub pipeline_executable_info: bool,
 }
 
 /// A capability a caller can require of a device (see [`Requirements`]).
@@ -452,7 +456,7 @@ impl fmt::Display for AdapterInfo {
         let s = &self.features;
         write!(
             f,
-            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}, int64 atomics {}",
+            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}, int64 atomics {}, pipeline statistics {}",
             yes(s.shader_float16),
             yes(s.shader_int8),
             yes(s.shader_int16),
@@ -460,7 +464,8 @@ impl fmt::Display for AdapterInfo {
             yes(s.storage_buffer_16bit),
             yes(s.storage_buffer_8bit),
             yes(s.buffer_float32_atomic_add),
-            yes(s.buffer_int64_atomics)
+            yes(s.buffer_int64_atomics),
+            yes(s.pipeline_executable_info)
         )
     }
 }
@@ -590,6 +595,8 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
     let mut atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default();
     let mut atomic_int64 = vk::PhysicalDeviceShaderAtomicInt64Features::default();
     let has_atomic_float = offers(ash::ext::shader_atomic_float::NAME);
+    let mut executables = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
+    let has_executables = offers(ash::khr::pipeline_executable_properties::NAME);
     let core = if v1_1 {
         let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut storage16);
         if v1_2 {
@@ -600,6 +607,9 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
         }
         if has_atomic_float {
             features2 = features2.push_next(&mut atomic_float);
+        }
+        if has_executables {
+            features2 = features2.push_next(&mut executables);
         }
         // SAFETY: as above.
         unsafe { instance.get_physical_device_features2(pd, &mut features2) };
@@ -683,6 +693,7 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
             storage_buffer_8bit: storage8.storage_buffer8_bit_access == vk::TRUE,
             buffer_float32_atomic_add: atomic_float.shader_buffer_float32_atomic_add == vk::TRUE,
             buffer_int64_atomics: atomic_int64.shader_buffer_int64_atomics == vk::TRUE,
+            pipeline_executable_info: executables.pipeline_executable_info == vk::TRUE,
         },
         compute_units,
         max_storage_buffers_per_stage: limits.max_per_stage_descriptor_storage_buffers,

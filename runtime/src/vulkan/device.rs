@@ -114,6 +114,11 @@ impl Device {
         if f.buffer_float32_atomic_add {
             features2 = features2.push_next(&mut atomic_float);
         }
+        let mut executables = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
+            .pipeline_executable_info(f.pipeline_executable_info);
+        if f.pipeline_executable_info {
+            features2 = features2.push_next(&mut executables);
+        }
 
         // SAFETY: `pd` belongs to the live instance.
         let device_extensions = unsafe { instance_raw.enumerate_device_extension_properties(pd) }
@@ -129,6 +134,9 @@ impl Device {
         }
         if f.buffer_float32_atomic_add {
             extensions.push(ash::ext::shader_atomic_float::NAME.as_ptr());
+        }
+        if f.pipeline_executable_info {
+            extensions.push(ash::khr::pipeline_executable_properties::NAME.as_ptr());
         }
 
         let priorities = [1.0f32];

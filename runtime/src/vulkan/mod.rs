@@ -18,6 +18,7 @@ mod instance;
 mod pipeline;
 mod query;
 pub mod spirv;
+mod statistics;
 mod validated_turn;
 
 pub use adapter::{
@@ -34,3 +35,4 @@ pub use handoff::{
 pub use instance::{Instance, InstanceOptions, VALIDATION_LAYER};
 pub use pipeline::{spirv_from_bytes, Pipeline, PipelineCache, PipelineDesc, SpecConstants};
 pub use query::TimestampPool;
+pub use statistics::{Statistic, StatisticValue};

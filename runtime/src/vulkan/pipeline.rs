@@ -150,6 +150,10 @@ pub struct PipelineDesc<'a> {
     pub push_constant_bytes: u32,
     /// A pipeline cache to use and fill.
     pub cache: Option<&'a PipelineCache>,
+    /// Keep the driver's statistics of the compiled pipeline ([`Pipeline::statistics`]) where
+    /// the device offers them (`VK_KHR_pipeline_executable_properties`); some drivers compile
+    /// slower or bypass their caches for it, so only tools ask.
+    pub capture_statistics: bool,
 }
 
 /// A compute pipeline with its layout.
@@ -168,6 +172,8 @@ pub(crate) struct PipelineInner {
     /// The specialization it was created with.
     pub(crate) spec_constants: SpecConstants,
     pub(crate) label: String,
+    /// Created with the driver's statistics kept (`capture_statistics` where offered).
+    pub(crate) captured: bool,
     pub(crate) shared: Arc<DeviceShared>,
 }
 
@@ -290,6 +296,7 @@ impl Device {
             n_bindings,
             push_constant_bytes,
             cache: None,
+            capture_statistics: false,
         })
     }
 
@@ -368,7 +375,14 @@ impl Device {
         if !desc.spec_constants.is_empty() {
             stage = stage.specialization_info(&spec);
         }
+        let captured = desc.capture_statistics && shared.enabled.pipeline_executable_info;
+        let flags = if captured {
+            vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
+        } else {
+            vk::PipelineCreateFlags::empty()
+        };
         let info = [vk::ComputePipelineCreateInfo::default()
+            .flags(flags)
             .stage(stage)
             .layout(layout)];
         let cache = desc.cache.map_or(vk::PipelineCache::null(), |c| c.raw);
@@ -394,6 +408,7 @@ impl Device {
                 push_constant_bytes,
                 spec_constants: desc.spec_constants.clone(),
                 label: desc.label.to_string(),
+                captured,
                 shared: Arc::clone(shared),
             }),
         })

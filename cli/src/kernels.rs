@@ -1,0 +1,84 @@
+//! `vkfuse kernels FILE`: what a schedule's kernels become on one device, as its driver reports
+//! them (`VK_KHR_pipeline_executable_properties`: registers per invocation on NVIDIA, which with
+//! the workgroup size bounds the workgroups an SM holds at once, the residency that handoffs'
+//! waiting consumers and the L2 prefetch beside them compete for: docs/perf.md).
+
+use anyhow::Result;
+use std::io::Write;
+use std::path::PathBuf;
+use vkfuse_runtime::{PipelineDesc, Statistic};
+
+#[derive(clap::Args)]
+pub struct KernelsArgs {
+    /// A schedule file (from `compile-model -o`).
+    pub file: PathBuf,
+    /// The Vulkan device, by index in `vkfuse devices`.
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
+}
+
+pub fn run(args: &KernelsArgs) -> Result<()> {
+    let file = crate::options::open_schedule(&args.file)?;
+    let schedule = file.schedule();
+    let device = crate::decode::open_device(args.device)?;
+    let info = device.info();
+    let mut out = std::io::stdout().lock();
+    let offered = info.features.pipeline_executable_info;
+    writeln!(
+        out,
+        "kernels of {} on {}{}",
+        args.file.display(),
+        info.name,
+        if offered {
+            ", with the driver's statistics (VK_KHR_pipeline_executable_properties)"
+        } else {
+            " (it offers no pipeline statistics: VK_KHR_pipeline_executable_properties)"
+        }
+    )?;
+    writeln!(
+        out,
+        "{:>4} {:>10} {:>9}  {:<60} statistics",
+        "#", "dispatches", "workgroup", "kernel"
+    )?;
+    for (i, k) in schedule.kernels.iter().enumerate() {
+        // Dispatches running it, as their own kernel or as a band's alternative.
+        let uses = schedule
+            .dispatches
+            .iter()
+            .map(|d| {
+                usize::from(d.kernel.index() == i)
+                    + d.alternatives
+                        .iter()
+                        .filter(|a| a.kernel.index() == i)
+                        .count()
+            })
+            .sum::<usize>();
+        let spec = k.specialization(info);
+        let pipeline = device.create_pipeline_with(&PipelineDesc {
+            label: &k.label,
+            spirv: &k.spirv,
+            entry_point: "main",
+            spec_constants: &spec,
+            n_bindings: k.bindings,
+            push_constant_bytes: k.push_constant_bytes,
+            cache: None,
+            capture_statistics: true,
+        })?;
+        let stats = match pipeline.statistics()? {
+            Some(s) => describe(&s),
+            None => "-".to_string(),
+        };
+        let wg = spec.get_u32(0).map_or("-".to_string(), |w| w.to_string());
+        writeln!(out, "{i:>4} {uses:>10} {wg:>9}  {:<60} {stats}", k.label)?;
+    }
+    Ok(())
+}
+
+/// `name value` pairs, comma-separated.
+fn describe(stats: &[Statistic]) -> String {
+    stats
+        .iter()
+        .map(|s| format!("{} {}", s.name, s.value))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
