@@ -433,7 +433,10 @@ fn kernels_lists_every_kernel_with_its_driver_statistics() {
     let mut lines = stdout.lines();
     let head = lines.next().unwrap();
     let offered = head.contains("with the driver's statistics");
-    assert!(offered || head.contains("offers no pipeline statistics"), "{head}");
+    assert!(
+        offered || head.contains("offers no pipeline statistics"),
+        "{head}"
+    );
     let rows: Vec<&str> = lines.skip(1).collect();
     assert_eq!(rows.len(), schedule.kernels.len(), "{stdout}");
     for (i, (row, k)) in rows.iter().zip(&schedule.kernels).enumerate() {

@@ -43,7 +43,10 @@ impl fmt::Display for StatisticValue {
 }
 
 impl StatisticValue {
-    fn of(format: vk::PipelineExecutableStatisticFormatKHR, v: vk::PipelineExecutableStatisticValueKHR) -> Self {
+    fn of(
+        format: vk::PipelineExecutableStatisticFormatKHR,
+        v: vk::PipelineExecutableStatisticValueKHR,
+    ) -> Self {
         // SAFETY: the driver filled the union member its format names.
         unsafe {
             match format {
