@@ -12,8 +12,9 @@
 // (running max m, weight sum l, unnormalised output o[D]) to scratch and adds one to its head's
 // arrival counter; the split that arrives last combines the partials in a fixed order (so the
 // result does not depend on which one is last) and sets the counter back to 0, so the counter
-// is zero at the next dispatch without any host or in-between work. Where handoffs are on, the
-// highest used split waits for the others' partials in device memory instead (polled()).
+// is zero at the next dispatch without any host or in-between work. A kernel compiled with
+// POLLED_COMBINE (the bands' grids) whose dispatch runs with handoffs has the highest used split
+// wait for the others' partials in device memory instead (polled()).
 //
 // The fresh row is shared without sharing memory: every workgroup computes it beside its q
 // row (the same code on the same inputs, so the same bits; split 0 of the group's first query
@@ -365,15 +366,17 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
 }
 
 #if SPLITS > 1
-// Polled partials: where handoffs are on (this dispatch publishes y), the driver launches a
-// dispatch's workgroups in order, so a head's highest used split can wait for the others in
-// device memory: they publish their partials as flagged words (as handoffs do: the value and
-// its readiness in one word, 0 meaning not yet, a published +0.0 sent as -0.0) after the arrival
-// counters in the counters' slice, and the highest folds them in as they come. That saves the
-// fence and the counted arrival, two round trips through L2, on the block's critical path; the
-// waiter sets the words back to 0, so the slice is zero again after the dispatch, as the
-// counters are. Without handoffs the order of launch is not known, and the last split to
-// arrive combines, as below.
+// Polled partials (POLLED_COMBINE kernels, where the dispatch runs with handoffs: it publishes
+// y). A head's highest used split waits for the others in device memory: they publish their
+// partials as flagged words (as handoffs do: the value and its readiness in one word, 0 meaning
+// not yet, a published +0.0 sent as -0.0) after the arrival counters in the counters' slice,
+// and the highest folds them in as they come. That saves the fence and the counted arrival, two
+// round trips through L2, on the block's critical path; the waiter sets the words back to 0, so
+// the slice is zero again after the dispatch, as the counters are. Sound where a dispatch's
+// workgroups also launch in the order of their index (the waiter, highest of its head, starts
+// after the splits it waits for, and they wait on nothing after them): more than handoffs
+// between dispatches need, and what NVIDIA's driver and lavapipe's thread pool do
+// (handoff.glsl). Without handoffs the last split to arrive combines, as below.
 bool polled() {
     return handoff.out_at != HANDOFF_NONE;
 }
@@ -523,7 +526,7 @@ void gather(uint h, uint me, uint used, float m, float total, float lsum) {
 }
 
 // Split `split` of query head h publishes its partial; the last of the `used` splits to arrive
-// combines all of them into y and resets the head's counter (or, polled(), combine_polled).
+// combines all of them into y and resets the head's counter (or, polled(), the highest gathers).
 void combine(uint h, uint split, uint used, float m, float total, float lsum) {
     uint t = gl_LocalInvocationID.x;
 #ifdef ABLATE_COMBINE

@@ -16,7 +16,11 @@
 //
 // Sound where the driver launches a dispatch's workgroups only after every workgroup of the
 // dispatches recorded before it (a waiting consumer then waits only on resident producers):
-// the runtime turns handoffs on by itself only where that was measured (NVIDIA).
+// the runtime turns handoffs on by itself only where that was measured (NVIDIA). One consumer
+// relies on more with handoffs on: the attention bands' polled combine (fused_attention.glsl's
+// polled()) waits inside its own dispatch, on workgroups of lower index, so it needs a
+// dispatch's workgroups launched in index order too, as NVIDIA's driver and lavapipe's thread
+// pool (work items taken in increasing order, each run to its end) do.
 //
 // A kernel declares its role in the default of specialization constant 190, which the runtime
 // reads from the SPIR-V: bit b (b < 16) for each binding b it can read as handoff words (one

@@ -79,7 +79,9 @@ pub struct Arrival {
     /// no scratch binding).
     pub scratch_bytes: u64,
     /// Bytes of the arrival counters (a zeroed state slice every such kernel may share: each
-    /// leaves it zero, and they run in different levels).
+    /// leaves it zero, and no two run at once, since each binds it writable and a barrier
+    /// separates writers of one slice, with handoffs too); the split attention block's also
+    /// holds its bands' polled partials after the counters (fused_attention.glsl's `polled()`).
     pub counter_bytes: u64,
 }
 

@@ -717,7 +717,8 @@ pub fn lower_units_planned(
         })
         .collect();
     let io_logits = bufs[IO].alloc(p.ty(logits).bytes() as u64);
-    // The arrival counters: one zeroed state slice for every kernel combining by last arrival.
+    // The arrival counters: one zeroed state slice for every kernel combining by last arrival
+    // (and the attention bands' polled partials), sized for the largest.
     let counter_bytes = fused
         .units
         .iter()

@@ -124,7 +124,10 @@ pub enum Handoffs {
     #[default]
     Auto,
     /// On wherever the plan finds a level to hand over (lavapipe runs dispatches one after the
-    /// other, so there it changes the barriers and nothing else: what the tests run).
+    /// other, so there it changes the barriers and the attention bands' combine, which then
+    /// waits inside its dispatch on workgroups of lower index: what the tests run). Elsewhere
+    /// than NVIDIA and lavapipe it relies on launches in order, between dispatches and within
+    /// one, that nothing promises.
     On,
     /// A barrier between every two levels.
     Off,
