@@ -364,11 +364,11 @@ impl AttnSpec {
         }
     }
 
-    /// Bytes of the per-head arrival counters and, after them, the polled partials' words (m,
-    /// l, o[head_dim] per head and split: fused_attention.glsl's `polled()`); 0 without splits.
+    /// Bytes of the per-head arrival counters; 0 without splits. A block with bands binds the
+    /// polled partials' words after them too ([`super::program::UKernel::arrival`]).
     pub fn counter_bytes(&self) -> u64 {
         if self.splits > 1 {
-            (self.hq * 4) as u64 + self.partial_bytes()
+            (self.hq * 4) as u64
         } else {
             0
         }

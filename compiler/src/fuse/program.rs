@@ -80,8 +80,8 @@ pub struct Arrival {
     pub scratch_bytes: u64,
     /// Bytes of the arrival counters (a zeroed state slice every such kernel may share: each
     /// leaves it zero, and no two run at once, since each binds it writable and a barrier
-    /// separates writers of one slice, with handoffs too); the split attention block's also
-    /// holds its bands' polled partials after the counters (fused_attention.glsl's `polled()`).
+    /// separates writers of one slice, with handoffs too); a split attention block with bands
+    /// also binds its bands' polled partials after the counters ([`UKernel::arrival`]).
     pub counter_bytes: u64,
 }
 
@@ -123,6 +123,22 @@ pub struct UKernel {
     /// Other grids of it for short positions, by ascending first position not served
     /// (`Dispatch::alternatives`): the attention block's bands.
     pub alternatives: Vec<(u32, Generated)>,
+}
+
+impl UKernel {
+    /// The scratch and counters it binds, if it combines by last arrival ([`KernelKind::arrival`]):
+    /// an attention block with bands binds, after its counters, the words its bands' splits
+    /// publish their partials in where they combine by polling (fused_attention.glsl's
+    /// `polled()`), sized for the block's own splits, which no band exceeds.
+    pub fn arrival(&self) -> Option<Arrival> {
+        let mut a = self.kind.arrival()?;
+        if let KernelKind::Attention(spec) = &self.kind {
+            if !self.alternatives.is_empty() {
+                a.counter_bytes += spec.partial_bytes();
+            }
+        }
+        Some(a)
+    }
 }
 
 /// Saturation figures of a unit.

@@ -544,7 +544,7 @@ impl Lowering<'_> {
             // A kernel combining by last arrival: its scratch (placed in the arena like a value
             // live in this dispatch's level only) and its counters, after its other bindings.
             let mut writes = k.writes.clone();
-            if let Some(arrival) = k.kind.arrival() {
+            if let Some(arrival) = k.arrival() {
                 if arrival.scratch_bytes > 0 {
                     let scratch = self.bufs[ARENA].alloc(arrival.scratch_bytes);
                     self.arena_allocs.push(scratch);
@@ -723,7 +723,7 @@ pub fn lower_units_planned(
         .units
         .iter()
         .flat_map(|u| &u.kernels)
-        .filter_map(|k| k.kind.arrival().map(|a| a.counter_bytes))
+        .filter_map(|k| k.arrival().map(|a| a.counter_bytes))
         .max();
     let arrival_counters = counter_bytes.map(|bytes| bufs[STATE].alloc(bytes));
     let mut l = Lowering {
