@@ -372,11 +372,11 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
 // not yet, a published +0.0 sent as -0.0) after the arrival counters in the counters' slice,
 // and the highest folds them in as they come. That saves the fence and the counted arrival, two
 // round trips through L2, on the block's critical path; the waiter sets the words back to 0, so
-// the slice is zero again after the dispatch, as the counters are. Sound where a dispatch's
-// workgroups also launch in the order of their index (the waiter, highest of its head, starts
-// after the splits it waits for, and they wait on nothing after them): more than handoffs
-// between dispatches need, and what NVIDIA's driver and lavapipe's thread pool do
-// (handoff.glsl). Without handoffs the last split to arrive combines, as below.
+// the slice is zero again after the dispatch, as the counters are. The waiters are one per head
+// and the splits they wait for wait on nothing in this dispatch, so this is sound where the
+// device holds more of the dispatch's workgroups at once than there are heads, or launches
+// them in index order (handoff.glsl). Without handoffs the last split to arrive combines, as
+// below.
 bool polled() {
     return handoff.out_at != HANDOFF_NONE;
 }

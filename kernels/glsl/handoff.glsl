@@ -16,11 +16,13 @@
 //
 // Sound where the driver launches a dispatch's workgroups only after every workgroup of the
 // dispatches recorded before it (a waiting consumer then waits only on resident producers):
-// the runtime turns handoffs on by itself only where that was measured (NVIDIA). One consumer
-// relies on more with handoffs on: the attention bands' polled combine (fused_attention.glsl's
-// polled()) waits inside its own dispatch, on workgroups of lower index, so it needs a
-// dispatch's workgroups launched in index order too, as NVIDIA's driver and lavapipe's thread
-// pool (work items taken in increasing order, each run to its end) do.
+// the runtime turns handoffs on by itself only where that was measured (NVIDIA). One waiter
+// with handoffs on waits inside its own dispatch: the attention bands' polled combine
+// (fused_attention.glsl's polled()), one workgroup per head, on splits of its head that wait on
+// nothing in the dispatch. It needs the device to hold more of the dispatch's workgroups at
+// once than it has heads (any GPU: 16 heads against hundreds of slots on an H100), or to launch
+// them in index order, the waiter last of its head (lavapipe's pool, whose few threads each
+// run a workgroup to its end, takes them in increasing order).
 //
 // A kernel declares its role in the default of specialization constant 190, which the runtime
 // reads from the SPIR-V: bit b (b < 16) for each binding b it can read as handoff words (one

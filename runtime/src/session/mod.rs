@@ -124,10 +124,10 @@ pub enum Handoffs {
     #[default]
     Auto,
     /// On wherever the plan finds a level to hand over (lavapipe runs dispatches one after the
-    /// other, so there it changes the barriers and the attention bands' combine, which then
-    /// waits inside its dispatch on workgroups of lower index: what the tests run). Elsewhere
-    /// than NVIDIA and lavapipe it relies on launches in order, between dispatches and within
-    /// one, that nothing promises.
+    /// other, so there it changes the barriers and the attention bands' combine, whose highest
+    /// split then waits inside its dispatch for the others: what the tests run). Elsewhere than
+    /// NVIDIA it relies on the order of launch between dispatches, which nothing promises
+    /// (kernels/glsl/handoff.glsl).
     On,
     /// A barrier between every two levels.
     Off,
