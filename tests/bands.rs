@@ -17,6 +17,7 @@
 //!    splits against the CPU reference interpreter, eager, replay, and replay with handoffs
 //!    (where the bands' splits combine by polling).
 //! 4. Bands the block cannot take are errors when asked for, and the defaults leave them out.
+//! 5. Bands poll only where the compile's device has more compute units than query heads.
 
 use vkfuse_compiler::fuse::bands::AttentionBand;
 use vkfuse_compiler::fuse::{lower_fused, FuseError, FuseOptions};
@@ -313,4 +314,33 @@ fn bands_the_block_cannot_take_are_errors_when_asked_for() {
     // By default none at all here: 16-bit float weights have no bands.
     let s = lower(&program, &FuseOptions::default()).unwrap();
     assert!(s.bands().is_empty());
+}
+
+/// The bands' highest splits wait for the others inside the dispatch, one per head, so the
+/// compiler emits polling bands only where its device has more compute units than the block has
+/// query heads (4 here): with 4 units the band kernels are the last-arrival ones, with 5 the
+/// polling ones.
+#[test]
+fn bands_poll_only_where_the_device_has_room_for_a_waiter_per_head() {
+    let (_, program) = program();
+    let band_kernels = |units: usize| {
+        let mut opts = FuseOptions {
+            attention_splits: Some(4),
+            attention_bands: Some(vec![band(48, 2, 64)]),
+            ..FuseOptions::default()
+        };
+        opts.device.compute_units = units;
+        let s = lower(&program, &opts).unwrap();
+        let spirv: Vec<Vec<u32>> = s
+            .dispatches
+            .iter()
+            .flat_map(|d| &d.alternatives)
+            .map(|a| s.kernels[a.kernel.index()].spirv.clone())
+            .collect();
+        assert!(!spirv.is_empty());
+        spirv
+    };
+    let (few, enough, many) = (band_kernels(4), band_kernels(5), band_kernels(132));
+    assert_ne!(few, enough, "4 units for 4 heads: no polling");
+    assert_eq!(enough, many);
 }

@@ -420,10 +420,19 @@ fn calibrate_writes_costs_that_compile_model_reads() {
 
 /// `vkfuse kernels FILE`: one row per kernel of the schedule, with the dispatches that run it
 /// (a band's alternative counts), its workgroup size on this device and the driver's
-/// statistics where it offers them (lavapipe does not: then it says so).
+/// statistics where it offers them (lavapipe does not: then it says so). The schedule has an
+/// attention band, so the block's own kernel and its band's each run once per layer.
 #[test]
 fn kernels_lists_every_kernel_with_its_driver_statistics() {
-    let opts = vkfuse_compiler::fuse::FuseOptions::default();
+    let opts = vkfuse_compiler::fuse::FuseOptions {
+        attention_splits: Some(4),
+        attention_bands: Some(vec![vkfuse_compiler::fuse::bands::AttentionBand {
+            below: 48,
+            splits: 2,
+            workgroup: 64,
+        }]),
+        ..Default::default()
+    };
     let (model, schedule, _) = vkfuse_tests::fused_schedule_with("qwen3-tied", &opts);
     let path = std::env::temp_dir().join(format!("vkfuse-kernels-{}.vkf", std::process::id()));
     schedule.write_file(&path, &model.tensors).unwrap();
@@ -439,17 +448,22 @@ fn kernels_lists_every_kernel_with_its_driver_statistics() {
     );
     let rows: Vec<&str> = lines.skip(1).collect();
     assert_eq!(rows.len(), schedule.kernels.len(), "{stdout}");
+    let layers = model.config.num_layers;
+    let mut attention = 0;
+    let mut runs = 0;
     for (i, (row, k)) in rows.iter().zip(&schedule.kernels).enumerate() {
         let cols: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(cols[0], i.to_string(), "{row}");
-        let runs = schedule
-            .dispatches
-            .iter()
-            .filter(|d| d.kernel.index() == i)
-            .count();
-        assert_eq!(cols[1], runs.to_string(), "{row}");
         assert!(row.contains(&k.label), "{row}");
+        let n: usize = cols[1].parse().unwrap();
+        runs += n;
+        if k.label.starts_with("fused_attention[") {
+            assert_eq!(n, layers, "{row}");
+            attention += 1;
+        }
         // Statistics, or the dash where the device offers none.
         assert_eq!(row.trim_end().ends_with(" -"), !offered, "{row}");
     }
+    assert_eq!(attention, 2, "the block's kernel and its band's: {stdout}");
+    assert_eq!(runs, schedule.dispatches.len() + layers, "{stdout}");
 }

@@ -32,8 +32,8 @@
 // fresh rows rounded as stored: fresh_round), 6 = pos i32[1],
 // 7 = q norm weight [D], 8 = k norm weight [D] (when QK_NORM); when SPLITS > 1:
 // PART_BINDING = partials f32[HQ, SPLITS, D + 2] (scratch), COUNT_BINDING = arrival counters
-// u32[HQ] then the polled partials' words u32[HQ, SPLITS, D + 2] (all zero before the dispatch,
-// zero again after it).
+// u32[HQ], for a block with bands then the polled partials' words u32[HQ, the block's splits,
+// D + 2] (all zero before the dispatch, zero again after it).
 // Spec constants: 0 = workgroup size (power of two, >= 4 and >= D), 1 = HQ, 2 = HKV, 3 = CAP,
 // 4 = D, 5 = SCALE (f32), 6 = EPS (f32).
 // Dispatch: HQ * SPLITS workgroups.
@@ -374,8 +374,8 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
 // round trips through L2, on the block's critical path; the waiter sets the words back to 0, so
 // the slice is zero again after the dispatch, as the counters are. The waiters are one per head
 // and the splits they wait for wait on nothing in this dispatch, so this is sound where the
-// device holds more of the dispatch's workgroups at once than there are heads, or launches
-// them in index order (handoff.glsl). Without handoffs the last split to arrive combines, as
+// device holds more of the dispatch's workgroups at once than there are heads, or hands them
+// out in index order (handoff.glsl). Without handoffs the last split to arrive combines, as
 // below.
 bool polled() {
     return handoff.out_at != HANDOFF_NONE;

@@ -19,10 +19,12 @@
 // the runtime turns handoffs on by itself only where that was measured (NVIDIA). One waiter
 // with handoffs on waits inside its own dispatch: the attention bands' polled combine
 // (fused_attention.glsl's polled()), one workgroup per head, on splits of its head that wait on
-// nothing in the dispatch. It needs the device to hold more of the dispatch's workgroups at
-// once than it has heads (any GPU: 16 heads against hundreds of slots on an H100), or to launch
-// them in index order, the waiter last of its head (lavapipe's pool, whose few threads each
-// run a workgroup to its end, takes them in increasing order).
+// nothing in the dispatch. With the rule above (no later dispatch's workgroup takes a slot
+// before all of this one's have launched), it needs the device to hold more of the dispatch's
+// workgroups at once than it has heads (the compiler emits polled bands only where its
+// device has more compute units than heads: an H100's 132 against 16), or to hand them out
+// in increasing index order with each executor running its own in order (lavapipe: each
+// thread takes the next contiguous run of workgroups and runs it to its end).
 //
 // A kernel declares its role in the default of specialization constant 190, which the runtime
 // reads from the SPIR-V: bit b (b < 16) for each binding b it can read as handoff words (one

@@ -126,7 +126,8 @@ pub enum Handoffs {
     /// On wherever the plan finds a level to hand over (lavapipe runs dispatches one after the
     /// other, so there it changes the barriers and the attention bands' combine, whose highest
     /// split then waits inside its dispatch for the others: what the tests run). Elsewhere than
-    /// NVIDIA it relies on the order of launch between dispatches, which nothing promises
+    /// NVIDIA it relies on the order of launch between dispatches, and for those bands on room
+    /// for more of a dispatch's workgroups than heads, which nothing promises
     /// (kernels/glsl/handoff.glsl).
     On,
     /// A barrier between every two levels.
