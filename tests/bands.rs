@@ -275,6 +275,24 @@ fn banded_combines_match_the_reference() {
         .map(|&t| replay.step(Some(t)).unwrap().logits)
         .collect();
     assert_rows_close("banded replay, handoffs, 100 positions", &rows, &want, 1e-3);
+    // Every counter and polled word is zero again after the steps (the block's last binding).
+    let l = replay.loaded();
+    for d in l
+        .schedule
+        .dispatches
+        .iter()
+        .filter(|d| is_attention(&d.label))
+    {
+        let slice = d.bindings.last().unwrap();
+        let buffer = &l.buffers[slice.buffer.index()];
+        let words: Vec<u32> = l
+            .device
+            .readback_pod(buffer, slice.offset, slice.size as usize / 4)
+            .unwrap();
+        assert!(words.len() > 4, "{}: the polled words are bound", d.label);
+        let set = words.iter().filter(|&&w| w != 0).count();
+        assert_eq!(set, 0, "{}: {set} words left set", d.label);
+    }
     assert!(log.is_clean(), "validation errors:\n{}", log.report());
 }
 
