@@ -6,7 +6,8 @@
 use anyhow::Result;
 use std::io::Write;
 use std::path::PathBuf;
-use vkfuse_runtime::{PipelineDesc, Statistic};
+use vkfuse_runtime::session::kernel_pipeline;
+use vkfuse_runtime::Statistic;
 
 #[derive(clap::Args)]
 pub struct KernelsArgs {
@@ -53,22 +54,15 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
                         .count()
             })
             .sum::<usize>();
-        let spec = k.specialization(info);
-        let pipeline = device.create_pipeline_with(&PipelineDesc {
-            label: &k.label,
-            spirv: &k.spirv,
-            entry_point: "main",
-            spec_constants: &spec,
-            n_bindings: k.bindings,
-            push_constant_bytes: k.push_constant_bytes,
-            cache: None,
-            capture_statistics: true,
-        })?;
+        let pipeline = kernel_pipeline(&device, k, None, true)?;
         let stats = match pipeline.statistics()? {
             Some(s) => describe(&s),
             None => "-".to_string(),
         };
-        let wg = spec.get_u32(0).map_or("-".to_string(), |w| w.to_string());
+        let wg = pipeline
+            .spec_constants()
+            .get_u32(0)
+            .map_or("-".to_string(), |w| w.to_string());
         writeln!(out, "{i:>4} {uses:>10} {wg:>9}  {:<60} {stats}", k.label)?;
     }
     Ok(())

@@ -209,6 +209,20 @@ fn should_read_f16_storage_when_16bit_storage_is_enabled() {
     common::assert_clean(&log);
 }
 
+/// `scale_add` (workgroup size `spec`) described in full, with no cache and no statistics.
+fn scale_add_desc<'a>(spirv: &'a [u32], spec: &'a SpecConstants) -> PipelineDesc<'a> {
+    PipelineDesc {
+        label: "scale_add",
+        spirv,
+        entry_point: "main",
+        spec_constants: spec,
+        n_bindings: 2,
+        push_constant_bytes: 8,
+        cache: None,
+        capture_statistics: false,
+    }
+}
+
 #[test]
 fn should_reuse_a_pipeline_cache_from_its_bytes() {
     on_device(|device| {
@@ -216,14 +230,8 @@ fn should_reuse_a_pipeline_cache_from_its_bytes() {
         let spec = SpecConstants::new().u32(0, 64);
         let cache = device.create_pipeline_cache(&[]).unwrap();
         let desc = PipelineDesc {
-            label: "scale_add",
-            spirv: &spirv,
-            entry_point: "main",
-            spec_constants: &spec,
-            n_bindings: 2,
-            push_constant_bytes: 8,
             cache: Some(&cache),
-            capture_statistics: false,
+            ..scale_add_desc(&spirv, &spec)
         };
         let first = device.create_pipeline_with(&desc).unwrap();
         assert_eq!(first.label(), "scale_add");
@@ -249,16 +257,7 @@ fn should_report_driver_statistics_only_where_captured_and_offered() {
     on_device(|device| {
         let spirv = spirv_file("scale_add");
         let spec = SpecConstants::new().u32(0, 64);
-        let desc = PipelineDesc {
-            label: "scale_add",
-            spirv: &spirv,
-            entry_point: "main",
-            spec_constants: &spec,
-            n_bindings: 2,
-            push_constant_bytes: 8,
-            cache: None,
-            capture_statistics: false,
-        };
+        let desc = scale_add_desc(&spirv, &spec);
         let plain = device.create_pipeline_with(&desc).unwrap();
         assert_eq!(plain.statistics().unwrap(), None);
         let captured = device

@@ -506,6 +506,27 @@ fn io_buffer_kind() -> BufferKind {
     }
 }
 
+/// The pipeline of kernel `k` on `device` (its specialization there:
+/// [`crate::schedule::KernelDecl::specialization`]), through `cache` where given, with the
+/// driver's statistics kept where asked and offered ([`Pipeline::statistics`]).
+pub fn kernel_pipeline(
+    device: &Device,
+    k: &crate::schedule::KernelDecl,
+    cache: Option<&crate::PipelineCache>,
+    capture_statistics: bool,
+) -> Result<Pipeline, Error> {
+    device.create_pipeline_with(&crate::PipelineDesc {
+        label: &k.label,
+        spirv: &k.spirv,
+        entry_point: "main",
+        spec_constants: &k.specialization(device.info()),
+        n_bindings: k.bindings,
+        push_constant_bytes: k.push_constant_bytes,
+        cache,
+        capture_statistics,
+    })
+}
+
 /// Creates the schedule's pipelines, through the cache file when one is given.
 fn create_pipelines(
     device: &Device,
@@ -539,19 +560,8 @@ fn create_pipelines(
         },
     };
     let mut pipelines = Vec::with_capacity(schedule.kernels.len());
-    let info = device.info();
     for k in &schedule.kernels {
-        let spec = k.specialization(info);
-        pipelines.push(device.create_pipeline_with(&crate::PipelineDesc {
-            label: &k.label,
-            spirv: &k.spirv,
-            entry_point: "main",
-            spec_constants: &spec,
-            n_bindings: k.bindings,
-            push_constant_bytes: k.push_constant_bytes,
-            cache: cache.as_ref(),
-            capture_statistics: false,
-        })?);
+        pipelines.push(kernel_pipeline(device, k, cache.as_ref(), false)?);
     }
     // Written when the file was missing, stale or damaged (the warning stays reported).
     if let (Some(f), Some(c)) = (file, &cache) {
