@@ -54,7 +54,7 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
                         .count()
             })
             .sum::<usize>();
-        let pipeline = kernel_pipeline(&device, k, None, true)?;
+        let pipeline = kernel_pipeline(&device, k, None, true, None)?;
         let stats = match pipeline.statistics()? {
             Some(s) => describe(&s),
             None => "-".to_string(),

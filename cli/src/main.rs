@@ -12,6 +12,7 @@ mod metrics;
 mod options;
 mod profile;
 mod text;
+mod timeline;
 mod upload;
 
 use anyhow::Result;
@@ -56,6 +57,10 @@ enum Command {
     /// each (registers per invocation on NVIDIA; VK_KHR_pipeline_executable_properties), with
     /// its workgroup size there and the dispatches that run it.
     Kernels(kernels::KernelsArgs),
+    /// Show what ran when inside replayed steps, workgroup by workgroup, from a schedule
+    /// compiled with `compile-model --timeline` (each kernel records its workgroups' begin and
+    /// end on the device's clock): a step dispatch by dispatch, then medians per kernel.
+    Timeline(timeline::TimelineArgs),
     /// Print a schedule file (from `compile-model -o`) as readable text.
     Inspect {
         /// The schedule file.
@@ -138,6 +143,7 @@ fn main() {
         Command::Bench(args) => bench::run(&args),
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Kernels(args) => kernels::run(&args),
+        Command::Timeline(args) => timeline::run(&args),
         Command::Inspect { file } => inspect(&file),
     };
     if let Err(e) = result {

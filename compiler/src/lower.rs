@@ -91,30 +91,44 @@ type PipelineKey = (String, Vec<(String, String)>, Vec<u32>, usize, usize);
 
 /// SPIR-V per (kernel, defines), compiled once per process.
 #[derive(Default)]
-pub struct SpirvCache(
-    HashMap<KernelSource, Vec<u32>>,
+pub struct SpirvCache {
+    library: HashMap<KernelSource, Vec<u32>>,
     /// Generated sources (the fused kernels), by content.
-    HashMap<String, Vec<u32>>,
-);
+    generated: HashMap<String, Vec<u32>>,
+    /// Every kernel wrapped for the timeline probe (`kernels::timeline`).
+    timeline: bool,
+}
 
 impl SpirvCache {
+    /// A cache whose kernels all record their workgroups' times (`compile-model --timeline`).
+    pub fn timeline() -> SpirvCache {
+        SpirvCache {
+            timeline: true,
+            ..SpirvCache::default()
+        }
+    }
+
     pub fn get(&mut self, call: &KernelCall) -> Result<Vec<u32>, KernelError> {
         let key = (call.kernel.to_string(), call.defines.clone());
-        if let Some(words) = self.0.get(&key) {
+        if let Some(words) = self.library.get(&key) {
             return Ok(words.clone());
         }
-        let words = kernels::compile(call.kernel, &call.defines)?;
-        self.0.insert(key, words.clone());
+        let words = kernels::compile_with(call.kernel, &call.defines, self.timeline)?;
+        self.library.insert(key, words.clone());
         Ok(words)
     }
 
     /// The SPIR-V of a generated source, compiled once per distinct source text.
     pub fn get_source(&mut self, label: &str, source: &str) -> Result<Vec<u32>, KernelError> {
-        if let Some(words) = self.1.get(source) {
+        if let Some(words) = self.generated.get(source) {
             return Ok(words.clone());
         }
-        let words = kernels::compile_source(label, source)?;
-        self.1.insert(source.to_string(), words.clone());
+        let words = if self.timeline {
+            kernels::compile_source(label, &kernels::timeline::wrap(source))?
+        } else {
+            kernels::compile_source(label, source)?
+        };
+        self.generated.insert(source.to_string(), words.clone());
         Ok(words)
     }
 }

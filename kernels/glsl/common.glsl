@@ -20,6 +20,12 @@
 // parsed before this declaration.
 layout(local_size_x_id = 0) in;
 
+// A point of invocation 0's way that the timeline probe records (kernels/glsl/timeline.glsl:
+// 0 = its input has arrived, 1 = its own work is done); nothing without the probe.
+#ifndef TIMELINE_MARK
+#define TIMELINE_MARK(i)
+#endif
+
 #define F32 1
 #define F16 2
 #define BF16 3

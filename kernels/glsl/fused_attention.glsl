@@ -627,6 +627,7 @@ void main() {
         praw = vec2(q[h * D + pt], k_new[g * D + pt]);
         vv = v_new[g * D + t];
     }
+    TIMELINE_MARK(0);
 #ifdef ABLATE_EMPTY
     // Timing only (compile-model --ablate attention): the block reduced to its handoff hop,
     // q/k/v words in, y words out.
@@ -716,6 +717,7 @@ void main() {
            kp, vp,
 #endif
            m, total, lsum);
+    TIMELINE_MARK(1);
     if (used == 1u) {
         if (t < D) {
             y[h * D + t] = total / lsum;

@@ -291,6 +291,7 @@ void main() {
     wg_publish_sum(ss);
 #endif
     barrier();
+    TIMELINE_MARK(0);
 
     // The outer weights do not depend on act: loaded now, their latency overlaps the inner
     // dots (loads past the end are clamped in bounds; their results are dropped).
@@ -358,6 +359,7 @@ void main() {
         }
     }
     barrier();
+    TIMELINE_MARK(1);
     if (t < CB) {
         float scale = 1.0;
 #if NORM

@@ -51,6 +51,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("quant.glsl", include_str!("../glsl/quant.glsl")),
     ("kv_cache.glsl", include_str!("../glsl/kv_cache.glsl")),
     ("handoff.glsl", include_str!("../glsl/handoff.glsl")),
+    ("timeline.glsl", include_str!("../glsl/timeline.glsl")),
     // Anchors of the fused kernels: the compiler generates the sources that include them.
     (
         "fused_matvec.glsl",

@@ -106,6 +106,13 @@ struct Args {
         conflicts_with = "no_fuse"
     )]
     ablate: Vec<fuse::ablate::Ablate>,
+    /// A timing probe, never for use: every kernel also records when each of its workgroups
+    /// began and ended on the device's realtime clock, for `vkfuse timeline FILE` to show what
+    /// ran when inside a replayed step (handoffs included). The tokens are as without it; the
+    /// step is a little slower (an atomic and a record per workgroup). Needs a device with
+    /// VK_KHR_shader_clock's device clock and buffer device addresses.
+    #[arg(long)]
+    timeline: bool,
     /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.
     #[arg(long)]
     explain: bool,
@@ -245,7 +252,11 @@ fn run(args: Args) -> Result<()> {
     };
     let segmentation = st.run("discover", || Ok(fuse::discover(&program)))?;
     let meta = lower::Meta::of(&model);
-    let mut spirv = SpirvCache::default();
+    let mut spirv = if args.timeline {
+        SpirvCache::timeline()
+    } else {
+        SpirvCache::default()
+    };
     // The costs fusion minimises (an unfused schedule has none).
     let cost_line = (!args.no_fuse).then(|| device.to_string());
     let (schedule, fusion, plan) = if args.no_fuse {

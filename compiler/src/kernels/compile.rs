@@ -23,8 +23,25 @@ pub enum KernelError {
 /// The SPIR-V (Vulkan 1.1 target) of `kernel` with `defines`; `#include "x.glsl"` resolves to
 /// the headers of `vkfuse_kernels`. Errors name the kernel and its defines.
 pub fn compile(kernel: &str, defines: &[(String, String)]) -> Result<Vec<u32>, KernelError> {
+    compile_with(kernel, defines, false)
+}
+
+/// [`compile`], with the timeline probe's wrapper around the kernel where `timeline`
+/// ([`super::timeline`]).
+pub fn compile_with(
+    kernel: &str,
+    defines: &[(String, String)],
+    timeline: bool,
+) -> Result<Vec<u32>, KernelError> {
     let source =
         vkfuse_kernels::source(kernel).ok_or_else(|| KernelError::UnknownKernel(kernel.into()))?;
+    let wrapped;
+    let source = if timeline {
+        wrapped = super::timeline::wrap(source);
+        wrapped.as_str()
+    } else {
+        source
+    };
     let list = defines
         .iter()
         .map(|(k, v)| format!("{k}={v}"))

@@ -1,5 +1,6 @@
 //! Kernels: which GLSL kernel runs each op, with which defines, specialization constants and
-//! dispatch geometry ([`select`]), and GLSL -> SPIR-V ([`compile`]).
+//! dispatch geometry ([`select`]), and GLSL -> SPIR-V ([`compile`]; [`timeline`] wraps a kernel
+//! for the timing probe).
 //!
 //! The kernel ABI (shared with the executors): descriptor set 0 holds storage buffers only;
 //! binding 0 is the op's result and bindings 1..=arity its operands in IR order, except
@@ -14,9 +15,10 @@
 mod call;
 mod compile;
 mod select;
+pub mod timeline;
 
 pub use call::KernelCall;
-pub use compile::{compile, compile_source, KernelError};
+pub use compile::{compile, compile_source, compile_with, KernelError};
 pub(crate) use select::rope_inv_freq;
 pub use select::{is_alias, select, MAX_WORKGROUPS_X};
 pub(crate) use select::{matvec_subgroups, matvec_tuning, vec4};

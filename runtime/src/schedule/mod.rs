@@ -186,6 +186,16 @@ impl KernelDecl {
         crate::vulkan::spirv::declares_capability(&self.spirv, capability)
     }
 
+    /// Whether the kernel is wrapped for the timeline probe (`compile-model --timeline`): its
+    /// SPIR-V declares the timeline's specialization constants (`session::timeline`).
+    pub fn records_timeline(&self) -> bool {
+        crate::vulkan::spirv::spec_constant_default(
+            &self.spirv,
+            crate::session::timeline::TIMELINE_SPEC_ID,
+        )
+        .is_some()
+    }
+
     /// The handoff role the SPIR-V declares (`kernels/glsl/handoff.glsl`), if any.
     pub fn handoff_role(&self) -> Option<crate::HandoffRole> {
         crate::HandoffRole::of_spirv(&self.spirv)

@@ -6,6 +6,7 @@ mod eager;
 pub mod handoff;
 pub mod pipeline_cache;
 mod replay;
+pub mod timeline;
 pub mod writeback;
 
 pub use eager::Eager;
@@ -226,6 +227,8 @@ pub struct Loaded {
     /// every pipeline with a handoff role binds (None: no kernel has one).
     handoff_plan: handoff::HandoffPlan,
     handoff_words: Option<crate::HandoffWords>,
+    /// The timeline probe's records, where the schedule's kernels write them.
+    timeline: Option<timeline::Timeline>,
 }
 
 impl Loaded {
@@ -328,8 +331,13 @@ impl Loaded {
                 report(progress);
             }
         }
-        let (pipelines, pipeline_cache) =
-            create_pipelines(&device, &schedule, options.pipeline_cache.as_ref())?;
+        let timeline = timeline::Timeline::new(&device, &schedule)?;
+        let (pipelines, pipeline_cache) = create_pipelines(
+            &device,
+            &schedule,
+            options.pipeline_cache.as_ref(),
+            timeline.as_ref(),
+        )?;
         let output = device.create_buffer_labeled(
             "step output",
             256 + schedule.io.logits.size,
@@ -353,6 +361,7 @@ impl Loaded {
             output,
             handoff_plan,
             handoff_words,
+            timeline,
         };
         loaded.reset()?;
         Ok(loaded)
@@ -371,6 +380,11 @@ impl Loaded {
         rec.finish()?;
         self.device.submit_and_wait(&mut cmd, STEP_TIMEOUT)?;
         Ok(())
+    }
+
+    /// The timeline probe's records (`compile-model --timeline`), if the schedule writes any.
+    pub fn timeline(&self) -> Option<&timeline::Timeline> {
+        self.timeline.as_ref()
     }
 
     /// Replay's handoff plan on this device (no level handed where handoffs are off).
@@ -514,12 +528,17 @@ pub fn kernel_pipeline(
     k: &crate::schedule::KernelDecl,
     cache: Option<&crate::PipelineCache>,
     capture_statistics: bool,
+    timeline: Option<(&timeline::Timeline, crate::schedule::KernelId)>,
 ) -> Result<Pipeline, Error> {
+    let mut spec = k.specialization(device.info());
+    if let Some((t, id)) = timeline {
+        spec = t.specialize(id, spec);
+    }
     device.create_pipeline_with(&crate::PipelineDesc {
         label: &k.label,
         spirv: &k.spirv,
         entry_point: "main",
-        spec_constants: &k.specialization(device.info()),
+        spec_constants: &spec,
         n_bindings: k.bindings,
         push_constant_bytes: k.push_constant_bytes,
         cache,
@@ -532,6 +551,7 @@ fn create_pipelines(
     device: &Device,
     schedule: &Schedule,
     file: Option<&CacheFile>,
+    timeline: Option<&timeline::Timeline>,
 ) -> Result<(Vec<Pipeline>, CacheStatus), SessionError> {
     use pipeline_cache::DeviceKey;
     let key = DeviceKey::of(device.info());
@@ -560,8 +580,10 @@ fn create_pipelines(
         },
     };
     let mut pipelines = Vec::with_capacity(schedule.kernels.len());
-    for k in &schedule.kernels {
-        pipelines.push(kernel_pipeline(device, k, cache.as_ref(), false)?);
+    for (i, k) in schedule.kernels.iter().enumerate() {
+        let id = crate::schedule::KernelId(i as u32);
+        let t = timeline.map(|t| (t, id));
+        pipelines.push(kernel_pipeline(device, k, cache.as_ref(), false, t)?);
     }
     // Written when the file was missing, stale or damaged (the warning stays reported).
     if let (Some(f), Some(c)) = (file, &cache) {

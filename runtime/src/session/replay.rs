@@ -20,6 +20,7 @@
 //! [`Dispatch::alternatives`]: crate::schedule::Dispatch::alternatives
 //! [`Schedule::bands`]: crate::schedule::Schedule::bands
 
+use super::timeline::{DispatchRun, StepDispatch, TIMELINE_STEPS};
 use super::writeback::{self, PingPongPlan, WriteBack};
 use super::{Loaded, SessionError, StepOutput, STEP_TIMEOUT};
 use crate::schedule::{BufferId, Schedule, Slice};
@@ -588,6 +589,72 @@ impl Replay {
             }
         }
         result.map(|()| tokens)
+    }
+
+    /// The dispatches one step records at `parity` on `band`'s grids, in recording order
+    /// (what [`Self::record_step`] emits; copies that ping-pong dropped are not there).
+    fn step_dispatches(&self, parity: usize, band: usize) -> Vec<StepDispatch> {
+        let s = &self.loaded.schedule;
+        let position = Schedule::band_position(&self.bands, band);
+        s.levels
+            .iter()
+            .flat_map(|level| level.clone())
+            .filter(|&d| self.set_of[parity][d as usize].is_some())
+            .map(|d| {
+                let (kernel, groups) = s.dispatches[d as usize].grid_at(position);
+                StepDispatch {
+                    dispatch: d as usize,
+                    kernel,
+                    groups: groups.iter().product(),
+                }
+            })
+            .collect()
+    }
+
+    /// Runs `n` greedy steps as [`Self::greedy_tokens`] does (`k` per submit), with the
+    /// timeline probe's records cleared before them, and returns their tokens and what each
+    /// of their dispatches ran when (`compile-model --timeline`; an error for a schedule
+    /// without it, or for more than [`TIMELINE_STEPS`] steps).
+    pub fn timeline(
+        &mut self,
+        first: Option<u32>,
+        n: u32,
+        k: u32,
+    ) -> Result<(Vec<u32>, Vec<DispatchRun>), SessionError> {
+        let bad = |m: String| SessionError::Vulkan(crate::Error::InvalidArgument(m));
+        if self.loaded.timeline().is_none() {
+            return Err(bad(
+                "the schedule records no timeline: compile it with `compile-model --timeline`"
+                    .into(),
+            ));
+        }
+        if n == 0 || n > TIMELINE_STEPS || k == 0 {
+            return Err(bad(format!(
+                "a timeline covers 1..={TIMELINE_STEPS} steps, not {n}, at least 1 per submit"
+            )));
+        }
+        // The steps as greedy_tokens submits them: chains of k, each on the band of its
+        // last step's position.
+        let mut position = self.loaded.position()?;
+        let mut parity = self.parity;
+        let mut steps = Vec::with_capacity(n as usize);
+        let mut left = n;
+        while left > 0 {
+            let chain = k.min(left);
+            let band = self.band_at(position + (chain - 1));
+            for _ in 0..chain {
+                steps.push(self.step_dispatches(parity, band));
+                parity = (parity + 1) % self.parities;
+            }
+            position += chain;
+            left -= chain;
+        }
+        let timeline = self.loaded.timeline().expect("checked above");
+        timeline.clear(&self.loaded.device)?;
+        let tokens = self.greedy_tokens(first, n, k)?;
+        let timeline = self.loaded.timeline().expect("checked above");
+        let runs = timeline.read(&self.loaded.device, &steps)?;
+        Ok((tokens, runs))
     }
 
     /// Runs `runs` greedy steps, each in a separate profiling recording with a timestamp after

@@ -146,6 +146,12 @@ pub struct ShaderFeatures {
     /// statistics of a compiled pipeline (registers per invocation on NVIDIA), for `vkfuse
     /// kernels`. Not a shader feature, but enabled and reported the same way.
     pub pipeline_executable_info: bool,
+    /// `shaderDeviceClock` (`VK_KHR_shader_clock`): a clock shaders read that is comparable
+    /// across the device's compute units (the timeline probe, `compile-model --timeline`).
+    pub shader_device_clock: bool,
+    /// `bufferDeviceAddress` (Vulkan 1.2): buffers reached by address (the timeline probe's
+    /// records, addressed without a binding).
+    pub buffer_device_address: bool,
 }
 
 /// A capability a caller can require of a device (see [`Requirements`]).
@@ -456,7 +462,7 @@ impl fmt::Display for AdapterInfo {
         let s = &self.features;
         write!(
             f,
-            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}, int64 atomics {}, pipeline statistics {}",
+            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}, int64 atomics {}, pipeline statistics {}, device clock {}, buffer addresses {}",
             yes(s.shader_float16),
             yes(s.shader_int8),
             yes(s.shader_int16),
@@ -465,7 +471,9 @@ impl fmt::Display for AdapterInfo {
             yes(s.storage_buffer_8bit),
             yes(s.buffer_float32_atomic_add),
             yes(s.buffer_int64_atomics),
-            yes(s.pipeline_executable_info)
+            yes(s.pipeline_executable_info),
+            yes(s.shader_device_clock),
+            yes(s.buffer_device_address)
         )
     }
 }
@@ -597,19 +605,26 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
     let has_atomic_float = offers(ash::ext::shader_atomic_float::NAME);
     let mut executables = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
     let has_executables = offers(ash::khr::pipeline_executable_properties::NAME);
+    let mut clock = vk::PhysicalDeviceShaderClockFeaturesKHR::default();
+    let has_clock = offers(ash::khr::shader_clock::NAME);
+    let mut addresses = vk::PhysicalDeviceBufferDeviceAddressFeatures::default();
     let core = if v1_1 {
         let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut storage16);
         if v1_2 {
             features2 = features2
                 .push_next(&mut storage8)
                 .push_next(&mut f16i8)
-                .push_next(&mut atomic_int64);
+                .push_next(&mut atomic_int64)
+                .push_next(&mut addresses);
         }
         if has_atomic_float {
             features2 = features2.push_next(&mut atomic_float);
         }
         if has_executables {
             features2 = features2.push_next(&mut executables);
+        }
+        if has_clock {
+            features2 = features2.push_next(&mut clock);
         }
         // SAFETY: as above.
         unsafe { instance.get_physical_device_features2(pd, &mut features2) };
@@ -694,6 +709,8 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
             buffer_float32_atomic_add: atomic_float.shader_buffer_float32_atomic_add == vk::TRUE,
             buffer_int64_atomics: atomic_int64.shader_buffer_int64_atomics == vk::TRUE,
             pipeline_executable_info: executables.pipeline_executable_info == vk::TRUE,
+            shader_device_clock: clock.shader_device_clock == vk::TRUE,
+            buffer_device_address: addresses.buffer_device_address == vk::TRUE,
         },
         compute_units,
         max_storage_buffers_per_stage: limits.max_per_stage_descriptor_storage_buffers,

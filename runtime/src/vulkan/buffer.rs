@@ -118,13 +118,15 @@ impl Device {
                 ),
             });
         }
+        let mut usage = vk::BufferUsageFlags::STORAGE_BUFFER
+            | vk::BufferUsageFlags::TRANSFER_SRC
+            | vk::BufferUsageFlags::TRANSFER_DST;
+        if shared.enabled.buffer_device_address {
+            usage |= vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS;
+        }
         let info = vk::BufferCreateInfo::default()
             .size(size)
-            .usage(
-                vk::BufferUsageFlags::STORAGE_BUFFER
-                    | vk::BufferUsageFlags::TRANSFER_SRC
-                    | vk::BufferUsageFlags::TRANSFER_DST,
-            )
+            .usage(usage)
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
         // SAFETY: the device is live and `info` is a valid create info.
         let raw =
@@ -241,6 +243,18 @@ impl Buffer {
     /// The Vulkan handle.
     pub fn raw(&self) -> vk::Buffer {
         self.inner.raw
+    }
+
+    /// Where shaders reach it by address (`GL_EXT_buffer_reference`), on a device with
+    /// `bufferDeviceAddress` enabled; `None` elsewhere.
+    pub fn device_address(&self) -> Option<u64> {
+        if !self.inner.shared.enabled.buffer_device_address {
+            return None;
+        }
+        let info = vk::BufferDeviceAddressInfo::default().buffer(self.inner.raw);
+        // SAFETY: the buffer is live and was created with SHADER_DEVICE_ADDRESS usage, its
+        // memory allocated with the device-address flag (both where the feature is enabled).
+        Some(unsafe { self.inner.shared.raw.get_buffer_device_address(&info) })
     }
 
     fn mapped(&self, what: &str) -> Result<*mut u8> {

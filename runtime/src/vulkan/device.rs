@@ -98,6 +98,8 @@ impl Device {
             .shader_int8(f.shader_int8);
         let mut atomic_int64 = vk::PhysicalDeviceShaderAtomicInt64Features::default()
             .shader_buffer_int64_atomics(f.buffer_int64_atomics);
+        let mut addresses = vk::PhysicalDeviceBufferDeviceAddressFeatures::default()
+            .buffer_device_address(f.buffer_device_address);
         let mut features2 = vk::PhysicalDeviceFeatures2::default()
             .features(core)
             .push_next(&mut storage16);
@@ -106,7 +108,8 @@ impl Device {
             features2 = features2
                 .push_next(&mut storage8)
                 .push_next(&mut f16i8)
-                .push_next(&mut atomic_int64);
+                .push_next(&mut atomic_int64)
+                .push_next(&mut addresses);
         }
         // Reported only where the extension is offered (the adapter query chains it then).
         let mut atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default()
@@ -118,6 +121,11 @@ impl Device {
             .pipeline_executable_info(f.pipeline_executable_info);
         if f.pipeline_executable_info {
             features2 = features2.push_next(&mut executables);
+        }
+        let mut clock = vk::PhysicalDeviceShaderClockFeaturesKHR::default()
+            .shader_device_clock(f.shader_device_clock);
+        if f.shader_device_clock {
+            features2 = features2.push_next(&mut clock);
         }
 
         // SAFETY: `pd` belongs to the live instance.
@@ -137,6 +145,9 @@ impl Device {
         }
         if f.pipeline_executable_info {
             extensions.push(ash::khr::pipeline_executable_properties::NAME.as_ptr());
+        }
+        if f.shader_device_clock {
+            extensions.push(ash::khr::shader_clock::NAME.as_ptr());
         }
 
         let priorities = [1.0f32];
@@ -159,7 +170,8 @@ impl Device {
             device: raw.clone(),
             physical_device: pd,
             debug_settings: Default::default(),
-            buffer_device_address: false,
+            // Every allocation may then back a buffer reached by address (the timeline probe).
+            buffer_device_address: f.buffer_device_address,
             allocation_sizes: Default::default(),
         });
         let allocator = match allocator {

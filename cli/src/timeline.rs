@@ -1,0 +1,304 @@
+//! `vkfuse timeline FILE`: what ran when inside replayed steps, workgroup by workgroup, from a
+//! schedule compiled with `compile-model --timeline` (each kernel records its workgroups' begin
+//! and end on the device's realtime clock: `kernels/glsl/timeline.glsl`). Timestamps between
+//! levels (`vkfuse bench --profile`) need a barrier before each level; this sees the handed
+//! levels overlap as they run.
+
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use vkfuse_runtime::session::timeline::{DispatchRun, TIMELINE_STEPS};
+use vkfuse_runtime::session::{LoadOptions, Loaded, Replay};
+use vkfuse_runtime::Handoffs;
+
+#[derive(clap::Args)]
+pub struct TimelineArgs {
+    /// A schedule file compiled with `compile-model --timeline`.
+    pub file: PathBuf,
+    /// The position of the first timed step: the steps before it run untimed, greedily after
+    /// token 1 (the context the timed steps attend over).
+    #[arg(long, default_value_t = 128)]
+    pub position: u32,
+    /// Steps to time (in chains of --tokens-per-submit, as `vkfuse run` submits them).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=TIMELINE_STEPS as i64))]
+    pub steps: u32,
+    /// Steps per submit.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub tokens_per_submit: u32,
+    /// Which timed step to print dispatch by dispatch (default: the middle of the first chain).
+    #[arg(long, value_name = "I")]
+    pub show_step: Option<usize>,
+    /// Levels handed over instead of a barrier before them, as `vkfuse run --handoffs`.
+    #[arg(long, default_value = "auto", value_name = "auto|on|off")]
+    pub handoffs: Handoffs,
+    /// Also write every workgroup's record as JSON: an array of dispatches, each with its step,
+    /// dispatch index, level, label, kernel and [begin, mark 0, mark 1, end] ns per workgroup
+    /// (a mark is 0 where the kernel names none).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// The Vulkan device, by index in `vkfuse devices`.
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
+}
+
+#[derive(serde::Serialize)]
+struct JsonRun<'a> {
+    step: usize,
+    dispatch: usize,
+    level: usize,
+    label: &'a str,
+    kernel: &'a str,
+    groups: Vec<[u64; 4]>,
+}
+
+pub fn run(args: &TimelineArgs) -> Result<()> {
+    let file = crate::options::open_schedule(&args.file)?;
+    let schedule = file.schedule().clone();
+    if !schedule.kernels.iter().any(|k| k.records_timeline()) {
+        bail!(
+            "{} records no timeline: compile it with `compile-model --timeline`",
+            args.file.display()
+        );
+    }
+    let capacity = schedule.meta.max_context;
+    if u64::from(args.position) + u64::from(args.steps) > u64::from(capacity) {
+        bail!(
+            "--position {} plus --steps {} passes the schedule's KV capacity of {capacity} tokens",
+            args.position,
+            args.steps
+        );
+    }
+    let device = crate::decode::open_device(args.device)?;
+    let options = LoadOptions {
+        handoffs: args.handoffs,
+        ..LoadOptions::default()
+    };
+    let loaded = Loaded::load(device.clone(), schedule, file.weights(), options)
+        .context("loading the schedule on the device")?;
+    let mut replay = Replay::new(loaded)?;
+    let k = args.tokens_per_submit;
+    // Warm-up to the position (pipelines, caches), then the timed steps.
+    replay.step(Some(1))?;
+    if args.position > 1 {
+        replay.greedy_tokens(None, args.position - 1, k)?;
+    }
+    let (_, runs) = replay.timeline(None, args.steps, k)?;
+    let s = &replay.loaded().schedule;
+    let level_of: Vec<usize> = {
+        let mut l = vec![0; s.dispatches.len()];
+        for (i, level) in s.levels.iter().enumerate() {
+            for d in level.clone() {
+                l[d as usize] = i;
+            }
+        }
+        l
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "timeline of {} on {}: {} steps from position {}, {k} per submit, {} levels handed over \
+         per step; µs on the device's realtime clock",
+        args.file.display(),
+        device.info().name,
+        args.steps,
+        args.position,
+        replay.handed_levels()
+    )?;
+    let show = args
+        .show_step
+        .unwrap_or((k.min(args.steps) / 2) as usize)
+        .min(args.steps as usize - 1);
+    print_step(&mut out, &runs, show, s, &level_of)?;
+    print_summary(&mut out, &runs, s)?;
+    if let Some(path) = &args.json {
+        let json: Vec<JsonRun> = runs
+            .iter()
+            .map(|r| JsonRun {
+                step: r.step,
+                dispatch: r.dispatch,
+                level: level_of[r.dispatch],
+                label: &s.dispatches[r.dispatch].label,
+                kernel: &s.kernels[r.kernel.index()].label,
+                groups: r
+                    .groups
+                    .iter()
+                    .map(|g| [g.begin, g.marks[0], g.marks[1], g.end])
+                    .collect(),
+            })
+            .collect();
+        std::fs::write(path, serde_json::to_string(&json)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        writeln!(
+            out,
+            "\nwrote every workgroup's record to {}",
+            path.display()
+        )?;
+    }
+    Ok(())
+}
+
+/// The step's dispatches in order: when the first and the last workgroup began and ended,
+/// from the step's first begin, and the gap from the previous dispatch's last end to this one's
+/// first begin (negative: they overlapped).
+fn print_step(
+    out: &mut dyn Write,
+    runs: &[DispatchRun],
+    step: usize,
+    s: &vkfuse_runtime::schedule::Schedule,
+    level_of: &[usize],
+) -> Result<()> {
+    let mine: Vec<&DispatchRun> = runs.iter().filter(|r| r.step == step).collect();
+    let Some(t0) = mine.iter().map(|r| r.first_begin()).min() else {
+        return Ok(());
+    };
+    let us = |t: u64| (t as f64 - t0 as f64) / 1e3;
+    writeln!(
+        out,
+        "\nstep {step}, dispatch by dispatch (begin/end of its first and last workgroups):"
+    )?;
+    writeln!(
+        out,
+        "{:>4} {:>5} {:<44} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7}",
+        "#", "level", "dispatch", "groups", "begin", "last beg", "1st end", "end", "gap"
+    )?;
+    let mut prev_end: Option<u64> = None;
+    for r in &mine {
+        let gap = prev_end.map_or(String::from("-"), |e| {
+            format!("{:+.2}", (r.first_begin() as f64 - e as f64) / 1e3)
+        });
+        writeln!(
+            out,
+            "{:>4} {:>5} {:<44} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7}",
+            r.dispatch,
+            level_of[r.dispatch],
+            crate::profile::shortened(&s.dispatches[r.dispatch].label, 44),
+            r.groups.len(),
+            us(r.first_begin()),
+            us(r.last_begin()),
+            us(r.first_end()),
+            us(r.last_end()),
+            gap
+        )?;
+        prev_end = Some(r.last_end());
+    }
+    let end = mine.iter().map(|r| r.last_end()).max().unwrap_or(t0);
+    writeln!(
+        out,
+        "step {step}: {:.2} µs from first begin to last end",
+        us(end)
+    )?;
+    Ok(())
+}
+
+/// Per kernel, medians over every timed instance: its span (first begin to last end), the
+/// spread of its workgroups' begins, the median workgroup's own time, and the gap from the
+/// dispatch before it in the step; where the kernel marks them, a workgroup's wait (begin to
+/// its input's arrival), work (to its own work done) and rest (to its end); then the steps'
+/// spans.
+fn print_summary(
+    out: &mut dyn Write,
+    runs: &[DispatchRun],
+    s: &vkfuse_runtime::schedule::Schedule,
+) -> Result<()> {
+    #[derive(Default)]
+    struct Acc {
+        span: Vec<f64>,
+        launch: Vec<f64>,
+        own: Vec<f64>,
+        gap: Vec<f64>,
+        wait: Vec<f64>,
+        work: Vec<f64>,
+        rest: Vec<f64>,
+        groups: usize,
+    }
+    let mut by: BTreeMap<usize, Acc> = BTreeMap::new();
+    let mut steps: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
+    for (i, r) in runs.iter().enumerate() {
+        let a = by.entry(r.kernel.index()).or_default();
+        a.span
+            .push((r.last_end() as f64 - r.first_begin() as f64) / 1e3);
+        a.launch
+            .push((r.last_begin() as f64 - r.first_begin() as f64) / 1e3);
+        let us = |a: u64, b: u64| (b as f64 - a as f64) / 1e3;
+        let mut own: Vec<f64> = r.groups.iter().map(|g| us(g.begin, g.end)).collect();
+        a.own.push(median(&mut own));
+        let marked: Vec<_> = r
+            .groups
+            .iter()
+            .filter(|g| g.marks[0] > 0 && g.marks[1] > 0)
+            .collect();
+        if !marked.is_empty() {
+            let mut wait: Vec<f64> = marked.iter().map(|g| us(g.begin, g.marks[0])).collect();
+            let mut work: Vec<f64> = marked.iter().map(|g| us(g.marks[0], g.marks[1])).collect();
+            let mut rest: Vec<f64> = marked.iter().map(|g| us(g.marks[1], g.end)).collect();
+            a.wait.push(median(&mut wait));
+            a.work.push(median(&mut work));
+            a.rest.push(median(&mut rest));
+        }
+        a.groups = a.groups.max(r.groups.len());
+        if i > 0 && runs[i - 1].step == r.step {
+            a.gap
+                .push((r.first_begin() as f64 - runs[i - 1].last_end() as f64) / 1e3);
+        }
+        let e = steps.entry(r.step).or_insert((u64::MAX, 0));
+        e.0 = e.0.min(r.first_begin());
+        e.1 = e.1.max(r.last_end());
+    }
+    writeln!(
+        out,
+        "\nper kernel, medians over its timed dispatches (µs): span = first begin to last end, \
+         launch = first to last begin, own = a workgroup's begin to end, gap = from the \
+         previous dispatch's last end; where the kernel marks them, a workgroup's wait (to its \
+         input's arrival), work (to its own work done) and rest (to its end)"
+    )?;
+    writeln!(
+        out,
+        "{:<60} {:>5} {:>6} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}",
+        "kernel", "runs", "groups", "span", "launch", "own", "gap", "wait", "work", "rest"
+    )?;
+    for (k, mut a) in by {
+        let gap = if a.gap.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:+.2}", median(&mut a.gap))
+        };
+        let marked = |v: &mut Vec<f64>| match v.is_empty() {
+            true => "-".to_string(),
+            false => format!("{:.2}", median(v)),
+        };
+        writeln!(
+            out,
+            "{:<60} {:>5} {:>6} {:>7.2} {:>7.2} {:>7.2} {:>7} {:>7} {:>7} {:>7}",
+            crate::profile::shortened(&s.kernels[k].label, 60),
+            a.span.len(),
+            a.groups,
+            median(&mut a.span),
+            median(&mut a.launch),
+            median(&mut a.own),
+            gap,
+            marked(&mut a.wait),
+            marked(&mut a.work),
+            marked(&mut a.rest)
+        )?;
+    }
+    let mut spans: Vec<f64> = steps
+        .values()
+        .map(|(b, e)| (*e as f64 - *b as f64) / 1e3)
+        .collect();
+    writeln!(
+        out,
+        "steps: median {:.2} µs from a step's first begin to its last end ({} steps)",
+        median(&mut spans),
+        spans.len()
+    )?;
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}

@@ -1,0 +1,63 @@
+// The timeline probe (`compile-model --timeline`; timing only, never for use): every kernel's
+// own `main` is renamed `vkfuse_timed_main` (compiler/src/kernels/timeline.rs puts
+// `#define main vkfuse_timed_main` after its `#version` line and includes this file at its
+// end), and this `main` calls it between two reads of the device's realtime clock
+// (VK_KHR_shader_clock's shaderDeviceClock). Invocation 0 of each workgroup writes when the
+// workgroup began and when its invocation 0 was done, so the runtime can lay out what ran when
+// inside a replayed step, handoffs included (`vkfuse timeline`, runtime/src/session/timeline.rs).
+//
+// The records live in a buffer the runtime allocates and passes by device address
+// (VK_KHR_buffer_device_address) in specialization constants, so no kernel's bindings change:
+// first one counter per (kernel, workgroup) slot, then per slot DEPTH records of eight words
+// (begin, two marks, end: each the clock's two 32-bit halves). A kernel may mark two points of
+// its invocation 0's way with TIMELINE_MARK(0) and TIMELINE_MARK(1) (common.glsl makes them
+// nothing without the probe), for example when its input arrived and when its output is about
+// to be written; an unmarked point records 0. A workgroup takes its record's index
+// with an atomic on its own slot's counter (no two workgroups of a dispatch share one, so they
+// do not queue on an address), issued at its start so that its latency overlaps the kernel;
+// the records of one slot are its dispatches in the order they ran, and a counter past DEPTH
+// says how many were dropped.
+
+#extension GL_EXT_buffer_reference : require
+#extension GL_EXT_buffer_reference_uvec2 : require
+
+// Set by the runtime at pipeline creation (runtime/src/session/timeline.rs): the buffer's
+// address, this kernel's first counter slot and its first record, its record depth per slot,
+// and where the records begin (in words).
+layout(constant_id = 900) const uint TIMELINE_ADDRESS_LO = 0u;
+layout(constant_id = 901) const uint TIMELINE_ADDRESS_HI = 0u;
+layout(constant_id = 902) const uint TIMELINE_SLOT = 0u;
+layout(constant_id = 903) const uint TIMELINE_RECORD = 0u;
+layout(constant_id = 904) const uint TIMELINE_DEPTH = 0u;
+layout(constant_id = 905) const uint TIMELINE_RECORDS_AT = 0u;
+
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer TimelineWords {
+    uint tl_words[];
+};
+
+void main() {
+    uvec2 begin = clockRealtime2x32EXT();
+    vkfuse_timeline_marks[0] = uvec2(0u);
+    vkfuse_timeline_marks[1] = uvec2(0u);
+    bool first = gl_LocalInvocationIndex == 0u;
+    TimelineWords tl = TimelineWords(uvec2(TIMELINE_ADDRESS_LO, TIMELINE_ADDRESS_HI));
+    uint g = gl_WorkGroupID.x +
+             gl_NumWorkGroups.x * (gl_WorkGroupID.y + gl_NumWorkGroups.y * gl_WorkGroupID.z);
+    uint n = 0u;
+    if (first && TIMELINE_ADDRESS_HI + TIMELINE_ADDRESS_LO != 0u) {
+        n = atomicAdd(tl.tl_words[TIMELINE_SLOT + g], 1u);
+    }
+    vkfuse_timed_main();
+    if (first && TIMELINE_ADDRESS_HI + TIMELINE_ADDRESS_LO != 0u && n < TIMELINE_DEPTH) {
+        uvec2 end = clockRealtime2x32EXT();
+        uint at = TIMELINE_RECORDS_AT + 8u * (TIMELINE_RECORD + g * TIMELINE_DEPTH + n);
+        tl.tl_words[at] = begin.x;
+        tl.tl_words[at + 1u] = begin.y;
+        tl.tl_words[at + 2u] = vkfuse_timeline_marks[0].x;
+        tl.tl_words[at + 3u] = vkfuse_timeline_marks[0].y;
+        tl.tl_words[at + 4u] = vkfuse_timeline_marks[1].x;
+        tl.tl_words[at + 5u] = vkfuse_timeline_marks[1].y;
+        tl.tl_words[at + 6u] = end.x;
+        tl.tl_words[at + 7u] = end.y;
+    }
+}
