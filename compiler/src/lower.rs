@@ -123,6 +123,22 @@ impl SpirvCache {
         if let Some(words) = self.generated.get(source) {
             return Ok(words.clone());
         }
+        // VKFUSE_DEFINES=A,B defines A and B (as 1) in every generated kernel: the A/B knob of
+        // probes kept in the GLSL behind a define (docs/perf.md); nothing by default.
+        let extra: String = std::env::var("VKFUSE_DEFINES")
+            .unwrap_or_default()
+            .split(',')
+            .filter(|d| !d.is_empty())
+            .map(|d| format!("#define {d} 1\n"))
+            .collect();
+        let probed;
+        let source = if extra.is_empty() {
+            source
+        } else {
+            let at = source.find('\n').map_or(source.len(), |i| i + 1);
+            probed = format!("{}{extra}{}", &source[..at], &source[at..]);
+            probed.as_str()
+        };
         let words = if self.timeline {
             kernels::compile_source(label, &kernels::timeline::wrap(source))?
         } else {

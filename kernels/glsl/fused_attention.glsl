@@ -603,9 +603,52 @@ void main() {
     uint t = gl_LocalInvocationID.x;
     uint group = HQ / HKV;
     uint g = h / group;
-    // The q, fresh k and v rows and the norm weights depend neither on the position nor on
-    // anything this dispatch writes: all loaded first, together with the position, so their
-    // latencies overlap instead of following one another.
+    // The position, the split's chunk and its first K/V tile depend on nothing this step's
+    // q/k/v level writes: taken before the q/k/v words are waited for (handoffs launch this
+    // level while q/k/v still runs), so that the tile's latency hides behind that wait and an
+    // empty split leaves without polling (on the H100 +2.4% bf16, +0.9% q8_0, +2.1% q4_0
+    // against loading the tile after the words: docs/perf.md, session 23).
+    int p = pos[0];
+    uint n = uint(clamp(p, 0, int(CAP) - 1)) + 1u;
+    uint chunk = max(MIN_CHUNK, (n + NSPLITS - 1u) / NSPLITS);
+    uint used = (n + chunk - 1u) / chunk;
+    // Uniform in the workgroup: an empty split leaves before any barrier.
+    if (split >= used) {
+        return;
+    }
+    uint lo = split * chunk;
+    uint hi = min(n, lo + chunk);
+    float angle_pos = float(p);
+    uint kv_base = g * CAP * D;
+    bool in_cache = p >= 0 && uint(p) < CAP;
+    uint fresh = in_cache ? uint(p) : 0xffffffffu;
+    bool writer = split == 0u && h % group == 0u;
+
+#if PREFETCH
+    // The first tile's K and V rows do not depend on q or on the fresh row: loaded now, their
+    // latency overlaps the wait for q/k/v and the norms and rope below. The fresh slot's
+    // entries (the writer stores them after the wait) are never
+    // used (attend() takes that slot from shared memory), so reading it while the writer
+    // stores it does not matter; slots past the chunk are clamped into it and never used.
+    KC_RAW kp[KP];
+    VT_RAW vp[VP];
+    {
+        uint slot = t / P;
+        uint row = kv_base + min(lo + slot, hi - 1u) * D;
+        for (uint i = 0u; i < KP; i++) {
+            // Lanes past the row's last chunk (D / KC < KP * P) load its last, unused.
+            kp[i] = kc_raw(row / KC + min(t % P + i * P, D / KC - 1u));
+        }
+        uint gv = t / DV;
+        uint cv = t - gv * DV;
+        for (uint i = 0u; i < VP; i++) {
+            uint j = min(lo + gv + i * GV, hi - 1u);
+            vp[i] = gv < GV ? vt_raw(kv_base, j, cv) : VT_RAW(0);
+        }
+    }
+#endif
+    // The q, fresh k and v rows and the norm weights depend on nothing this dispatch writes:
+    // all loaded together, so their latencies overlap instead of following one another.
     // t's rope partner (itself past the rotary dims).
     uint pt = t < HALF_ROT ? t + HALF_ROT : (t < ROT ? t - HALF_ROT : t);
     vec2 raw = vec2(0.0);
@@ -616,11 +659,11 @@ void main() {
         uvec4 at = uvec4(handoff_at(0u, h * D + t), handoff_at(1u, g * D + t),
                          handoff_at(0u, h * D + pt), handoff_at(1u, g * D + pt));
         uint vat = handoff_at(2u, g * D + t);
-        uvec4 p = uvec4(handoff_poll(at.x), handoff_poll(at.y), handoff_poll(at.z),
-                        handoff_poll(at.w));
+        uvec4 got = uvec4(handoff_poll(at.x), handoff_poll(at.y), handoff_poll(at.z),
+                          handoff_poll(at.w));
         uint pv = handoff_poll(vat);
-        raw = vec2(handoff_value(at.x, p.x), handoff_value(at.y, p.y));
-        praw = vec2(handoff_value(at.z, p.z), handoff_value(at.w, p.w));
+        raw = vec2(handoff_value(at.x, got.x), handoff_value(at.y, got.y));
+        praw = vec2(handoff_value(at.z, got.z), handoff_value(at.w, got.w));
         vv = handoff_value(vat, pv);
     } else if (t < D) {
         raw = vec2(q[h * D + t], k_new[g * D + t]);
@@ -647,44 +690,6 @@ void main() {
         if (NORM_ZC != 0) {
             wn += 1.0;
             pwn += 1.0;
-        }
-    }
-#endif
-    int p = pos[0];
-    uint n = uint(clamp(p, 0, int(CAP) - 1)) + 1u;
-    uint chunk = max(MIN_CHUNK, (n + NSPLITS - 1u) / NSPLITS);
-    uint used = (n + chunk - 1u) / chunk;
-    // Uniform in the workgroup: an empty split leaves before any barrier.
-    if (split >= used) {
-        return;
-    }
-    uint lo = split * chunk;
-    uint hi = min(n, lo + chunk);
-    float angle_pos = float(p);
-    uint kv_base = g * CAP * D;
-    bool in_cache = p >= 0 && uint(p) < CAP;
-    uint fresh = in_cache ? uint(p) : 0xffffffffu;
-    bool writer = split == 0u && h % group == 0u;
-
-#if PREFETCH
-    // The first tile's K and V rows do not depend on q or on the fresh row: loaded now, their
-    // latency overlaps the loads, norms and rope below. The fresh slot's entries are never
-    // used (attend() takes that slot from shared memory), so reading it while the writer
-    // stores it does not matter; slots past the chunk are clamped into it and never used.
-    KC_RAW kp[KP];
-    VT_RAW vp[VP];
-    {
-        uint slot = t / P;
-        uint row = kv_base + min(lo + slot, hi - 1u) * D;
-        for (uint i = 0u; i < KP; i++) {
-            // Lanes past the row's last chunk (D / KC < KP * P) load its last, unused.
-            kp[i] = kc_raw(row / KC + min(t % P + i * P, D / KC - 1u));
-        }
-        uint gv = t / DV;
-        uint cv = t - gv * DV;
-        for (uint i = 0u; i < VP; i++) {
-            uint j = min(lo + gv + i * GV, hi - 1u);
-            vp[i] = gv < GV ? vt_raw(kv_base, j, cv) : VT_RAW(0);
         }
     }
 #endif
