@@ -16,9 +16,9 @@ use vkfuse_runtime::Handoffs;
 pub struct TimelineArgs {
     /// A schedule file compiled with `compile-model --timeline`.
     pub file: PathBuf,
-    /// The position of the first timed step: the steps before it run untimed, greedily after
-    /// token 1 (the context the timed steps attend over).
-    #[arg(long, default_value_t = 128)]
+    /// The position of the first timed step (at least 1): the steps before it run untimed,
+    /// greedily after token 1 (the context the timed steps attend over).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
     pub position: u32,
     /// Steps to time (in chains of --tokens-per-submit, as `vkfuse run` submits them).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=TIMELINE_STEPS as i64))]
@@ -83,7 +83,10 @@ pub fn run(args: &TimelineArgs) -> Result<()> {
     if args.position > 1 {
         replay.greedy_tokens(None, args.position - 1, k)?;
     }
+    let gpu0 = replay.gpu_ns();
     let (_, runs) = replay.timeline(None, args.steps, k)?;
+    // The clock's units are the driver's: the records' span against the submits' timestamps.
+    let gpu = replay.gpu_ns().zip(gpu0).map(|(a, b)| a - b);
     let s = &replay.loaded().schedule;
     let level_of: Vec<usize> = {
         let mut l = vec![0; s.dispatches.len()];
@@ -111,6 +114,22 @@ pub fn run(args: &TimelineArgs) -> Result<()> {
         .min(args.steps as usize - 1);
     print_step(&mut out, &runs, show, s, &level_of)?;
     print_summary(&mut out, &runs, s)?;
+    let span = |f: fn(&DispatchRun) -> u64| runs.iter().map(f);
+    let first = span(DispatchRun::first_begin).min().unwrap_or(0);
+    let last = span(DispatchRun::last_end).max().unwrap_or(0);
+    match gpu {
+        Some(g) if g > 0.0 => writeln!(
+            out,
+            "clock check: the records span {:.1} µs, the submits' timestamps {:.1} µs (the \
+             table reads the clock as ns: far from 1 : 1, its units are another's)",
+            (last - first) as f64 / 1e3,
+            g / 1e3
+        )?,
+        _ => writeln!(
+            out,
+            "clock check: the device has no timestamps to check the clock by"
+        )?,
+    }
     if let Some(path) = &args.json {
         let json: Vec<JsonRun> = runs
             .iter()

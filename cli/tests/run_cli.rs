@@ -467,3 +467,78 @@ fn kernels_lists_every_kernel_with_its_driver_statistics() {
     assert_eq!(attention, 2, "the block's kernel and its band's: {stdout}");
     assert_eq!(runs, schedule.dispatches.len() + layers, "{stdout}");
 }
+
+/// `vkfuse timeline FILE`: a schedule compiled with the timeline probe runs its steps and prints
+/// one step dispatch by dispatch, the medians per kernel and the clock check; `--json` holds a
+/// record of four clock readings for every workgroup of every dispatch of every timed step. A
+/// schedule without the probe, and a first position of 0, are refused by name.
+#[test]
+fn timeline_runs_a_probed_schedule_and_refuses_others() {
+    use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
+    use vkfuse_compiler::lower::{Meta, SpirvCache};
+    let model = vkfuse_compiler::import::load(&fixture_dir("qwen3-tied")).unwrap();
+    let program =
+        vkfuse_compiler::trace::trace(&model, &vkfuse_compiler::trace::TraceOptions::default())
+            .unwrap();
+    let (timed, _) = lower_fused(
+        &program,
+        &Meta::of(&model),
+        &mut SpirvCache::timeline(),
+        &FuseOptions::default(),
+    )
+    .unwrap();
+    let dir = std::env::temp_dir();
+    let id = std::process::id();
+    let (path, plain, json) = (
+        dir.join(format!("vkfuse-timeline-{id}.vkf")),
+        dir.join(format!("vkfuse-timeline-plain-{id}.vkf")),
+        dir.join(format!("vkfuse-timeline-{id}.json")),
+    );
+    timed.write_file(&path, &model.tensors).unwrap();
+    let (_, untimed, _) = vkfuse_tests::fused_schedule("qwen3-tied");
+    untimed.write_file(&plain, &model.tensors).unwrap();
+    let p = path.to_str().unwrap();
+    let out = vkfuse_ok(&[
+        "timeline",
+        p,
+        "--position",
+        "4",
+        "--steps",
+        "3",
+        "--tokens-per-submit",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for needle in ["step 1, dispatch by dispatch", "per kernel", "clock check"] {
+        assert!(stdout.contains(needle), "`{needle}` in {stdout}");
+    }
+    let records: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = records.as_array().unwrap();
+    assert_eq!(runs.len(), 3 * timed.dispatches.len());
+    for r in runs {
+        let d = &timed.dispatches[r["dispatch"].as_u64().unwrap() as usize];
+        let groups = r["groups"].as_array().unwrap();
+        assert_eq!(
+            groups.len() as u32,
+            d.workgroups.iter().product::<u32>(),
+            "{r}"
+        );
+        assert!(
+            groups.iter().all(|g| g.as_array().unwrap().len() == 4),
+            "{r}"
+        );
+    }
+    let refused = vkfuse(&["timeline", plain.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("compile-model --timeline"), "{stderr}");
+    let zero = vkfuse(&["timeline", p, "--position", "0"]);
+    assert!(!zero.status.success());
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("--position"));
+    for f in [&path, &plain, &json] {
+        std::fs::remove_file(f).ok();
+    }
+}

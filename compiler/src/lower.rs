@@ -124,7 +124,8 @@ impl SpirvCache {
             return Ok(words.clone());
         }
         // VKFUSE_DEFINES=A,B defines A and B (as 1) in every generated kernel: the A/B knob of
-        // probes kept in the GLSL behind a define (docs/perf.md); nothing by default.
+        // probes kept in the GLSL behind a define (`bench/h100 variants`); nothing by default.
+        // Read once per process, so the cache stays keyed by the source as generated.
         let extra: String = std::env::var("VKFUSE_DEFINES")
             .unwrap_or_default()
             .split(',')
@@ -132,7 +133,7 @@ impl SpirvCache {
             .map(|d| format!("#define {d} 1\n"))
             .collect();
         let probed;
-        let source = if extra.is_empty() {
+        let text = if extra.is_empty() {
             source
         } else {
             let at = source.find('\n').map_or(source.len(), |i| i + 1);
@@ -140,9 +141,9 @@ impl SpirvCache {
             probed.as_str()
         };
         let words = if self.timeline {
-            kernels::compile_source(label, &kernels::timeline::wrap(source))?
+            kernels::compile_source(label, &kernels::timeline::wrap(text))?
         } else {
-            kernels::compile_source(label, source)?
+            kernels::compile_source(label, text)?
         };
         self.generated.insert(source.to_string(), words.clone());
         Ok(words)

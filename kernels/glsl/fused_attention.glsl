@@ -25,7 +25,8 @@
 // The including source defines QK_NORM (0/1), QN_DTYPE and KN_DTYPE (norm weights' dtypes),
 // KV_DTYPE (the caches', F32 or F16),
 // NORM_ZC, ROT (rotary dims, even), SPLITS (>= 1), MIN_CHUNK (>= 1), PREFETCH (0/1: D % 16 == 0,
-// the first tile's K and V rows loaded before the norms and rope, which they do not depend on),
+// the first tile's K and V rows loaded before the q/k/v words are waited for: they depend on
+// none of them),
 // `float inv_freq(uint i)` for i < ROT/2 and, when SPLITS > 1, PART_BINDING and COUNT_BINDING.
 // Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D], 2 = k f32[HKV, D], 3 = v f32[HKV, D],
 // 4 = k cache [HKV, CAP, D], 5 = v cache [HKV, CAP, D] (f32, or f16 with KV_DTYPE F16, the

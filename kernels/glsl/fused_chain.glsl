@@ -143,6 +143,23 @@ const uint JPG = CB / OUT_NG;
 const uint STAGE4 = (OUT_NG * CH_O > CH_I ? OUT_NG * CH_O : CH_I) / 4u;
 #endif
 shared vec4 xs4[STAGE4];
+
+// Where the staged input's vec4 i lives. A subgroup's 16-byte shared loads are served 8 lanes
+// at a time, and 8 lanes conflict unless their vec4s sit in 8 distinct groups of 4 banks
+// (index mod 8). With float weights the dots' lanes read vec4s 2c and 2c + 1 for consecutive
+// steps c: as stored, two lanes of every 8 meet in each group, and every load takes two
+// passes. Flipping bit 0 of the vec4s whose bit 3 is set spreads them over all 8 groups: on the
+// H100 bf16's o_proj dots 1.28 -> 0.77 µs, the chain's 1.54 -> 1.28 (docs/perf.md, session 23).
+// The block formats keep their order: the same for q8_0 (the same reads) measured level, and
+// q4_0's (8b + k, 8b + 4 + k for block b = c / 4, k = c % 4) with bit 2 flipped lost 1.4%.
+// Only where whole runs of 16 vec4s are staged, so that an index stays in the array.
+uint xs_at(uint i) {
+#if defined(NO_XS_SWIZZLE) || W_DTYPE == Q8_0 || W_DTYPE == Q4_0
+    return i;
+#else
+    return (CH_I / 4u) % 16u == 0u ? i ^ ((i >> 3u) & 1u) : i;
+#endif
+}
 shared float dots_s[NDOTS];
 shared vec4 act4[CB / 4u];
 
@@ -285,7 +302,7 @@ void main() {
         }
         v *= nv;
 #endif
-        xs4[i] = v;
+        xs4[xs_at(i)] = v;
     }
 #if NORM
     wg_publish_sum(ss);
@@ -336,7 +353,8 @@ void main() {
                 if (c < CH_I / 8u) {
                     uvec2 xi = step_x4(W_DTYPE, c);
                     for (uint i = 0u; i < DG; i++) {
-                        acc[i] += inner_dot(wp[i * PRE_STEPS + k], c, xs4[xi.x], xs4[xi.y]);
+                        acc[i] += inner_dot(wp[i * PRE_STEPS + k], c, xs4[xs_at(xi.x)],
+                                             xs4[xs_at(xi.y)]);
                     }
                 }
             }
@@ -345,8 +363,8 @@ void main() {
 #endif
         for (uint c = c0; c < CH_I / 8u; c += gl_SubgroupSize) {
             uvec2 xi = step_x4(W_DTYPE, c);
-            vec4 xa = xs4[xi.x];
-            vec4 xb = xs4[xi.y];
+            vec4 xa = xs4[xs_at(xi.x)];
+            vec4 xb = xs4[xs_at(xi.y)];
             for (uint i = 0u; i < DG; i++) {
                 acc[i] += inner_step(wrow[i], c, xa, xb);
             }

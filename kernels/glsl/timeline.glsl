@@ -15,8 +15,9 @@
 // to be written; an unmarked point records 0. A workgroup takes its record's index
 // with an atomic on its own slot's counter (no two workgroups of a dispatch share one, so they
 // do not queue on an address), issued at its start so that its latency overlaps the kernel;
-// the records of one slot are its dispatches in the order they ran, and a counter past DEPTH
-// says how many were dropped.
+// the records of one slot are its dispatches in the order their workgroups launched, and a
+// counter past DEPTH says how many were dropped. Clock units are the driver's: NVIDIA's and
+// lavapipe's count nanoseconds (`vkfuse timeline` checks the records' span against timestamps).
 
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_buffer_reference_uvec2 : require
@@ -44,11 +45,11 @@ void main() {
     uint g = gl_WorkGroupID.x +
              gl_NumWorkGroups.x * (gl_WorkGroupID.y + gl_NumWorkGroups.y * gl_WorkGroupID.z);
     uint n = 0u;
-    if (first && TIMELINE_ADDRESS_HI + TIMELINE_ADDRESS_LO != 0u) {
+    if (first && (TIMELINE_ADDRESS_HI | TIMELINE_ADDRESS_LO) != 0u) {
         n = atomicAdd(tl.tl_words[TIMELINE_SLOT + g], 1u);
     }
     vkfuse_timed_main();
-    if (first && TIMELINE_ADDRESS_HI + TIMELINE_ADDRESS_LO != 0u && n < TIMELINE_DEPTH) {
+    if (first && (TIMELINE_ADDRESS_HI | TIMELINE_ADDRESS_LO) != 0u && n < TIMELINE_DEPTH) {
         uvec2 end = clockRealtime2x32EXT();
         uint at = TIMELINE_RECORDS_AT + 8u * (TIMELINE_RECORD + g * TIMELINE_DEPTH + n);
         tl.tl_words[at] = begin.x;

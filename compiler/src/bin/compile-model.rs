@@ -109,8 +109,9 @@ struct Args {
     /// A timing probe, never for use: every kernel also records when each of its workgroups
     /// began and ended on the device's realtime clock, for `vkfuse timeline FILE` to show what
     /// ran when inside a replayed step (handoffs included). The tokens are as without it; the
-    /// step is a little slower (an atomic and a record per workgroup). Needs a device with
-    /// VK_KHR_shader_clock's device clock and buffer device addresses.
+    /// step is slower (2-10% on an H100: a record per workgroup and the clock reads, which
+    /// also stretch what they mark). Needs a device with VK_KHR_shader_clock's device clock
+    /// and buffer device addresses.
     #[arg(long)]
     timeline: bool,
     /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.

@@ -198,8 +198,12 @@ impl Timeline {
 
     /// The records since [`Self::clear`], laid against `steps` (each step's dispatches in the
     /// order replay recorded them): a dispatch's workgroup g is the next record of its
-    /// kernel's slot g, slots filling in the order their dispatches ran. An error where the
-    /// records do not match (a workgroup that did not record, or more steps than were kept).
+    /// kernel's slot g, a slot's records numbered in the order its workgroups launched. So two
+    /// dispatches of one pipeline that may run at once (in one level, as the zeroing kernels of
+    /// level 0 do, or across a handed boundary) are told apart by launch order, which Vulkan
+    /// does not promise; NVIDIA and lavapipe launch in recording order (the premise of
+    /// handoffs). An error where the records do not match (a workgroup that did not record, or
+    /// more steps than were kept).
     pub fn read(
         &self,
         device: &Device,
