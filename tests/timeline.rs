@@ -3,7 +3,9 @@
 //! records its begin and end on the device's clock.
 //!
 //! 1. The wrapped schedule still decodes transformers' greedy tokens (the kernels compute what
-//!    they did), with and without handoffs, validation clean.
+//!    they did), with and without handoffs, validation clean; its attention block has a band
+//!    whose bound the timed chains cross, and the records show each step on the grid its chain
+//!    ran.
 //! 2. What it records is what ran: every workgroup of every dispatch of every timed step has
 //!    exactly one record (`Timeline::read` refuses a missing or a surplus one), each ends
 //!    after it began with its marks between, the attention block and the chained MLP mark
@@ -12,6 +14,7 @@
 //!    is the host's monotonic one). A step begins after the step before it ended.
 //! 3. A schedule without the probe is refused by name, and so are more steps than are kept.
 
+use vkfuse_compiler::fuse::bands::AttentionBand;
 use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
 use vkfuse_compiler::lower::{Meta, SpirvCache};
 use vkfuse_compiler::{import, trace};
@@ -21,14 +24,14 @@ use vkfuse_tests::{expected, fixture_dir, fused_schedule, validated_device};
 
 const NAME: &str = "qwen3-tied";
 
-fn timed_replay(device: &vkfuse_runtime::Device, handoffs: Handoffs) -> Replay {
+fn timed_replay(device: &vkfuse_runtime::Device, handoffs: Handoffs, opts: &FuseOptions) -> Replay {
     let model = import::load(&fixture_dir(NAME)).unwrap();
     let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
     let (schedule, _) = lower_fused(
         &program,
         &Meta::of(&model),
         &mut SpirvCache::timeline(),
-        &FuseOptions::default(),
+        opts,
     )
     .unwrap();
     assert!(schedule.kernels.iter().all(|k| k.records_timeline()));
@@ -53,7 +56,12 @@ fn check_runs(what: &str, replay: &Replay, runs: &[DispatchRun], steps: usize, b
     assert_eq!(runs.len(), steps * s.dispatches.len(), "{what}: dispatches");
     for r in runs {
         let d = &s.dispatches[r.dispatch];
-        let (_, grid) = d.grid_at(u32::MAX);
+        // The grid of the kernel it ran (a band's alternative or its own).
+        let grid = d
+            .alternatives
+            .iter()
+            .find(|a| a.kernel == r.kernel)
+            .map_or(d.workgroups, |a| a.workgroups);
         assert_eq!(
             r.groups.len() as u32,
             grid.iter().product::<u32>(),
@@ -106,9 +114,20 @@ fn check_runs(what: &str, replay: &Replay, runs: &[DispatchRun], steps: usize, b
 fn timed_kernels_decode_as_transformers_and_record_every_workgroup_in_barrier_order() {
     let (device, log) = validated_device();
     let want = expected(NAME);
+    // A band below 28: of the timed chains of 4 from position 21, the first (21-24) runs it and
+    // the next two the block's own grid.
+    let banded = FuseOptions {
+        attention_splits: Some(4),
+        attention_bands: Some(vec![AttentionBand {
+            below: 28,
+            splits: 2,
+            workgroup: 64,
+        }]),
+        ..FuseOptions::default()
+    };
     for handoffs in [Handoffs::Off, Handoffs::On] {
         let what = format!("handoffs {handoffs:?}");
-        let mut replay = timed_replay(&device, handoffs);
+        let mut replay = timed_replay(&device, handoffs, &banded);
         replay.reset().unwrap();
         let mut ids = vec![];
         for &t in &want.prompt_ids {
@@ -118,18 +137,48 @@ fn timed_kernels_decode_as_transformers_and_record_every_workgroup_in_barrier_or
         let timed = 10u32;
         let before = (want.greedy_ids.len() - ids.len()) as u32 - timed;
         ids.extend(replay.greedy_tokens(None, before, 8).unwrap());
+        assert_eq!(replay.loaded().position().unwrap(), 21, "{what}");
         let (tokens, runs) = replay.timeline(None, timed, 4).unwrap();
         ids.extend(tokens);
         assert_eq!(ids, want.greedy_ids, "{what}: greedy ids");
         let barriers = replay.handed_levels() == 0;
         assert_eq!(barriers, handoffs == Handoffs::Off, "{what}: handed levels");
         check_runs(&what, &replay, &runs, timed as usize, barriers);
+        // The attention block ran its band's grid in the first chain and its own after it.
+        let s = &replay.loaded().schedule;
+        let band_runs = |band: bool| {
+            runs.iter()
+                .filter(|r| {
+                    let d = &s.dispatches[r.dispatch];
+                    !d.alternatives.is_empty() && (r.kernel != d.kernel) == band
+                })
+                .map(|r| r.step)
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        assert_eq!(
+            band_runs(true),
+            (0..4).collect(),
+            "{what}: steps on the band"
+        );
+        assert_eq!(
+            band_runs(false),
+            (4..10).collect(),
+            "{what}: steps on the own grid"
+        );
+        let err = replay
+            .timeline(None, TIMELINE_STEPS + 1, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("1..={TIMELINE_STEPS}")),
+            "{what}: {err}"
+        );
     }
     assert!(log.is_clean(), "{}", log.report());
 }
 
 #[test]
-fn a_schedule_without_the_probe_and_too_many_steps_are_refused() {
+fn a_schedule_without_the_probe_is_refused() {
     let (device, log) = validated_device();
     let (model, schedule, _) = fused_schedule(NAME);
     let loaded = Loaded::new(device.clone(), schedule, &model.tensors).unwrap();
@@ -137,12 +186,5 @@ fn a_schedule_without_the_probe_and_too_many_steps_are_refused() {
     replay.step(Some(1)).unwrap();
     let err = replay.timeline(None, 2, 2).unwrap_err().to_string();
     assert!(err.contains("compile-model --timeline"), "{err}");
-    let mut timed = timed_replay(&device, Handoffs::Off);
-    timed.step(Some(1)).unwrap();
-    let err = timed
-        .timeline(None, TIMELINE_STEPS + 1, 8)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains(&format!("1..={TIMELINE_STEPS}")), "{err}");
     assert!(log.is_clean(), "{}", log.report());
 }

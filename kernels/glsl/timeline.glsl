@@ -8,23 +8,24 @@
 //
 // The records live in a buffer the runtime allocates and passes by device address
 // (VK_KHR_buffer_device_address) in specialization constants, so no kernel's bindings change:
-// first one counter per (kernel, workgroup) slot, then per slot DEPTH records of eight words
-// (begin, two marks, end: each the clock's two 32-bit halves). A kernel may mark two points of
-// its invocation 0's way with TIMELINE_MARK(0) and TIMELINE_MARK(1) (common.glsl makes them
-// nothing without the probe), for example when its input arrived and when its output is about
-// to be written; an unmarked point records 0. A workgroup takes its record's index
-// with an atomic on its own slot's counter (no two workgroups of a dispatch share one, so they
-// do not queue on an address), issued at its start so that its latency overlaps the kernel;
-// the records of one slot are its dispatches in the order their workgroups launched, and a
-// counter past DEPTH says how many were dropped. Clock units are the driver's: NVIDIA's and
-// lavapipe's count nanoseconds (`vkfuse timeline` checks the records' span against timestamps).
+// first one counter per workgroup of every grid of every dispatch, then per counter DEPTH
+// records of eight words (begin, two marks, end: each the clock's two 32-bit halves). Each
+// dispatch runs its own copy of the pipeline, whose constants name its counters, so a record
+// belongs to its dispatch whatever the launch order; a workgroup takes its record's index (the
+// step, counted since the buffer was cleared) with an atomic on its own counter, issued at its
+// start so that its latency overlaps the kernel, and a counter past DEPTH says how many steps
+// were dropped. A kernel may mark two points of its invocation 0's way with TIMELINE_MARK(0)
+// and TIMELINE_MARK(1) (common.glsl makes them nothing without the probe), for example when its
+// input arrived and when its output is about to be written; an unmarked point records 0. Clock
+// units are the driver's: NVIDIA's and lavapipe's count nanoseconds (`vkfuse timeline` checks
+// the records' span against timestamps).
 
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_buffer_reference_uvec2 : require
 
 // Set by the runtime at pipeline creation (runtime/src/session/timeline.rs): the buffer's
-// address, this kernel's first counter slot and its first record, its record depth per slot,
-// and where the records begin (in words).
+// address, this dispatch's first counter and first record, the records per counter, and where
+// the records begin (in words).
 layout(constant_id = 900) const uint TIMELINE_ADDRESS_LO = 0u;
 layout(constant_id = 901) const uint TIMELINE_ADDRESS_HI = 0u;
 layout(constant_id = 902) const uint TIMELINE_SLOT = 0u;

@@ -253,10 +253,22 @@ impl Dispatch {
     /// The kernel and workgroup counts of the step at `position`: the first alternative whose
     /// `below` is past it, else the dispatch's own.
     pub fn grid_at(&self, position: u32) -> (KernelId, [u32; 3]) {
+        match self.grid_index_at(position) {
+            0 => (self.kernel, self.workgroups),
+            i => (
+                self.alternatives[i - 1].kernel,
+                self.alternatives[i - 1].workgroups,
+            ),
+        }
+    }
+
+    /// Which grid [`Self::grid_at`] runs at `position`: 0 for the dispatch's own, 1 + i for
+    /// alternative i.
+    pub fn grid_index_at(&self, position: u32) -> usize {
         self.alternatives
             .iter()
-            .find(|a| position < a.below)
-            .map_or((self.kernel, self.workgroups), |a| (a.kernel, a.workgroups))
+            .position(|a| position < a.below)
+            .map_or(0, |i| i + 1)
     }
 }
 

@@ -70,8 +70,8 @@ impl Eager {
         }
         let n = l.schedule.dispatches.len();
         for (k, (d, set)) in l.schedule.dispatches.iter().zip(&self.sets).enumerate() {
-            let (kernel, groups) = d.grid_at(position);
-            let pipeline = &l.pipelines[kernel.index()];
+            let (_, groups) = d.grid_at(position);
+            let pipeline = l.dispatch_pipeline(k, position);
             let bindings = l.bindings(d);
             l.device.write_descriptors(set, &bindings)?;
             rec.bind_pipeline(pipeline)?;

@@ -229,6 +229,10 @@ pub struct Loaded {
     handoff_words: Option<crate::HandoffWords>,
     /// The timeline probe's records, where the schedule's kernels write them.
     timeline: Option<timeline::Timeline>,
+    /// Under the timeline probe, by dispatch then grid (its own, then its alternatives'): the
+    /// dispatch's own copy of its kernel's pipeline, writing the dispatch's records. Empty
+    /// otherwise.
+    dispatch_pipelines: Vec<Vec<Pipeline>>,
 }
 
 impl Loaded {
@@ -332,12 +336,29 @@ impl Loaded {
             }
         }
         let timeline = timeline::Timeline::new(&device, &schedule)?;
-        let (pipelines, pipeline_cache) = create_pipelines(
-            &device,
-            &schedule,
-            options.pipeline_cache.as_ref(),
-            timeline.as_ref(),
-        )?;
+        let (pipelines, pipeline_cache) =
+            create_pipelines(&device, &schedule, options.pipeline_cache.as_ref())?;
+        let mut dispatch_pipelines: Vec<Vec<Pipeline>> = Vec::new();
+        if let Some(t) = &timeline {
+            for (d, grid) in t.grids() {
+                let disp = &schedule.dispatches[d];
+                let kernel = match grid {
+                    0 => disp.kernel,
+                    i => disp.alternatives[i - 1].kernel,
+                };
+                if grid == 0 {
+                    dispatch_pipelines.push(Vec::new());
+                }
+                let k = &schedule.kernels[kernel.index()];
+                dispatch_pipelines[d].push(kernel_pipeline(
+                    &device,
+                    k,
+                    None,
+                    false,
+                    Some((t, d, grid)),
+                )?);
+            }
+        }
         let output = device.create_buffer_labeled(
             "step output",
             256 + schedule.io.logits.size,
@@ -362,6 +383,7 @@ impl Loaded {
             handoff_plan,
             handoff_words,
             timeline,
+            dispatch_pipelines,
         };
         loaded.reset()?;
         Ok(loaded)
@@ -380,6 +402,16 @@ impl Loaded {
         rec.finish()?;
         self.device.submit_and_wait(&mut cmd, STEP_TIMEOUT)?;
         Ok(())
+    }
+
+    /// The pipeline dispatch `d` runs at `position`: its grid's kernel's, or under the timeline
+    /// probe the dispatch's own copy of it, which writes the dispatch's records.
+    pub fn dispatch_pipeline(&self, d: usize, position: u32) -> &Pipeline {
+        let disp = &self.schedule.dispatches[d];
+        match self.dispatch_pipelines.get(d) {
+            Some(grids) => &grids[disp.grid_index_at(position)],
+            None => &self.pipelines[disp.grid_at(position).0.index()],
+        }
     }
 
     /// The timeline probe's records (`compile-model --timeline`), if the schedule writes any.
@@ -528,11 +560,11 @@ pub fn kernel_pipeline(
     k: &crate::schedule::KernelDecl,
     cache: Option<&crate::PipelineCache>,
     capture_statistics: bool,
-    timeline: Option<(&timeline::Timeline, crate::schedule::KernelId)>,
+    timeline: Option<(&timeline::Timeline, usize, usize)>,
 ) -> Result<Pipeline, Error> {
     let mut spec = k.specialization(device.info());
-    if let Some((t, id)) = timeline {
-        spec = t.specialize(id, spec);
+    if let Some((t, dispatch, grid)) = timeline {
+        spec = t.specialize(dispatch, grid, spec);
     }
     device.create_pipeline_with(&crate::PipelineDesc {
         label: &k.label,
@@ -551,7 +583,6 @@ fn create_pipelines(
     device: &Device,
     schedule: &Schedule,
     file: Option<&CacheFile>,
-    timeline: Option<&timeline::Timeline>,
 ) -> Result<(Vec<Pipeline>, CacheStatus), SessionError> {
     use pipeline_cache::DeviceKey;
     let key = DeviceKey::of(device.info());
@@ -580,10 +611,10 @@ fn create_pipelines(
         },
     };
     let mut pipelines = Vec::with_capacity(schedule.kernels.len());
-    for (i, k) in schedule.kernels.iter().enumerate() {
-        let id = crate::schedule::KernelId(i as u32);
-        let t = timeline.map(|t| (t, id));
-        pipelines.push(kernel_pipeline(device, k, cache.as_ref(), false, t)?);
+    // A timeline probe's kernels built here have no records' address: they record nothing
+    // (the dispatches run their own copies, `Loaded::dispatch_pipeline`).
+    for k in &schedule.kernels {
+        pipelines.push(kernel_pipeline(device, k, cache.as_ref(), false, None)?);
     }
     // Written when the file was missing, stale or damaged (the warning stays reported).
     if let (Some(f), Some(c)) = (file, &cache) {

@@ -419,8 +419,8 @@ impl Replay {
                     let set = &self.sets[set_of[k as usize].expect("filtered above")];
                     // An alternative binds as the dispatch does (`Schedule::validate`), so the
                     // set written for the dispatch's own pipeline serves it.
-                    let (kernel, groups) = d.grid_at(position);
-                    rec.bind_pipeline(&l.pipelines[kernel.index()])?;
+                    let (_, groups) = d.grid_at(position);
+                    rec.bind_pipeline(l.dispatch_pipeline(k as usize, position))?;
                     rec.bind_descriptor_set(set)?;
                     l.bind_handoff(rec, k as usize, handoffs)?;
                     if !d.push_constants.is_empty() {
@@ -601,11 +601,11 @@ impl Replay {
             .flat_map(|level| level.clone())
             .filter(|&d| self.set_of[parity][d as usize].is_some())
             .map(|d| {
-                let (kernel, groups) = s.dispatches[d as usize].grid_at(position);
+                let disp = &s.dispatches[d as usize];
                 StepDispatch {
                     dispatch: d as usize,
-                    kernel,
-                    groups: groups.iter().product(),
+                    grid: disp.grid_index_at(position),
+                    kernel: disp.grid_at(position).0,
                 }
             })
             .collect()

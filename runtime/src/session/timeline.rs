@@ -4,11 +4,14 @@
 //! against the dispatches replay recorded, the records say what ran when inside a step, handoffs
 //! included, where timestamps between levels see only whole levels behind barriers.
 //!
-//! The buffer: one counter per (kernel, workgroup) slot, then per slot `depth` records of eight
-//! words (begin, two marks, end: each the clock's low and high halves; a mark is a point of
-//! invocation 0's way that the kernel names, `TIMELINE_MARK` in `common.glsl`, 0 where none). A kernel's slots cover the largest
-//! grid it runs on; its depth is the dispatches that may run it per step times
-//! [`TIMELINE_STEPS`], so the records of that many steps after [`Timeline::clear`] are kept
+//! The buffer: one counter per workgroup of every grid of every dispatch (a dispatch's own and
+//! its bands' alternatives), then per counter [`TIMELINE_STEPS`] records of eight words (begin,
+//! two marks, end: each the clock's low and high halves; a mark is a point of invocation 0's
+//! way that the kernel names, `TIMELINE_MARK` in `common.glsl`, 0 where none). Each dispatch
+//! runs its own copy of its kernel's pipeline whose constants name its own counters
+//! ([`Timeline::specialize`]), so a record belongs to its dispatch whatever order the device
+//! launches workgroups in; a counter's records are its dispatch's steps, in order (a barrier
+//! ends every step). The records of [`TIMELINE_STEPS`] steps after [`Timeline::clear`] are kept
 //! and later ones counted as dropped.
 
 use super::SessionError;
@@ -25,24 +28,23 @@ const RECORD_WORDS: u32 = 8;
 /// Steps after [`Timeline::clear`] whose records are kept.
 pub const TIMELINE_STEPS: u32 = 32;
 
-/// Where one kernel's counters and records are.
+/// Where one grid of one dispatch keeps its counters and records.
 #[derive(Clone, Copy, Debug)]
 struct Slots {
-    /// Its first counter.
+    /// Its first counter (one per workgroup).
     slot: u32,
-    /// Its first record.
+    /// Its first record ([`TIMELINE_STEPS`] per workgroup).
     record: u32,
-    /// Records per slot.
-    depth: u32,
-    /// Slots (its largest grid).
+    /// Its workgroups.
     groups: u32,
 }
 
-/// The records' buffer and where each kernel writes.
+/// The records' buffer and where each dispatch writes.
 pub struct Timeline {
     buffer: Buffer,
     address: u64,
-    kernels: Vec<Slots>,
+    /// By dispatch, then grid (0: its own, 1 + i: alternative i).
+    grids: Vec<Vec<Slots>>,
     /// Words before the first record: the counters, padded to 16 bytes.
     records_at: u32,
 }
@@ -94,16 +96,61 @@ impl DispatchRun {
     }
 }
 
-/// A dispatch as replay records it for one step: the schedule's index, the pipeline and its
-/// workgroup count.
+/// A dispatch as replay records it for one step: the schedule's index, the grid (0: its own,
+/// 1 + i: alternative i) and the kernel the grid runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StepDispatch {
     /// Its index in the schedule's dispatches.
     pub dispatch: usize,
-    /// The pipeline it runs (the band's).
+    /// Which of its grids ran ([`crate::schedule::Dispatch::grid_index_at`]).
+    pub grid: usize,
+    /// The kernel of that grid.
     pub kernel: KernelId,
-    /// Its workgroups.
-    pub groups: u32,
+}
+
+/// Readings that wrapped at 2^32 moved back into one frame. Lavapipe's realtime clock keeps
+/// only 32 bits of nanoseconds (it wraps every 4.3 s), and a clock read as two 32-bit halves
+/// can tear where its low half wraps between the reads: either way a reading is off by 2^32.
+/// A timed run lasts far less than 2^31 ns, so each reading is taken within 2^31 of the
+/// median begin, 2^32 added to all where one would fall below zero.
+fn unwrap_clock(runs: &mut [DispatchRun]) {
+    const HALF: i64 = 1 << 31;
+    let mut begins: Vec<u64> = runs
+        .iter()
+        .flat_map(|r| r.groups.iter().map(|g| g.begin))
+        .collect();
+    if begins.is_empty() {
+        return;
+    }
+    let mid = begins.len() / 2;
+    let reference = *begins.select_nth_unstable(mid).1 as i64;
+    let offset = |v: u64| {
+        let d = v as i64 - reference;
+        d - (d + HALF).div_euclid(2 * HALF) * (2 * HALF)
+    };
+    let readings = || runs.iter().flat_map(|r| r.groups.iter());
+    let lowest = readings()
+        .flat_map(|g| [g.begin, g.marks[0], g.marks[1], g.end])
+        .filter(|&v| v != 0)
+        .map(offset)
+        .min()
+        .unwrap_or(0);
+    let base = if reference + lowest < 1 {
+        reference + 2 * HALF
+    } else {
+        reference
+    };
+    let fix = |v: &mut u64| {
+        // 0 is an unmarked point.
+        if *v != 0 {
+            *v = (base + offset(*v)) as u64;
+        }
+    };
+    for g in runs.iter_mut().flat_map(|r| r.groups.iter_mut()) {
+        fix(&mut g.begin);
+        g.marks.iter_mut().for_each(fix);
+        fix(&mut g.end);
+    }
 }
 
 impl Timeline {
@@ -125,29 +172,24 @@ impl Timeline {
                 ),
             }));
         }
-        let mut groups = vec![0u32; schedule.kernels.len()];
-        let mut uses = vec![0u32; schedule.kernels.len()];
-        for d in &schedule.dispatches {
-            let grids = std::iter::once((d.kernel, d.workgroups))
-                .chain(d.alternatives.iter().map(|a| (a.kernel, a.workgroups)));
-            for (k, wg) in grids {
-                let n = wg.iter().product::<u32>();
-                groups[k.index()] = groups[k.index()].max(n);
-                uses[k.index()] += 1;
-            }
-        }
-        let mut kernels = Vec::with_capacity(groups.len());
         let (mut slot, mut record) = (0u64, 0u64);
-        for (g, u) in groups.iter().zip(&uses) {
-            let depth = u * TIMELINE_STEPS;
-            kernels.push(Slots {
-                slot: slot as u32,
-                record: record as u32,
-                depth,
-                groups: *g,
-            });
-            slot += u64::from(*g);
-            record += u64::from(*g) * u64::from(depth);
+        let mut grids = Vec::with_capacity(schedule.dispatches.len());
+        for d in &schedule.dispatches {
+            let sizes =
+                std::iter::once(d.workgroups).chain(d.alternatives.iter().map(|a| a.workgroups));
+            let mut mine = Vec::new();
+            for wg in sizes {
+                let groups = wg.iter().product::<u32>();
+                // Checked below, with the records, against 32-bit word indices.
+                mine.push(Slots {
+                    slot: slot as u32,
+                    record: record as u32,
+                    groups,
+                });
+                slot += u64::from(groups);
+                record += u64::from(groups) * u64::from(TIMELINE_STEPS);
+            }
+            grids.push(mine);
         }
         let records_at = slot.div_ceil(4) * 4;
         let words = records_at + u64::from(RECORD_WORDS) * record;
@@ -167,22 +209,31 @@ impl Timeline {
         let t = Timeline {
             buffer,
             address,
-            kernels,
+            grids,
             records_at: records_at as u32,
         };
         t.clear(device)?;
         Ok(Some(t))
     }
 
-    /// `spec` with kernel `k`'s timeline constants added.
-    pub fn specialize(&self, k: KernelId, spec: SpecConstants) -> SpecConstants {
-        let s = self.kernels[k.index()];
+    /// `spec` with the timeline constants of `dispatch`'s grid `grid` added: the pipeline that
+    /// dispatch runs on that grid writes its own counters and records.
+    pub fn specialize(&self, dispatch: usize, grid: usize, spec: SpecConstants) -> SpecConstants {
+        let s = self.grids[dispatch][grid];
         spec.u32(TIMELINE_SPEC_ID, self.address as u32)
             .u32(TIMELINE_SPEC_ID + 1, (self.address >> 32) as u32)
             .u32(TIMELINE_SPEC_ID + 2, s.slot)
             .u32(TIMELINE_SPEC_ID + 3, s.record)
-            .u32(TIMELINE_SPEC_ID + 4, s.depth)
+            .u32(TIMELINE_SPEC_ID + 4, TIMELINE_STEPS)
             .u32(TIMELINE_SPEC_ID + 5, self.records_at)
+    }
+
+    /// Each dispatch's grids, its own first: (dispatch, grid) for the pipelines to create.
+    pub fn grids(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.grids
+            .iter()
+            .enumerate()
+            .flat_map(|(d, g)| (0..g.len()).map(move |i| (d, i)))
     }
 
     /// Zeroes every counter and record; later submissions' kernels see it.
@@ -197,13 +248,10 @@ impl Timeline {
     }
 
     /// The records since [`Self::clear`], laid against `steps` (each step's dispatches in the
-    /// order replay recorded them): a dispatch's workgroup g is the next record of its
-    /// kernel's slot g, a slot's records numbered in the order its workgroups launched. So two
-    /// dispatches of one pipeline that may run at once (in one level, as the zeroing kernels of
-    /// level 0 do, or across a handed boundary) are told apart by launch order, which Vulkan
-    /// does not promise; NVIDIA and lavapipe launch in recording order (the premise of
-    /// handoffs). An error where the records do not match (a workgroup that did not record, or
-    /// more steps than were kept).
+    /// order replay recorded them): the n-th time a dispatch ran a grid since the clear, its
+    /// workgroup g's record is the n-th of that grid's counter g. An error where the records do
+    /// not match (a workgroup that did not record, one that recorded more often than the steps
+    /// ran it, or more steps than were kept).
     pub fn read(
         &self,
         device: &Device,
@@ -214,28 +262,29 @@ impl Timeline {
         let bad =
             |m: String| SessionError::Vulkan(Error::InvalidArgument(format!("timeline: {m}")));
         let mut runs: Vec<DispatchRun> = Vec::new();
-        // Per (kernel, slot): how many of its records the runs have taken.
-        let mut taken: Vec<Vec<u32>> = self
-            .kernels
-            .iter()
-            .map(|s| vec![0; s.groups as usize])
-            .collect();
+        // Per dispatch and grid: how many of its steps the runs have taken.
+        let mut taken: Vec<Vec<u32>> = self.grids.iter().map(|g| vec![0; g.len()]).collect();
         for (step, list) in steps.iter().enumerate() {
             for d in list {
-                let s = self.kernels[d.kernel.index()];
-                let mut groups = Vec::with_capacity(d.groups as usize);
-                for g in 0..d.groups.min(s.groups) {
-                    let n = &mut taken[d.kernel.index()][g as usize];
+                let s = self.grids[d.dispatch][d.grid];
+                let n = taken[d.dispatch][d.grid];
+                if n >= TIMELINE_STEPS {
+                    return Err(bad(format!(
+                        "dispatch {} ran more than the {TIMELINE_STEPS} steps kept",
+                        d.dispatch
+                    )));
+                }
+                let mut groups = Vec::with_capacity(s.groups as usize);
+                for g in 0..s.groups {
                     let count = words[(s.slot + g) as usize];
-                    if *n >= count.min(s.depth) {
+                    if count <= n {
                         return Err(bad(format!(
-                            "dispatch {} (step {step}) workgroup {g}: no record left ({count} \
-                             counted, {} kept per workgroup)",
-                            d.dispatch, s.depth
+                            "dispatch {} (step {step}) workgroup {g}: no record ({count} counted)",
+                            d.dispatch
                         )));
                     }
-                    let at =
-                        (self.records_at + RECORD_WORDS * (s.record + g * s.depth + *n)) as usize;
+                    let at = (self.records_at + RECORD_WORDS * (s.record + g * TIMELINE_STEPS + n))
+                        as usize;
                     let w = &words[at..at + RECORD_WORDS as usize];
                     let clock = |i: usize| u64::from(w[i]) | (u64::from(w[i + 1]) << 32);
                     groups.push(Workgroup {
@@ -243,8 +292,8 @@ impl Timeline {
                         marks: [clock(2), clock(4)],
                         end: clock(6),
                     });
-                    *n += 1;
                 }
+                taken[d.dispatch][d.grid] += 1;
                 runs.push(DispatchRun {
                     step,
                     dispatch: d.dispatch,
@@ -253,18 +302,69 @@ impl Timeline {
                 });
             }
         }
+        unwrap_clock(&mut runs);
         // Every record taken: nothing ran that the steps do not name.
-        for (k, s) in self.kernels.iter().enumerate() {
-            for g in 0..s.groups {
-                let count = words[(s.slot + g) as usize];
-                if count != taken[k][g as usize] {
-                    return Err(bad(format!(
-                        "kernel {k} workgroup {g}: {count} records, the steps ran it {} times",
-                        taken[k][g as usize]
-                    )));
+        for (d, grids) in self.grids.iter().enumerate() {
+            for (i, s) in grids.iter().enumerate() {
+                for g in 0..s.groups {
+                    let count = words[(s.slot + g) as usize];
+                    if count != taken[d][i] {
+                        return Err(bad(format!(
+                            "dispatch {d} grid {i} workgroup {g}: {count} records, the steps ran \
+                             it {} times",
+                            taken[d][i]
+                        )));
+                    }
                 }
             }
         }
         Ok(runs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(groups: &[(u64, u64)]) -> DispatchRun {
+        DispatchRun {
+            step: 0,
+            dispatch: 0,
+            kernel: KernelId(0),
+            groups: groups
+                .iter()
+                .map(|&(begin, end)| Workgroup {
+                    begin,
+                    marks: [0, end],
+                    end,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn readings_that_wrapped_are_moved_into_one_frame() {
+        let base = 7u64 << 32;
+        let mut runs = [
+            run(&[(base + 10, base + 20), (base + 12, base + 22 + (1 << 32))]),
+            run(&[(base + 30 - (1 << 32), base + 40)]),
+        ];
+        unwrap_clock(&mut runs);
+        assert_eq!(runs[0].groups[1].end, base + 22);
+        assert_eq!(runs[0].groups[1].marks, [0, base + 22]);
+        assert_eq!(runs[1].groups[0].begin, base + 30);
+        assert_eq!(runs[0].groups[0].begin, base + 10);
+        // A 32-bit clock wrapping inside the run (lavapipe's): the readings after the wrap
+        // follow those before it, one frame 2^32 up.
+        let top = (1u64 << 32) - 100;
+        let mut runs = [run(&[(top, top + 50)]), run(&[(20, 30), (40, 60)])];
+        unwrap_clock(&mut runs);
+        let g: Vec<(u64, u64)> = runs
+            .iter()
+            .flat_map(|r| r.groups.iter().map(|g| (g.begin, g.end)))
+            .collect();
+        assert!(g.windows(2).all(|w| w[0].1 <= w[1].0), "{g:?}");
+        assert_eq!(g[1].0 - g[0].0, 120);
+        assert!(g.iter().all(|&(b, _)| b > 0));
     }
 }
