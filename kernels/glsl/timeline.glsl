@@ -8,13 +8,13 @@
 //
 // The records live in a buffer the runtime allocates and passes by device address
 // (VK_KHR_buffer_device_address) in specialization constants, so no kernel's bindings change:
-// first one counter per workgroup of every grid of every dispatch, then per counter DEPTH
-// records of eight words (begin, two marks, end: each the clock's two 32-bit halves). Each
-// dispatch runs its own copy of the pipeline, whose constants name its counters, so a record
-// belongs to its dispatch whatever the launch order; a workgroup takes its record's index (the
-// step, counted since the buffer was cleared) with an atomic on its own counter, issued at its
-// start so that its latency overlaps the kernel, and a counter past DEPTH says how many steps
-// were dropped. A kernel may mark two points of its invocation 0's way with TIMELINE_MARK(0)
+// per probe pipeline one counter per workgroup of its largest grid, then per counter DEPTH
+// records of eight words (begin, two marks, end: each the clock's two 32-bit halves). A
+// kernel's dispatches share a probe pipeline where barriers separate them (those that may run
+// at once get their own: runtime/src/session/timeline.rs), so a counter's records, in the order
+// its workgroups take them, are its dispatches in recording order. A workgroup takes its
+// record's index with an atomic on its own counter, issued at its start so that its latency
+// overlaps the kernel; a counter past DEPTH says how many were dropped. A kernel may mark two points of its invocation 0's way with TIMELINE_MARK(0)
 // and TIMELINE_MARK(1) (common.glsl makes them nothing without the probe), for example when its
 // input arrived and when its output is about to be written; an unmarked point records 0. Clock
 // units are the driver's: NVIDIA's and lavapipe's count nanoseconds (`vkfuse timeline` checks

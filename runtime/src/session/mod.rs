@@ -229,10 +229,9 @@ pub struct Loaded {
     handoff_words: Option<crate::HandoffWords>,
     /// The timeline probe's records, where the schedule's kernels write them.
     timeline: Option<timeline::Timeline>,
-    /// Under the timeline probe, by dispatch then grid (its own, then its alternatives'): the
-    /// dispatch's own copy of its kernel's pipeline, writing the dispatch's records. Empty
-    /// otherwise.
-    dispatch_pipelines: Vec<Vec<Pipeline>>,
+    /// Under the timeline probe, its pipelines (`Timeline::pipeline_of`): the kernels' with
+    /// the records' constants. Empty otherwise.
+    probe_pipelines: Vec<Pipeline>,
 }
 
 impl Loaded {
@@ -335,28 +334,19 @@ impl Loaded {
                 report(progress);
             }
         }
-        let timeline = timeline::Timeline::new(&device, &schedule)?;
+        let handoff_plan = if options.handoffs.enabled(device.info()) {
+            handoff::plan(&schedule, &handoff::accesses(&schedule))
+        } else {
+            handoff::HandoffPlan::default()
+        };
+        let timeline = timeline::Timeline::new(&device, &schedule, &handoff_plan.handed)?;
         let (pipelines, pipeline_cache) =
             create_pipelines(&device, &schedule, options.pipeline_cache.as_ref())?;
-        let mut dispatch_pipelines: Vec<Vec<Pipeline>> = Vec::new();
+        let mut probe_pipelines = Vec::new();
         if let Some(t) = &timeline {
-            for (d, grid) in t.grids() {
-                let disp = &schedule.dispatches[d];
-                let kernel = match grid {
-                    0 => disp.kernel,
-                    i => disp.alternatives[i - 1].kernel,
-                };
-                if grid == 0 {
-                    dispatch_pipelines.push(Vec::new());
-                }
+            for (p, kernel) in t.pipeline_kernels().enumerate() {
                 let k = &schedule.kernels[kernel.index()];
-                dispatch_pipelines[d].push(kernel_pipeline(
-                    &device,
-                    k,
-                    None,
-                    false,
-                    Some((t, d, grid)),
-                )?);
+                probe_pipelines.push(kernel_pipeline(&device, k, None, false, Some((t, p)))?);
             }
         }
         let output = device.create_buffer_labeled(
@@ -364,11 +354,6 @@ impl Loaded {
             256 + schedule.io.logits.size,
             BufferKind::Readback,
         )?;
-        let handoff_plan = if options.handoffs.enabled(device.info()) {
-            handoff::plan(&schedule, &handoff::accesses(&schedule))
-        } else {
-            handoff::HandoffPlan::default()
-        };
         let handoff_words = match pipelines.iter().find(|p| p.handoff_role().is_some()) {
             Some(p) => Some(crate::HandoffWords::new(&device, p, handoff_plan.words)?),
             None => None,
@@ -383,7 +368,7 @@ impl Loaded {
             handoff_plan,
             handoff_words,
             timeline,
-            dispatch_pipelines,
+            probe_pipelines,
         };
         loaded.reset()?;
         Ok(loaded)
@@ -405,11 +390,11 @@ impl Loaded {
     }
 
     /// The pipeline dispatch `d` runs at `position`: its grid's kernel's, or under the timeline
-    /// probe the dispatch's own copy of it, which writes the dispatch's records.
+    /// probe the probe pipeline that writes the dispatch's records.
     pub fn dispatch_pipeline(&self, d: usize, position: u32) -> &Pipeline {
         let disp = &self.schedule.dispatches[d];
-        match self.dispatch_pipelines.get(d) {
-            Some(grids) => &grids[disp.grid_index_at(position)],
+        match &self.timeline {
+            Some(t) => &self.probe_pipelines[t.pipeline_of(d, disp.grid_index_at(position))],
             None => &self.pipelines[disp.grid_at(position).0.index()],
         }
     }
@@ -560,11 +545,11 @@ pub fn kernel_pipeline(
     k: &crate::schedule::KernelDecl,
     cache: Option<&crate::PipelineCache>,
     capture_statistics: bool,
-    timeline: Option<(&timeline::Timeline, usize, usize)>,
+    timeline: Option<(&timeline::Timeline, usize)>,
 ) -> Result<Pipeline, Error> {
     let mut spec = k.specialization(device.info());
-    if let Some((t, dispatch, grid)) = timeline {
-        spec = t.specialize(dispatch, grid, spec);
+    if let Some((t, p)) = timeline {
+        spec = t.specialize(p, spec);
     }
     device.create_pipeline_with(&crate::PipelineDesc {
         label: &k.label,
@@ -612,7 +597,7 @@ fn create_pipelines(
     };
     let mut pipelines = Vec::with_capacity(schedule.kernels.len());
     // A timeline probe's kernels built here have no records' address: they record nothing
-    // (the dispatches run their own copies, `Loaded::dispatch_pipeline`).
+    // (the dispatches run the probe's pipelines, `Loaded::dispatch_pipeline`).
     for k in &schedule.kernels {
         pipelines.push(kernel_pipeline(device, k, cache.as_ref(), false, None)?);
     }

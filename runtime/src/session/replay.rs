@@ -602,10 +602,12 @@ impl Replay {
             .filter(|&d| self.set_of[parity][d as usize].is_some())
             .map(|d| {
                 let disp = &s.dispatches[d as usize];
+                let (kernel, groups) = disp.grid_at(position);
                 StepDispatch {
                     dispatch: d as usize,
                     grid: disp.grid_index_at(position),
-                    kernel: disp.grid_at(position).0,
+                    kernel,
+                    groups: groups.iter().product(),
                 }
             })
             .collect()

@@ -4,15 +4,21 @@
 //! against the dispatches replay recorded, the records say what ran when inside a step, handoffs
 //! included, where timestamps between levels see only whole levels behind barriers.
 //!
-//! The buffer: one counter per workgroup of every grid of every dispatch (a dispatch's own and
-//! its bands' alternatives), then per counter [`TIMELINE_STEPS`] records of eight words (begin,
-//! two marks, end: each the clock's low and high halves; a mark is a point of invocation 0's
-//! way that the kernel names, `TIMELINE_MARK` in `common.glsl`, 0 where none). Each dispatch
-//! runs its own copy of its kernel's pipeline whose constants name its own counters
-//! ([`Timeline::specialize`]), so a record belongs to its dispatch whatever order the device
-//! launches workgroups in; a counter's records are its dispatch's steps, in order (a barrier
-//! ends every step). The records of [`TIMELINE_STEPS`] steps after [`Timeline::clear`] are kept
-//! and later ones counted as dropped.
+//! The probe's pipelines: a kernel's dispatches share one pipeline, and so one set of
+//! counters, wherever a barrier separates each from the next (every layer's copy of a layer
+//! kernel: one pipeline's code for all of them, as without the probe); dispatches of one kernel
+//! that may run at once (in one level, as level 0's zeroing kernels are, or across handed
+//! levels) get pipelines of their own. So a counter's records, taken in the order its
+//! workgroups launch, belong to its dispatches in recording order. (A pipeline per dispatch
+//! cost the H100's q4_0 step 30% where shared ones cost 9%: each dispatch's code was fetched
+//! anew.)
+//!
+//! The buffer: per probe pipeline, one counter per workgroup of its largest grid, then per
+//! counter `depth` records (its dispatches per step times [`TIMELINE_STEPS`]) of eight words
+//! (begin, two marks, end: each the clock's low and high halves; a mark is a point of
+//! invocation 0's way that the kernel names, `TIMELINE_MARK` in `common.glsl`, 0 where none).
+//! The records of [`TIMELINE_STEPS`] steps after [`Timeline::clear`] are kept and later ones
+//! counted as dropped.
 
 use super::SessionError;
 use crate::schedule::{KernelId, Schedule};
@@ -28,23 +34,29 @@ const RECORD_WORDS: u32 = 8;
 /// Steps after [`Timeline::clear`] whose records are kept.
 pub const TIMELINE_STEPS: u32 = 32;
 
-/// Where one grid of one dispatch keeps its counters and records.
+/// Where one probe pipeline keeps its counters and records.
 #[derive(Clone, Copy, Debug)]
 struct Slots {
-    /// Its first counter (one per workgroup).
+    /// Its kernel.
+    kernel: KernelId,
+    /// Its first counter (one per workgroup of its largest grid).
     slot: u32,
-    /// Its first record ([`TIMELINE_STEPS`] per workgroup).
+    /// Its first record.
     record: u32,
-    /// Its workgroups.
+    /// Records per counter.
+    depth: u32,
+    /// Counters.
     groups: u32,
 }
 
-/// The records' buffer and where each dispatch writes.
+/// The records' buffer, the probe's pipelines and which one each dispatch runs.
 pub struct Timeline {
     buffer: Buffer,
     address: u64,
-    /// By dispatch, then grid (0: its own, 1 + i: alternative i).
-    grids: Vec<Vec<Slots>>,
+    /// The probe's pipelines (see the top).
+    pipelines: Vec<Slots>,
+    /// By dispatch, then grid (0: its own, 1 + i: alternative i): its probe pipeline.
+    assign: Vec<Vec<usize>>,
     /// Words before the first record: the counters, padded to 16 bytes.
     records_at: u32,
 }
@@ -97,7 +109,7 @@ impl DispatchRun {
 }
 
 /// A dispatch as replay records it for one step: the schedule's index, the grid (0: its own,
-/// 1 + i: alternative i) and the kernel the grid runs.
+/// 1 + i: alternative i), the kernel the grid runs and its workgroups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StepDispatch {
     /// Its index in the schedule's dispatches.
@@ -106,6 +118,8 @@ pub struct StepDispatch {
     pub grid: usize,
     /// The kernel of that grid.
     pub kernel: KernelId,
+    /// The grid's workgroups.
+    pub groups: u32,
 }
 
 /// Readings that wrapped at 2^32 moved back into one frame. Lavapipe's realtime clock keeps
@@ -153,10 +167,62 @@ fn unwrap_clock(runs: &mut [DispatchRun]) {
     }
 }
 
+/// A probe pipeline as [`share_pipelines`] makes it: its kernel, its dispatches per step and
+/// its largest grid.
+type Shared = (KernelId, u32, u32);
+
+/// The probe's pipelines for dispatches given as (level, grids: (kernel, workgroups)), in
+/// recording order, with a barrier before every level but those `handed`: a dispatch's grid
+/// shares the pipeline of an earlier one of its kernel where a barrier separates it from that
+/// pipeline's last dispatch, else takes a new one. Returns each pipeline's (kernel, dispatches
+/// per step, largest grid) and, by dispatch then grid, its pipeline.
+fn share_pipelines(
+    dispatches: &[(usize, Vec<(KernelId, u32)>)],
+    handed: &[bool],
+) -> (Vec<Shared>, Vec<Vec<usize>>) {
+    // A barrier lies between levels a < b where some level in a + 1 ..= b is not handed.
+    let separated =
+        |a: usize, b: usize| a < b && (a + 1..=b).any(|l| !handed.get(l).copied().unwrap_or(false));
+    // Per pipeline: (kernel, the level of its last dispatch, dispatches, largest grid).
+    let mut made: Vec<(KernelId, usize, u32, u32)> = Vec::new();
+    let mut assign = Vec::with_capacity(dispatches.len());
+    for (level, grids) in dispatches {
+        let mut mine = Vec::with_capacity(grids.len());
+        for &(kernel, groups) in grids {
+            let p = match made
+                .iter()
+                .position(|m| m.0 == kernel && separated(m.1, *level))
+            {
+                Some(p) => p,
+                None => {
+                    made.push((kernel, *level, 0, 0));
+                    made.len() - 1
+                }
+            };
+            let m = &mut made[p];
+            m.1 = *level;
+            m.2 += 1;
+            m.3 = m.3.max(groups);
+            mine.push(p);
+        }
+        assign.push(mine);
+    }
+    let made = made
+        .into_iter()
+        .map(|(k, _, uses, groups)| (k, uses, groups))
+        .collect();
+    (made, assign)
+}
+
 impl Timeline {
-    /// The buffer for `schedule`'s wrapped kernels on `device`; `None` when none is wrapped.
-    /// An error when the device cannot run them.
-    pub fn new(device: &Device, schedule: &Schedule) -> Result<Option<Timeline>, SessionError> {
+    /// The buffer for `schedule`'s wrapped kernels on `device`, replayed with a barrier before
+    /// every level but those `handed` (per level; empty where handoffs are off); `None` when no
+    /// kernel is wrapped. An error when the device cannot run them.
+    pub fn new(
+        device: &Device,
+        schedule: &Schedule,
+        handed: &[bool],
+    ) -> Result<Option<Timeline>, SessionError> {
         let Some(wrapped) = schedule.kernels.iter().find(|k| k.records_timeline()) else {
             return Ok(None);
         };
@@ -172,24 +238,39 @@ impl Timeline {
                 ),
             }));
         }
-        let (mut slot, mut record) = (0u64, 0u64);
-        let mut grids = Vec::with_capacity(schedule.dispatches.len());
-        for d in &schedule.dispatches {
-            let sizes =
-                std::iter::once(d.workgroups).chain(d.alternatives.iter().map(|a| a.workgroups));
-            let mut mine = Vec::new();
-            for wg in sizes {
-                let groups = wg.iter().product::<u32>();
-                // Checked below, with the records, against 32-bit word indices.
-                mine.push(Slots {
-                    slot: slot as u32,
-                    record: record as u32,
-                    groups,
-                });
-                slot += u64::from(groups);
-                record += u64::from(groups) * u64::from(TIMELINE_STEPS);
+        let mut level_of = vec![0; schedule.dispatches.len()];
+        for (l, level) in schedule.levels.iter().enumerate() {
+            for d in level.clone() {
+                level_of[d as usize] = l;
             }
-            grids.push(mine);
+        }
+        let grids: Vec<(usize, Vec<(KernelId, u32)>)> = schedule
+            .dispatches
+            .iter()
+            .zip(&level_of)
+            .map(|(disp, &level)| {
+                let grids = std::iter::once((disp.kernel, disp.workgroups))
+                    .chain(disp.alternatives.iter().map(|a| (a.kernel, a.workgroups)))
+                    .map(|(k, wg)| (k, wg.iter().product::<u32>()))
+                    .collect();
+                (level, grids)
+            })
+            .collect();
+        let (made, assign) = share_pipelines(&grids, handed);
+        let (mut slot, mut record) = (0u64, 0u64);
+        let mut pipelines = Vec::with_capacity(made.len());
+        for (kernel, uses, groups) in made {
+            let depth = uses * TIMELINE_STEPS;
+            // Checked below, with the records, against 32-bit word indices.
+            pipelines.push(Slots {
+                kernel,
+                slot: slot as u32,
+                record: record as u32,
+                depth,
+                groups,
+            });
+            slot += u64::from(groups);
+            record += u64::from(groups) * u64::from(depth);
         }
         let records_at = slot.div_ceil(4) * 4;
         let words = records_at + u64::from(RECORD_WORDS) * record;
@@ -209,31 +290,33 @@ impl Timeline {
         let t = Timeline {
             buffer,
             address,
-            grids,
+            pipelines,
+            assign,
             records_at: records_at as u32,
         };
         t.clear(device)?;
         Ok(Some(t))
     }
 
-    /// `spec` with the timeline constants of `dispatch`'s grid `grid` added: the pipeline that
-    /// dispatch runs on that grid writes its own counters and records.
-    pub fn specialize(&self, dispatch: usize, grid: usize, spec: SpecConstants) -> SpecConstants {
-        let s = self.grids[dispatch][grid];
+    /// `spec` with probe pipeline `p`'s constants added: where it writes.
+    pub fn specialize(&self, p: usize, spec: SpecConstants) -> SpecConstants {
+        let s = self.pipelines[p];
         spec.u32(TIMELINE_SPEC_ID, self.address as u32)
             .u32(TIMELINE_SPEC_ID + 1, (self.address >> 32) as u32)
             .u32(TIMELINE_SPEC_ID + 2, s.slot)
             .u32(TIMELINE_SPEC_ID + 3, s.record)
-            .u32(TIMELINE_SPEC_ID + 4, TIMELINE_STEPS)
+            .u32(TIMELINE_SPEC_ID + 4, s.depth)
             .u32(TIMELINE_SPEC_ID + 5, self.records_at)
     }
 
-    /// Each dispatch's grids, its own first: (dispatch, grid) for the pipelines to create.
-    pub fn grids(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.grids
-            .iter()
-            .enumerate()
-            .flat_map(|(d, g)| (0..g.len()).map(move |i| (d, i)))
+    /// The probe's pipelines to create, by index: each one's kernel.
+    pub fn pipeline_kernels(&self) -> impl Iterator<Item = KernelId> + '_ {
+        self.pipelines.iter().map(|s| s.kernel)
+    }
+
+    /// The probe pipeline `dispatch` runs on its grid `grid`.
+    pub fn pipeline_of(&self, dispatch: usize, grid: usize) -> usize {
+        self.assign[dispatch][grid]
     }
 
     /// Zeroes every counter and record; later submissions' kernels see it.
@@ -248,10 +331,10 @@ impl Timeline {
     }
 
     /// The records since [`Self::clear`], laid against `steps` (each step's dispatches in the
-    /// order replay recorded them): the n-th time a dispatch ran a grid since the clear, its
-    /// workgroup g's record is the n-th of that grid's counter g. An error where the records do
-    /// not match (a workgroup that did not record, one that recorded more often than the steps
-    /// ran it, or more steps than were kept).
+    /// order replay recorded them): a dispatch's workgroup g is the next record of its probe
+    /// pipeline's counter g (see the top). An error where the records do not match (a
+    /// workgroup that did not record, one that recorded more often than the steps ran it, or
+    /// more steps than were kept).
     pub fn read(
         &self,
         device: &Device,
@@ -262,29 +345,29 @@ impl Timeline {
         let bad =
             |m: String| SessionError::Vulkan(Error::InvalidArgument(format!("timeline: {m}")));
         let mut runs: Vec<DispatchRun> = Vec::new();
-        // Per dispatch and grid: how many of its steps the runs have taken.
-        let mut taken: Vec<Vec<u32>> = self.grids.iter().map(|g| vec![0; g.len()]).collect();
+        // Per probe pipeline and counter: the records the runs have taken.
+        let mut taken: Vec<Vec<u32>> = self
+            .pipelines
+            .iter()
+            .map(|s| vec![0; s.groups as usize])
+            .collect();
         for (step, list) in steps.iter().enumerate() {
             for d in list {
-                let s = self.grids[d.dispatch][d.grid];
-                let n = taken[d.dispatch][d.grid];
-                if n >= TIMELINE_STEPS {
-                    return Err(bad(format!(
-                        "dispatch {} ran more than the {TIMELINE_STEPS} steps kept",
-                        d.dispatch
-                    )));
-                }
-                let mut groups = Vec::with_capacity(s.groups as usize);
-                for g in 0..s.groups {
+                let p = self.assign[d.dispatch][d.grid];
+                let s = self.pipelines[p];
+                let mut groups = Vec::with_capacity(d.groups as usize);
+                for g in 0..d.groups.min(s.groups) {
+                    let n = taken[p][g as usize];
                     let count = words[(s.slot + g) as usize];
-                    if count <= n {
+                    if n >= count.min(s.depth) {
                         return Err(bad(format!(
-                            "dispatch {} (step {step}) workgroup {g}: no record ({count} counted)",
-                            d.dispatch
+                            "dispatch {} (step {step}) workgroup {g}: no record left ({count} \
+                             counted, {} kept per workgroup)",
+                            d.dispatch, s.depth
                         )));
                     }
-                    let at = (self.records_at + RECORD_WORDS * (s.record + g * TIMELINE_STEPS + n))
-                        as usize;
+                    let at =
+                        (self.records_at + RECORD_WORDS * (s.record + g * s.depth + n)) as usize;
                     let w = &words[at..at + RECORD_WORDS as usize];
                     let clock = |i: usize| u64::from(w[i]) | (u64::from(w[i + 1]) << 32);
                     groups.push(Workgroup {
@@ -292,8 +375,8 @@ impl Timeline {
                         marks: [clock(2), clock(4)],
                         end: clock(6),
                     });
+                    taken[p][g as usize] += 1;
                 }
-                taken[d.dispatch][d.grid] += 1;
                 runs.push(DispatchRun {
                     step,
                     dispatch: d.dispatch,
@@ -304,17 +387,15 @@ impl Timeline {
         }
         unwrap_clock(&mut runs);
         // Every record taken: nothing ran that the steps do not name.
-        for (d, grids) in self.grids.iter().enumerate() {
-            for (i, s) in grids.iter().enumerate() {
-                for g in 0..s.groups {
-                    let count = words[(s.slot + g) as usize];
-                    if count != taken[d][i] {
-                        return Err(bad(format!(
-                            "dispatch {d} grid {i} workgroup {g}: {count} records, the steps ran \
-                             it {} times",
-                            taken[d][i]
-                        )));
-                    }
+        for (p, s) in self.pipelines.iter().enumerate() {
+            for g in 0..s.groups {
+                let count = words[(s.slot + g) as usize];
+                if count != taken[p][g as usize] {
+                    return Err(bad(format!(
+                        "probe pipeline {p} workgroup {g}: {count} records, the steps ran it {} \
+                         times",
+                        taken[p][g as usize]
+                    )));
                 }
             }
         }
@@ -340,6 +421,38 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn dispatches_of_a_kernel_share_a_pipeline_only_across_a_barrier() {
+        let (a, b) = (KernelId(0), KernelId(1));
+        // Levels: 0 {A, A}, 1 {B}, 2 {A} handed, 3 {A} behind a barrier, 4 {B with an
+        // alternative A of 7 workgroups}.
+        let dispatches = vec![
+            (0, vec![(a, 4)]),
+            (0, vec![(a, 2)]),
+            (1, vec![(b, 3)]),
+            (2, vec![(a, 5)]),
+            (3, vec![(a, 1)]),
+            (4, vec![(b, 3), (a, 7)]),
+        ];
+        let handed = [false, false, true, false, false];
+        let (made, assign) = share_pipelines(&dispatches, &handed);
+        // The two A of level 0 may run together: two pipelines. Level 2's A is behind level
+        // 1's barrier: the first one's. Level 3's A follows level 2 behind a barrier: shared
+        // again; level 4's alternative too.
+        assert_eq!(
+            assign,
+            vec![vec![0], vec![1], vec![2], vec![0], vec![0], vec![2, 0]]
+        );
+        assert_eq!(made, vec![(a, 4, 7), (a, 1, 2), (b, 2, 3)]);
+        // With every level handed (no barrier inside the step), every dispatch needs a pipeline
+        // of its own.
+        let (_, all_handed) = share_pipelines(&dispatches, &[false, true, true, true, true]);
+        assert_eq!(
+            all_handed,
+            vec![vec![0], vec![1], vec![2], vec![3], vec![4], vec![5, 6]]
+        );
     }
 
     #[test]
