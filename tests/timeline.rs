@@ -47,12 +47,7 @@ fn timed_replay(device: &vkfuse_runtime::Device, handoffs: Handoffs, opts: &Fuse
 /// was handed over.
 fn check_runs(what: &str, replay: &Replay, runs: &[DispatchRun], steps: usize, barriers: bool) {
     let s = &replay.loaded().schedule;
-    let mut level_of = vec![0; s.dispatches.len()];
-    for (i, level) in s.levels.iter().enumerate() {
-        for d in level.clone() {
-            level_of[d as usize] = i;
-        }
-    }
+    let level_of = s.dispatch_levels();
     assert_eq!(runs.len(), steps * s.dispatches.len(), "{what}: dispatches");
     for r in runs {
         let d = &s.dispatches[r.dispatch];

@@ -23,20 +23,10 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
     let schedule = file.schedule();
     let device = crate::decode::open_device(args.device)?;
     let info = device.info();
-    // A timeline probe's kernels reach their records by address, with the device clock: a
-    // pipeline of them is invalid where either is missing (built here without the records'
-    // address, they show the kernel's own statistics, the recording folded away).
-    if let Some(k) = schedule.kernels.iter().find(|k| k.records_timeline()) {
-        let f = info.features;
-        if !(f.shader_device_clock && f.buffer_device_address) {
-            anyhow::bail!(
-                "kernel `{}` records a timeline (compile-model --timeline), which {} cannot run: \
-                 it needs the device clock and buffer device addresses",
-                k.label,
-                info.name
-            );
-        }
-    }
+    // A timeline probe's kernels need the device clock and buffer addresses (built here
+    // without the records' address, they show the kernel's own statistics, the recording
+    // folded away).
+    vkfuse_runtime::session::timeline::check_device(&device, schedule)?;
     let mut out = std::io::stdout().lock();
     let offered = info.features.pipeline_executable_info;
     writeln!(

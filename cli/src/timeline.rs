@@ -88,15 +88,7 @@ pub fn run(args: &TimelineArgs) -> Result<()> {
     // The clock's units are the driver's: the records' span against the submits' timestamps.
     let gpu = replay.gpu_ns().zip(gpu0).map(|(a, b)| a - b);
     let s = &replay.loaded().schedule;
-    let level_of: Vec<usize> = {
-        let mut l = vec![0; s.dispatches.len()];
-        for (i, level) in s.levels.iter().enumerate() {
-            for d in level.clone() {
-                l[d as usize] = i;
-            }
-        }
-        l
-    };
+    let level_of = s.dispatch_levels();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,

@@ -345,6 +345,17 @@ impl Schedule {
         &self.buffers[id.index()]
     }
 
+    /// Each dispatch's level (its index in [`Self::levels`]), by dispatch.
+    pub fn dispatch_levels(&self) -> Vec<usize> {
+        let mut level_of = vec![0; self.dispatches.len()];
+        for (l, level) in self.levels.iter().enumerate() {
+            for d in level.clone() {
+                level_of[d as usize] = l;
+            }
+        }
+        level_of
+    }
+
     /// The bands of positions over which every dispatch keeps one grid: band `b` holds the
     /// positions below `bands()[b]` and not below `bands()[b - 1]`, and the last band (index
     /// `bands().len()`) every position from the last bound on. Empty without alternatives.

@@ -122,6 +122,27 @@ pub struct StepDispatch {
     pub groups: u32,
 }
 
+/// Whether `schedule`'s kernels record a timeline; an error where they do and `device` cannot
+/// run them (a pipeline of them is invalid without the device clock and buffer addresses).
+pub fn check_device(device: &Device, schedule: &Schedule) -> Result<bool, Error> {
+    let Some(wrapped) = schedule.kernels.iter().find(|k| k.records_timeline()) else {
+        return Ok(false);
+    };
+    let f = device.enabled_features();
+    if !(f.shader_device_clock && f.buffer_device_address) {
+        return Err(Error::UnsupportedDevice {
+            device: device.info().name.clone(),
+            reason: format!(
+                "kernel `{}` records a timeline (compile-model --timeline), which needs the \
+                 device clock (VK_KHR_shader_clock's shaderDeviceClock) and buffer device \
+                 addresses (bufferDeviceAddress)",
+                wrapped.label
+            ),
+        });
+    }
+    Ok(true)
+}
+
 /// Readings that wrapped at 2^32 moved back into one frame. Lavapipe's realtime clock keeps
 /// only 32 bits of nanoseconds (it wraps every 4.3 s), and a clock read as two 32-bit halves
 /// can tear where its low half wraps between the reads: either way a reading is off by 2^32.
@@ -223,27 +244,10 @@ impl Timeline {
         schedule: &Schedule,
         handed: &[bool],
     ) -> Result<Option<Timeline>, SessionError> {
-        let Some(wrapped) = schedule.kernels.iter().find(|k| k.records_timeline()) else {
+        if !check_device(device, schedule)? {
             return Ok(None);
-        };
-        let f = device.enabled_features();
-        if !(f.shader_device_clock && f.buffer_device_address) {
-            return Err(SessionError::Vulkan(Error::UnsupportedDevice {
-                device: device.info().name.clone(),
-                reason: format!(
-                    "kernel `{}` records a timeline (compile-model --timeline), which needs the \
-                     device clock (VK_KHR_shader_clock's shaderDeviceClock) and buffer device \
-                     addresses (bufferDeviceAddress)",
-                    wrapped.label
-                ),
-            }));
         }
-        let mut level_of = vec![0; schedule.dispatches.len()];
-        for (l, level) in schedule.levels.iter().enumerate() {
-            for d in level.clone() {
-                level_of[d as usize] = l;
-            }
-        }
+        let level_of = schedule.dispatch_levels();
         let grids: Vec<(usize, Vec<(KernelId, u32)>)> = schedule
             .dispatches
             .iter()

@@ -80,12 +80,7 @@ fn is_fused(s: &Schedule, d: usize) -> bool {
 /// Finds the write-back copies ping-pong can drop; `align` is the storage-buffer offset
 /// alignment the second buffer's slices need.
 pub fn plan(s: &Schedule, align: u64) -> PingPongPlan {
-    let mut level_of = vec![0usize; s.dispatches.len()];
-    for (l, r) in s.levels.iter().enumerate() {
-        for d in r.clone() {
-            level_of[d as usize] = l;
-        }
-    }
+    let level_of = s.dispatch_levels();
     let role = |b: BufferId| s.buffers[b.index()].role;
     let mut out = PingPongPlan::default();
     for c in 0..s.dispatches.len() {
