@@ -159,7 +159,7 @@ fn q4_0_and_q8_0_lm_heads_of_three_blocks_match_the_cpu() {
 }
 
 #[test]
-fn only_block_format_matvecs_declare_shuffles_which_the_runtime_then_requires() {
+fn fused_matvecs_declare_shuffles_which_the_runtime_then_requires() {
     let decl = |dtype: DType| {
         common::kernel_decl(&codegen::matvec(&MatvecSpec {
             dtype,
@@ -173,7 +173,9 @@ fn only_block_format_matvecs_declare_shuffles_which_the_runtime_then_requires() 
             x_published: false,
         }))
     };
+    // The block formats' scales by shuffle, every format's dots summed by shuffles
+    // (reduce.glsl's SUBGROUP_SUMS).
     assert!(decl(DType::Q4_0).uses_subgroup_shuffle());
     assert!(decl(DType::Q8_0).uses_subgroup_shuffle());
-    assert!(!decl(DType::BF16).uses_subgroup_shuffle());
+    assert!(decl(DType::BF16).uses_subgroup_shuffle());
 }

@@ -13,6 +13,8 @@
 // (NVIDIA subgroups of 32, AMD 32/64, lavapipe 8); the extensions must precede any code.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_control_flow_attributes : require
 
 // Codes start at 1: an undefined name in `#if` reads as 0 and must match none of them.
 // The workgroup size is specialization constant 0 in every kernel. Declared here, before any

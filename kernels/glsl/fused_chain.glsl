@@ -34,7 +34,8 @@
 // (over a[0..PER_ROW) only), W2_DTYPE, ADD_IN, CH_J, CH_I, CH_O (act length, inner columns,
 // output rows: a multiple of 4 for float weights) and, when ADD_IN, IN0(row) reading binding
 // W2_BINDING + 1; CH_CB (inner rows per workgroup, a multiple of 4 dividing CH_J; 32 for the
-// block formats), CH_DG (inner dots a subgroup takes at once, dividing CH_CB * PER_ROW),
+// block formats), CH_DG (inner dots a group of subgroups takes at once, dividing CH_CB *
+// PER_ROW), CH_KS (subgroups per group, each a CH_KS-th of every row's steps; 1 if undefined),
 // OUT_Q, and for float weights OUT_NG (dividing CH_CB) and OUT_SPAN (OUT_NG * OUT_SPAN <=
 // workgroup size, OUT_SPAN * OUT_Q >= CH_O / 4).
 // Bindings: 0 = y f32[CH_O] (accumulated), 1 = w, 2 = x f32[CH_I], 3 = nw when NORM, then
@@ -51,8 +52,10 @@
 // (docs/perf.md, session 16).
 //
 // The inner matvec alone (INNER_ONLY 1, `codegen::wide_matvec`): y[j] = EPILOGUE(j, a), written
-// and published as handoff words, with no outer matrix: a matvec in wide workgroups (CB rows,
-// a subgroup each) that stages x once per workgroup and preloads its weights. Few
+// and published as handoff words, with no outer matrix: a matvec in wide workgroups (CB rows;
+// groups of CH_KS subgroups take CH_DG rows each, a CH_KS-th of x per subgroup, so that x is
+// read from shared memory once per CH_DG rows) that stages x once per workgroup and preloads
+// its weights. Few
 // workgroups read x, so x can be handed over to it: the attention block's output to o_proj.
 // A reader waits first for the last word of every SENTINEL_RUN words (> 0: one per attention
 // head), polled by one subgroup, and only then polls its share of x: while the heads are still
@@ -99,9 +102,15 @@ const uint PER_ROW = PARTS;
 #else
 const uint PER_ROW = 1u;
 #endif
-// Dots per workgroup, taken DG at a time by a subgroup (DG loads in flight per step).
+// Dots per workgroup, taken DG at a time by a group of KS subgroups (DG loads in flight per
+// step), each subgroup of the group a KS-th of the row's steps (SPK of them).
 const uint NDOTS = CB * PER_ROW;
 const uint DG = CH_DG;
+#ifndef CH_KS
+#define CH_KS 1u
+#endif
+const uint KS = CH_KS;
+const uint SPK = CH_I / 8u / KS;
 
 layout(set = 0, binding = 0, std430) buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
@@ -160,7 +169,8 @@ uint xs_at(uint i) {
     return (CH_I / 4u) % 16u == 0u ? i ^ ((i >> 3u) & 1u) : i;
 #endif
 }
-shared float dots_s[NDOTS];
+// Each dot's KS partial sums, one per subgroup of its group.
+shared float dots_s[NDOTS * KS];
 shared vec4 act4[CB / 4u];
 
 // The vec4s of the input that step c (8 weights of a row) meets: 2c and 2c + 1, or the
@@ -207,6 +217,27 @@ float inner_step(uint row, uint c, vec4 xa, vec4 xb) {
 #endif
 }
 
+// The DG dots' sums over this subgroup's lanes into dots_s (dot d0 + i's partial ks),
+// transposed where they fit (reduce.glsl's SUBGROUP_SUMS: on the H100 +1.2% bf16 and q8_0,
+// +0.4% q4_0 against a subgroupAdd per dot).
+void reduce_dots(float acc[DG], uint d0, uint ks) {
+    if (subgroup_sums_fit(DG)) {
+        uint span;
+        SUBGROUP_SUMS(acc, DG, span)
+        uint lane = gl_SubgroupInvocationID;
+        if (lane % span == 0u) {
+            dots_s[(d0 + lane / span) * KS + ks] = acc[0];
+        }
+    } else {
+        for (uint i = 0u; i < DG; i++) {
+            float v = subgroupAdd(acc[i]);
+            if (subgroupElect()) {
+                dots_s[(d0 + i) * KS + ks] = v;
+            }
+        }
+    }
+}
+
 // Adds v, this block's share of output row r, into y (workgroup 0 adds the extra input too).
 void add_row(uint r, uint b, float v) {
 #if ADD_IN
@@ -228,19 +259,24 @@ void main() {
     float pin = t < CB ? IN0(CB * b + t) : 0.0;
 #endif
     uint lane = gl_SubgroupInvocationID;
+    // This subgroup's dot group, and its part of the rows' steps: ks * SPK .. + SPK.
+    uint grp = gl_SubgroupID / KS;
+    uint ks = gl_SubgroupID - grp * KS;
+    uint groups = gl_NumSubgroups / KS;
+    uint cbase = ks * SPK;
 #if PRE_STEPS > 0
     // This subgroup's first round of dots, its first PRE_STEPS steps loaded now (see the top).
     uvec4 wp[DG * PRE_STEPS];
 #ifdef ABLATE_EMPTY
     if (false) {
 #else
-    if (DG * gl_SubgroupID < NDOTS) {
+    if (grp < groups && DG * grp < NDOTS) {
 #endif
         for (uint i = 0u; i < DG; i++) {
-            uint d = DG * gl_SubgroupID + i;
+            uint d = DG * grp + i;
             uint row = (d % PER_ROW) * CH_J + CB * b + d / PER_ROW;
             for (uint k = 0u; k < PRE_STEPS; k++) {
-                uint c = min(lane + k * gl_SubgroupSize, CH_I / 8u - 1u);
+                uint c = cbase + min(lane + k * gl_SubgroupSize, SPK - 1u);
                 wp[i * PRE_STEPS + k] = inner_raw(row, c);
             }
         }
@@ -337,7 +373,7 @@ void main() {
 #endif
 
     // The block's inner dots: dot d is act row CB*b + d / PER_ROW, part d % PER_ROW.
-    for (uint d0 = DG * gl_SubgroupID; d0 < NDOTS; d0 += DG * gl_NumSubgroups) {
+    for (uint d0 = DG * grp; grp < groups && d0 < NDOTS; d0 += DG * groups) {
         uint wrow[DG];
         float acc[DG];
         for (uint i = 0u; i < DG; i++) {
@@ -347,21 +383,21 @@ void main() {
         }
         uint c0 = lane;
 #if PRE_STEPS > 0
-        if (d0 == DG * gl_SubgroupID) {
+        if (d0 == DG * grp) {
             for (uint k = 0u; k < PRE_STEPS; k++) {
                 uint c = lane + k * gl_SubgroupSize;
-                if (c < CH_I / 8u) {
-                    uvec2 xi = step_x4(W_DTYPE, c);
+                if (c < SPK) {
+                    uvec2 xi = step_x4(W_DTYPE, cbase + c);
                     for (uint i = 0u; i < DG; i++) {
-                        acc[i] += inner_dot(wp[i * PRE_STEPS + k], c, xs4[xs_at(xi.x)],
-                                             xs4[xs_at(xi.y)]);
+                        acc[i] += inner_dot(wp[i * PRE_STEPS + k], cbase + c,
+                                            xs4[xs_at(xi.x)], xs4[xs_at(xi.y)]);
                     }
                 }
             }
             c0 = lane + PRE_STEPS * gl_SubgroupSize;
         }
 #endif
-        for (uint c = c0; c < CH_I / 8u; c += gl_SubgroupSize) {
+        for (uint c = cbase + c0; c < cbase + SPK; c += gl_SubgroupSize) {
             uvec2 xi = step_x4(W_DTYPE, c);
             vec4 xa = xs4[xs_at(xi.x)];
             vec4 xb = xs4[xs_at(xi.y)];
@@ -369,12 +405,7 @@ void main() {
                 acc[i] += inner_step(wrow[i], c, xa, xb);
             }
         }
-        for (uint i = 0u; i < DG; i++) {
-            float v = subgroupAdd(acc[i]);
-            if (subgroupElect()) {
-                dots_s[d0 + i] = v;
-            }
-        }
+        reduce_dots(acc, d0, ks);
     }
     barrier();
     TIMELINE_MARK(1);
@@ -385,7 +416,11 @@ void main() {
 #endif
         float a[PER_ROW];
         for (uint k = 0u; k < PER_ROW; k++) {
-            a[k] = dots_s[t * PER_ROW + k] * scale;
+            float v = 0.0;
+            for (uint j = 0u; j < KS; j++) {
+                v += dots_s[(t * PER_ROW + k) * KS + j];
+            }
+            a[k] = v * scale;
         }
 #if INNER_ONLY
         float v = EPILOGUE(CB * b + t, a);

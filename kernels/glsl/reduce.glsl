@@ -38,6 +38,40 @@ float wg_max(float v) {
     return r;
 }
 
+// Several sums over a subgroup at once, transposed: SUBGROUP_SUMS(acc, n, span) with acc an
+// array variable of at least n floats and n a power of two, 2 <= n <= 8 and <= the subgroup
+// size (the caller checks: subgroup_sums_fit). In round r the lanes exchange half of their
+// remaining sums with the lane gl_SubgroupSize >> (r + 1) away, each keeping the half its lane
+// bit names; after log2(n) rounds lane l holds sum l / span alone (span = gl_SubgroupSize / n,
+// set by the macro), and a butterfly over those span lanes finishes it in acc[0] of every one
+// of them. n - 1 + log2(span) shuffles for the n sums instead of n log2(size) in n
+// subgroupAdds. The rounds have constant widths, so that acc is indexed by constants only (a
+// loop over the widths, in the chained kernel's first version, ran 11% slower on the H100 and
+// changed its greedy ids, which lavapipe did not). In the matvecs' dots (wg_share_dots)
+// on the H100: +1.8% bf16, +3.3% q8_0, +5.9% q4_0 (lm_head's 8 rows per subgroup); in the
+// chained kernel's +1.2% bf16 and q8_0, +0.4% q4_0 (docs/perf.md, session 24).
+bool subgroup_sums_fit(uint n) {
+    return n >= 2u && n <= 8u && (n & (n - 1u)) == 0u && gl_SubgroupSize >= n;
+}
+#define SUBGROUP_SUMS_ROUND(acc, n, span, H) \
+    if ((n) >= 2u * (H)) { \
+        span /= 2u; \
+        bool hi_ = (gl_SubgroupInvocationID & span) != 0u; \
+        [[unroll]] for (uint i_ = 0u; i_ < (H); i_++) { \
+            float send_ = hi_ ? acc[i_] : acc[i_ + (H)]; \
+            float keep_ = hi_ ? acc[i_ + (H)] : acc[i_]; \
+            acc[i_] = keep_ + subgroupShuffleXor(send_, span); \
+        } \
+    }
+#define SUBGROUP_SUMS(acc, n, span) \
+    span = gl_SubgroupSize; \
+    SUBGROUP_SUMS_ROUND(acc, n, span, 4u) \
+    SUBGROUP_SUMS_ROUND(acc, n, span, 2u) \
+    SUBGROUP_SUMS_ROUND(acc, n, span, 1u) \
+    for (uint o_ = span / 2u; o_ >= 1u; o_ /= 2u) { \
+        acc[0] += subgroupShuffleXor(acc[0], o_); \
+    }
+
 // Up to MAX_DOTS sums at once (the dots of a matvec workgroup) with one exchange for all:
 // wg_share_dots reduces acc[j] (j < n) in each subgroup and publishes the partials, ending
 // with a barrier; then wg_dot_total(j) is dot j's workgroup total, in any invocation. The
@@ -56,10 +90,23 @@ const uint MAX_DOTS = 8u;
 shared float red_dots[MAX_DOTS * gl_WorkGroupSize.x];
 
 void wg_share_dots(float acc[MAX_DOTS], uint n) {
-    for (uint j = 0u; j < n; j++) {
-        float s = subgroupAdd(acc[j]);
-        if (subgroupElect()) {
-            red_dots[j * gl_NumSubgroups + gl_SubgroupID] = s;
+#ifdef NO_MATVEC_SUMS
+    if (false) {
+#else
+    if (subgroup_sums_fit(n)) {
+#endif
+        uint span;
+        SUBGROUP_SUMS(acc, n, span)
+        uint lane = gl_SubgroupInvocationID;
+        if (lane % span == 0u) {
+            red_dots[(lane / span) * gl_NumSubgroups + gl_SubgroupID] = acc[0];
+        }
+    } else {
+        for (uint j = 0u; j < n; j++) {
+            float s = subgroupAdd(acc[j]);
+            if (subgroupElect()) {
+                red_dots[j * gl_NumSubgroups + gl_SubgroupID] = s;
+            }
         }
     }
     barrier();

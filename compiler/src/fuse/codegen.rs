@@ -606,8 +606,8 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
     }
     let o = spec.rows();
     let wg = (32 * WIDE_ROWS as u32).min(1024);
-    let dg = chain_dots_per_subgroup(WIDE_ROWS, wg);
-    let pre = preload_steps(spec.dtype, spec.cols, dg);
+    let DotGroups { dg, ks } = dot_groups(WIDE_ROWS, wg, spec.cols, "VKFUSE_WIDE_KS", 4);
+    let pre = preload_steps(spec.dtype, spec.cols / ks, dg);
     // One sentinel word per run (an attention head's output, where the head is 128, 64 or 32
     // wide): a run of x that divides it at least twice.
     let run = [128, 64, 32]
@@ -633,6 +633,7 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
     let _ = writeln!(s, "#define CH_O 4u");
     let _ = writeln!(s, "#define CH_CB {WIDE_ROWS}u");
     let _ = writeln!(s, "#define CH_DG {dg}u");
+    let _ = writeln!(s, "#define CH_KS {ks}u");
     let _ = writeln!(s, "#define OUT_NG 1u");
     let _ = writeln!(s, "#define OUT_SPAN {wg}u");
     let _ = writeln!(s, "#define OUT_Q 1u");
@@ -717,15 +718,39 @@ fn chain_outer_steps(spec: &ChainSpec) -> usize {
     }
 }
 
-/// Inner dots a subgroup of the chained kernel takes at once: the workgroup's `ndots` spread
-/// over its subgroups (counted at 32 invocations; any width stays correct), at most 4 (the
-/// loads in flight per step), dividing `ndots`.
-fn chain_dots_per_subgroup(ndots: usize, wg: u32) -> usize {
-    let mut dg = (ndots / (wg as usize / 32).max(1)).clamp(1, 4);
+/// How the subgroups of a chained or wide kernel (`fused_chain.glsl`) take its `ndots` inner
+/// dots of `cols` columns.
+struct DotGroups {
+    /// Dots a group takes at once (its loads in flight per step).
+    dg: usize,
+    /// Subgroups per group, each a `ks`-th of every row's steps.
+    ks: usize,
+}
+
+/// The workgroup's `ndots` spread over its subgroups (counted at 32 invocations; any width
+/// stays correct) in groups of `ks` subgroups (`knob`, the A/B knob read at compile time, else
+/// `default_ks`: a power of two, at most `wg / 128` so that every group is whole at any
+/// subgroup width, dividing the rows' steps; else halved), `dg` at a time: at most 4 per
+/// subgroup's share and 8 in all, dividing `ndots`. Each subgroup reads its share of the staged
+/// x once per `dg` dots. On the H100 the wide o_proj's 16 rows in groups of 4 subgroups (4 rows
+/// each) beat one row per subgroup by +2.1% q4_0, +4.7% q8_0, +1.6% bf16; the chain's 64 dots
+/// in groups of 2 or 4 subgroups lost 0.2-1% to 2 dots per subgroup (docs/perf.md, session 24).
+fn dot_groups(ndots: usize, wg: u32, cols: usize, knob: &str, default_ks: usize) -> DotGroups {
+    let subgroups = (wg as usize / 32).max(1);
+    let mut ks = std::env::var(knob)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|k| k.is_power_of_two())
+        .unwrap_or(default_ks)
+        .max(1);
+    while ks > 1 && (ks * 128 > wg as usize || !(cols / 8).is_multiple_of(ks)) {
+        ks /= 2;
+    }
+    let mut dg = (ndots * ks / subgroups).clamp(1, (4 * ks).min(8));
     while !ndots.is_multiple_of(dg) {
         dg -= 1;
     }
-    dg
+    DotGroups { dg, ks }
 }
 
 /// The chained kernel of `spec` (`fused_chain.glsl`); its output must be zero before it runs.
@@ -750,9 +775,16 @@ pub fn chain(spec: &ChainSpec) -> Generated {
     let ChainShape { cb, wg, ng } = chain_shape(spec);
     let steps = chain_outer_steps(spec);
     let span = if ng > 1 { steps } else { wg as usize };
-    let dg = chain_dots_per_subgroup(cb * inner.dots_per_row(), wg);
+    let DotGroups { dg, ks } = dot_groups(
+        cb * inner.dots_per_row(),
+        wg,
+        inner.cols,
+        "VKFUSE_CHAIN_KS",
+        1,
+    );
     let _ = writeln!(s, "#define CH_CB {cb}u");
     let _ = writeln!(s, "#define CH_DG {dg}u");
+    let _ = writeln!(s, "#define CH_KS {ks}u");
     let _ = writeln!(s, "#define OUT_NG {ng}u");
     let _ = writeln!(s, "#define OUT_SPAN {span}u");
     let _ = writeln!(s, "#define OUT_Q {}u", steps.div_ceil(span).max(1));
@@ -760,7 +792,7 @@ pub fn chain(spec: &ChainSpec) -> Generated {
     let _ = writeln!(
         s,
         "#define PRE_STEPS {}",
-        preload_steps(inner.dtype, inner.cols, dg)
+        preload_steps(inner.dtype, inner.cols / ks, dg)
     );
     s += "#include \"common.glsl\"\n";
     let extras: Vec<ExtraSpec> = spec.add_in.iter().cloned().collect();
