@@ -39,8 +39,9 @@ impl fmt::Display for AttentionBand {
 /// of splits covers the context with chunks of the fewest slots a split attends
 /// ([`ATTENTION_MIN_CHUNK`]): q4_0 runs 4 splits of 256 invocations while 4 such chunks cover
 /// it, 8 splits of 256 while 8 do, then 8 splits of 512 while 16 do; q8_0 the first and the
-/// last of those. 16-bit and f32 weights keep one grid: no smaller one was faster for them at
-/// any length.
+/// last of those; 16-bit floats the last alone (session 24, once the matvecs summed their dots
+/// transposed: bf16 +1.3%, where the three of q4_0 lost 2.1%; docs/perf.md). f32 weights keep
+/// one grid.
 pub fn for_weights(dtype: DType) -> Vec<AttentionBand> {
     let band = |chunks: u32, splits: usize, workgroup: u32| AttentionBand {
         below: chunks * ATTENTION_MIN_CHUNK as u32,
@@ -50,7 +51,8 @@ pub fn for_weights(dtype: DType) -> Vec<AttentionBand> {
     match dtype {
         DType::Q4_0 => vec![band(4, 4, 256), band(8, 8, 256), band(16, 8, 512)],
         DType::Q8_0 => vec![band(4, 4, 256), band(16, 8, 512)],
-        DType::F32 | DType::F16 | DType::BF16 | DType::I32 => vec![],
+        DType::F16 | DType::BF16 => vec![band(16, 8, 512)],
+        DType::F32 | DType::I32 => vec![],
     }
 }
 
@@ -139,7 +141,8 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["128:4x256", "512:8x512"]
         );
-        assert!(for_weights(DType::BF16).is_empty());
+        assert_eq!(for_weights(DType::BF16)[0].to_string(), "512:8x512");
+        assert_eq!(for_weights(DType::BF16), for_weights(DType::F16));
         assert!(for_weights(DType::F32).is_empty());
     }
 
