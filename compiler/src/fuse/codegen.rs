@@ -560,11 +560,21 @@ fn plain_matvec(spec: &MatvecSpec) -> Generated {
     }
 }
 
-/// Rows per workgroup of a wide matvec ([`wide_matvec`]), one per subgroup. On the H100 with
+/// Rows per workgroup of a wide matvec ([`wide_matvec`]), 32 invocations each. On the H100 with
 /// handoffs 32 and 16 rows measure alike and 8 lose 2-3%; without handoffs 32 rows (32
 /// workgroups for a 1024-row o_proj) lose 5-8% to the plain matvec, 16 rows 1-6%
-/// (docs/perf.md, session 16).
+/// (docs/perf.md, session 16). With the rows in groups of subgroups (session 24) 8 rows lose
+/// 3.8-6.5% and 32 rows 0.9-4% in any grouping.
 const WIDE_ROWS: usize = 16;
+
+/// [`WIDE_ROWS`], or `VKFUSE_WIDE_ROWS` (8, 16 or 32), its A/B knob read at compile time.
+fn wide_rows() -> usize {
+    std::env::var("VKFUSE_WIDE_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|r| [8, 16, 32].contains(r))
+        .unwrap_or(WIDE_ROWS)
+}
 
 /// Raw 16-byte weight loads an invocation may hold before its input is staged
 /// (`fused_chain.glsl`'s PRE_STEPS times its dots per round).
@@ -589,7 +599,7 @@ pub fn is_wide(spec: &MatvecSpec) -> bool {
         && spec.part_rows.len() == 1
         && spec.extras.len() == 1
         && !spec.extras[0].scalar
-        && spec.rows().is_multiple_of(WIDE_ROWS)
+        && spec.rows().is_multiple_of(wide_rows())
         && spec.cols.is_multiple_of(8)
 }
 
@@ -605,8 +615,9 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
         return None;
     }
     let o = spec.rows();
-    let wg = (32 * WIDE_ROWS as u32).min(1024);
-    let DotGroups { dg, ks } = dot_groups(WIDE_ROWS, wg, spec.cols, "VKFUSE_WIDE_KS", 4);
+    let rows = wide_rows();
+    let wg = (32 * rows as u32).min(1024);
+    let DotGroups { dg, ks } = dot_groups(rows, wg, spec.cols, "VKFUSE_WIDE_KS", 4);
     let pre = preload_steps(spec.dtype, spec.cols / ks, dg);
     // One sentinel word per run (an attention head's output, where the head is 128, 64 or 32
     // wide): a run of x that divides it at least twice.
@@ -631,7 +642,7 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
     let _ = writeln!(s, "#define CH_J {o}u");
     let _ = writeln!(s, "#define CH_I {}u", spec.cols);
     let _ = writeln!(s, "#define CH_O 4u");
-    let _ = writeln!(s, "#define CH_CB {WIDE_ROWS}u");
+    let _ = writeln!(s, "#define CH_CB {rows}u");
     let _ = writeln!(s, "#define CH_DG {dg}u");
     let _ = writeln!(s, "#define CH_KS {ks}u");
     let _ = writeln!(s, "#define OUT_NG 1u");
@@ -646,11 +657,11 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
     );
     s += "#include \"fused_chain.glsl\"\n";
     Some(Generated {
-        label: format!("fused_matvec[wide {WIDE_ROWS}: {}]", spec.describe()),
+        label: format!("fused_matvec[wide {rows}: {}]", spec.describe()),
         source: s,
         // Constant 0 is chosen at load (32 of the device's subgroups): the kernel takes any size.
         spec_constants: vec![wg, 0],
-        workgroups: workgroups(o / WIDE_ROWS),
+        workgroups: workgroups(o / rows),
         bindings: 3 + spec.extras.len(),
     })
 }
@@ -734,7 +745,7 @@ struct DotGroups {
 /// subgroup's share and 8 in all, dividing `ndots`. Each subgroup reads its share of the staged
 /// x once per `dg` dots. On the H100 the wide o_proj's 16 rows in groups of 4 subgroups (4 rows
 /// each) beat one row per subgroup by +2.1% q4_0, +4.7% q8_0, +1.6% bf16; the chain's 64 dots
-/// in groups of 2 or 4 subgroups lost 0.2-1% to 2 dots per subgroup (docs/perf.md, session 24).
+/// in groups of 2 or 4 subgroups lost 0.1-0.8% to 2 dots per subgroup (docs/perf.md, session 24).
 fn dot_groups(ndots: usize, wg: u32, cols: usize, knob: &str, default_ks: usize) -> DotGroups {
     let subgroups = (wg as usize / 32).max(1);
     let mut ks = std::env::var(knob)
