@@ -329,7 +329,8 @@ fn bands_the_block_cannot_take_are_errors_when_asked_for() {
     assert_eq!(with(Some(4), far).unwrap().bands(), vec![16, 600]);
     let own = vec![band(16, 2, 64), band(32, 4, 128)];
     assert_eq!(with(Some(4), own).unwrap().bands(), vec![16]);
-    // By default none at all here: 16-bit float weights have no bands.
+    // By default none at all here: 16-bit float weights have one band (8 splits below 512), which
+    // the fixture's unsplit block cannot take, and a default the block cannot take is left out.
     let s = lower(&program, &FuseOptions::default()).unwrap();
     assert!(s.bands().is_empty());
 }

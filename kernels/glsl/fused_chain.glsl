@@ -35,7 +35,11 @@
 // output rows: a multiple of 4 for float weights) and, when ADD_IN, IN0(row) reading binding
 // W2_BINDING + 1; CH_CB (inner rows per workgroup, a multiple of 4 dividing CH_J; 32 for the
 // block formats), CH_DG (inner dots a group of subgroups takes at once, dividing CH_CB *
-// PER_ROW), CH_KS (subgroups per group, each a CH_KS-th of every row's steps; 1 if undefined),
+// PER_ROW), CH_KS (subgroups per group, each a CH_KS-th of every row's steps, dividing
+// CH_I / 8; 1 if undefined; the workgroup must hold at least CH_KS subgroups: a loop that let
+// fewer take the shares in turn cost the H100 0.3-1.3% even where it ran once, so the compiler
+// keeps CH_KS to a quarter of the subgroups a workgroup has at 32 invocations: whole on
+// any device of up to 128-wide subgroups that runs 4 of them in a workgroup),
 // OUT_Q, and for float weights OUT_NG (dividing CH_CB) and OUT_SPAN (OUT_NG * OUT_SPAN <=
 // workgroup size, OUT_SPAN * OUT_Q >= CH_O / 4).
 // Bindings: 0 = y f32[CH_O] (accumulated), 1 = w, 2 = x f32[CH_I], 3 = nw when NORM, then
@@ -44,10 +48,10 @@
 // Dispatch: CH_J / CH_CB workgroups.
 //
 // Preloaded inner weights (PRE_STEPS > 0, block formats and 16-bit floats): each subgroup
-// loads the first PRE_STEPS steps of its first DG rows into registers before x is staged, so
-// that they stream while x is still being waited for (a handed-over x: handoff.glsl), and the
-// dots after the staging start from registers; the rest of a row, and any later round of dots,
-// is loaded in the loop as before. On the H100 the chain's gate/up preloaded so gain 3% q8_0,
+// loads the first PRE_STEPS steps of its share of its group's first DG rows into registers
+// before x is staged, so that they stream while x is still being waited for (a handed-over x:
+// handoff.glsl), and the dots after the staging start from registers; the rest of a row, and
+// any later round of dots, is loaded in the loop as before. On the H100 the chain's gate/up preloaded so gain 3% q8_0,
 // ±0.5% q4_0 alone, and with the wide o_proj handed over (below) bf16 +3% more than without
 // (docs/perf.md, session 16).
 //
@@ -55,8 +59,8 @@
 // and published as handoff words, with no outer matrix: a matvec in wide workgroups (CB rows;
 // groups of CH_KS subgroups take CH_DG rows each, a CH_KS-th of x per subgroup, so that x is
 // read from shared memory once per CH_DG rows) that stages x once per workgroup and preloads
-// its weights. Few
-// workgroups read x, so x can be handed over to it: the attention block's output to o_proj.
+// its weights. Few workgroups read x, so x can be handed over to it: the attention block's
+// output to o_proj.
 // A reader waits first for the last word of every SENTINEL_RUN words (> 0: one per attention
 // head), polled by one subgroup, and only then polls its share of x: while the heads are still
 // running, its 1024 invocations would otherwise poll the same few L2 lines all at once.
@@ -217,22 +221,22 @@ float inner_step(uint row, uint c, vec4 xa, vec4 xb) {
 #endif
 }
 
-// The DG dots' sums over this subgroup's lanes into dots_s (dot d0 + i's partial ks),
-// transposed where they fit (reduce.glsl's SUBGROUP_SUMS: on the H100 +1.2% bf16 and q8_0,
-// +0.4% q4_0 against a subgroupAdd per dot).
-void reduce_dots(float acc[DG], uint d0, uint ks) {
+// The DG dots' sums over this subgroup's lanes into dots_s (dot d0 + i's partial over share
+// sh of the steps), transposed where they fit (reduce.glsl's SUBGROUP_SUMS: on the H100 +1.2%
+// bf16 and q8_0, +0.4% q4_0 against a subgroupAdd per dot).
+void reduce_dots(float acc[DG], uint d0, uint sh) {
     if (subgroup_sums_fit(DG)) {
         uint span;
         SUBGROUP_SUMS(acc, DG, span)
         uint lane = gl_SubgroupInvocationID;
         if (lane % span == 0u) {
-            dots_s[(d0 + lane / span) * KS + ks] = acc[0];
+            dots_s[(d0 + lane / span) * KS + sh] = acc[0];
         }
     } else {
         for (uint i = 0u; i < DG; i++) {
             float v = subgroupAdd(acc[i]);
             if (subgroupElect()) {
-                dots_s[(d0 + i) * KS + ks] = v;
+                dots_s[(d0 + i) * KS + sh] = v;
             }
         }
     }
@@ -259,11 +263,12 @@ void main() {
     float pin = t < CB ? IN0(CB * b + t) : 0.0;
 #endif
     uint lane = gl_SubgroupInvocationID;
-    // This subgroup's dot group, and its part of the rows' steps: ks * SPK .. + SPK.
+    // This subgroup's dot group, and its share of the rows' steps: share * SPK .. + SPK. The
+    // workgroup must hold at least KS subgroups (see the top).
     uint grp = gl_SubgroupID / KS;
-    uint ks = gl_SubgroupID - grp * KS;
+    uint share = gl_SubgroupID - grp * KS;
     uint groups = gl_NumSubgroups / KS;
-    uint cbase = ks * SPK;
+    uint cbase = share * SPK;
 #if PRE_STEPS > 0
     // This subgroup's first round of dots, its first PRE_STEPS steps loaded now (see the top).
     uvec4 wp[DG * PRE_STEPS];
@@ -405,7 +410,7 @@ void main() {
                 acc[i] += inner_step(wrow[i], c, xa, xb);
             }
         }
-        reduce_dots(acc, d0, ks);
+        reduce_dots(acc, d0, share);
     }
     barrier();
     TIMELINE_MARK(1);

@@ -47,11 +47,15 @@ float wg_max(float v) {
 // of them. n - 1 + log2(span) shuffles for the n sums instead of n log2(size) in n
 // subgroupAdds. The rounds have constant widths, so that acc is indexed by constants only (a
 // loop over the widths, in the chained kernel's first version, ran 11% slower on the H100 and
-// changed its greedy ids, which lavapipe did not). In the matvecs' dots (wg_share_dots)
-// on the H100: +1.8% bf16, +3.3% q8_0, +5.9% q4_0 (lm_head's 8 rows per subgroup); in the
+// changed its greedy ids, which lavapipe did not; the loop computes the same sums, and why the
+// H100 disagreed was not found). In the matvecs' dots (wg_share_dots) on the H100: +1.8% bf16,
+// +3.2% q8_0, +5.9% q4_0 (lm_head's 8 rows per subgroup); in the
 // chained kernel's +1.2% bf16 and q8_0, +0.4% q4_0 (docs/perf.md, session 24).
+// Every lane of the subgroup must be active (a workgroup of whole subgroups, uniform control
+// flow): the shuffles read any of them, where subgroupAdd skips the inactive ones.
 bool subgroup_sums_fit(uint n) {
-    return n >= 2u && n <= 8u && (n & (n - 1u)) == 0u && gl_SubgroupSize >= n;
+    return n >= 2u && n <= 8u && (n & (n - 1u)) == 0u && gl_SubgroupSize >= n &&
+           gl_WorkGroupSize.x % gl_SubgroupSize == 0u;
 }
 #define SUBGROUP_SUMS_ROUND(acc, n, span, H) \
     if ((n) >= 2u * (H)) { \
@@ -64,12 +68,14 @@ bool subgroup_sums_fit(uint n) {
         } \
     }
 #define SUBGROUP_SUMS(acc, n, span) \
-    span = gl_SubgroupSize; \
-    SUBGROUP_SUMS_ROUND(acc, n, span, 4u) \
-    SUBGROUP_SUMS_ROUND(acc, n, span, 2u) \
-    SUBGROUP_SUMS_ROUND(acc, n, span, 1u) \
-    for (uint o_ = span / 2u; o_ >= 1u; o_ /= 2u) { \
-        acc[0] += subgroupShuffleXor(acc[0], o_); \
+    { \
+        span = gl_SubgroupSize; \
+        SUBGROUP_SUMS_ROUND(acc, n, span, 4u) \
+        SUBGROUP_SUMS_ROUND(acc, n, span, 2u) \
+        SUBGROUP_SUMS_ROUND(acc, n, span, 1u) \
+        for (uint o_ = span / 2u; o_ >= 1u; o_ /= 2u) { \
+            acc[0] += subgroupShuffleXor(acc[0], o_); \
+        } \
     }
 
 // Up to MAX_DOTS sums at once (the dots of a matvec workgroup) with one exchange for all:
@@ -90,6 +96,8 @@ const uint MAX_DOTS = 8u;
 shared float red_dots[MAX_DOTS * gl_WorkGroupSize.x];
 
 void wg_share_dots(float acc[MAX_DOTS], uint n) {
+    // NO_MATVEC_SUMS: a subgroupAdd per dot, the A/B switch of the measurement above
+    // (VKFUSE_DEFINES, which reaches generated kernels only, not matvec.comp).
 #ifdef NO_MATVEC_SUMS
     if (false) {
 #else

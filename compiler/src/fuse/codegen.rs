@@ -563,8 +563,8 @@ fn plain_matvec(spec: &MatvecSpec) -> Generated {
 /// Rows per workgroup of a wide matvec ([`wide_matvec`]), 32 invocations each. On the H100 with
 /// handoffs 32 and 16 rows measure alike and 8 lose 2-3%; without handoffs 32 rows (32
 /// workgroups for a 1024-row o_proj) lose 5-8% to the plain matvec, 16 rows 1-6%
-/// (docs/perf.md, session 16). With the rows in groups of subgroups (session 24) 8 rows lose
-/// 3.8-6.5% and 32 rows 0.9-4% in any grouping.
+/// (docs/perf.md, session 16). With the rows in groups of subgroups (session 24) 8 rows in
+/// groups of 2 lose 3.8-6.5%, 32 rows in groups of 2, 4 or 8 lose 0.9-4.1%.
 const WIDE_ROWS: usize = 16;
 
 /// [`WIDE_ROWS`], or `VKFUSE_WIDE_ROWS` (8, 16 or 32), its A/B knob read at compile time.
@@ -605,8 +605,8 @@ pub fn is_wide(spec: &MatvecSpec) -> bool {
 
 /// A matvec with no norm and one extra input (the residual add: o_proj, or down where the MLP
 /// is not chained) whose x a kernel publishes, as `fused_chain.glsl`'s inner matvec alone
-/// (INNER_ONLY): [`WIDE_ROWS`] rows
-/// per workgroup, a subgroup each, its weights preloaded before x is staged, so that x can be
+/// (INNER_ONLY): [`WIDE_ROWS`] rows per workgroup of 32 invocations per row, in groups of
+/// subgroups ([`dot_groups`]), its weights preloaded before x is staged, so that x can be
 /// handed over to it (the attention block's output to o_proj: few workgroups read it, and they
 /// wait with their weights already loaded). With the chain's preload, on the H100: +4% bf16,
 /// +8% q8_0, +6% q4_0 with handoffs, −6% / −1% / −2% without (docs/perf.md, session 16).
@@ -659,7 +659,8 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
     Some(Generated {
         label: format!("fused_matvec[wide {rows}: {}]", spec.describe()),
         source: s,
-        // Constant 0 is chosen at load (32 of the device's subgroups): the kernel takes any size.
+        // Constant 0 is chosen at load (`rows` of the device's subgroups): the kernel takes any
+        // size.
         spec_constants: vec![wg, 0],
         workgroups: workgroups(o / rows),
         bindings: 3 + spec.extras.len(),
@@ -740,21 +741,21 @@ struct DotGroups {
 
 /// The workgroup's `ndots` spread over its subgroups (counted at 32 invocations; any width
 /// stays correct) in groups of `ks` subgroups (`knob`, the A/B knob read at compile time, else
-/// `default_ks`: a power of two, at most `wg / 128` so that every group is whole at any
-/// subgroup width, dividing the rows' steps; else halved), `dg` at a time: at most 4 per
-/// subgroup's share and 8 in all, dividing `ndots`. Each subgroup reads its share of the staged
-/// x once per `dg` dots. On the H100 the wide o_proj's 16 rows in groups of 4 subgroups (4 rows
-/// each) beat one row per subgroup by +2.1% q4_0, +4.7% q8_0, +1.6% bf16; the chain's 64 dots
-/// in groups of 2 or 4 subgroups lost 0.1-0.8% to 2 dots per subgroup (docs/perf.md, session 24).
+/// `default_ks`: a power of two, at most a quarter of the subgroups, so that a workgroup of
+/// 128-wide ones still holds a group, as the kernel needs; dividing the rows' steps; else
+/// halved), `dg` at a time: at most 4 per subgroup's share and 8 in all, dividing `ndots`.
+/// Each subgroup reads its share of the staged x once per `dg` dots. On the H100 the wide o_proj's 16 rows in groups
+/// of 4 subgroups (4 rows each) beat one row per subgroup by +0.3% bf16, +3.4% q8_0, +1.8%
+/// q4_0 (groups of 2: +0.5%, −0.2%, +0.4%); the chain's 64 dots in groups of 2 or 4 subgroups
+/// lost 0.1-0.8% to 2 dots per subgroup (docs/perf.md, session 24).
 fn dot_groups(ndots: usize, wg: u32, cols: usize, knob: &str, default_ks: usize) -> DotGroups {
     let subgroups = (wg as usize / 32).max(1);
     let mut ks = std::env::var(knob)
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|k| k.is_power_of_two())
-        .unwrap_or(default_ks)
-        .max(1);
-    while ks > 1 && (ks * 128 > wg as usize || !(cols / 8).is_multiple_of(ks)) {
+        .unwrap_or(default_ks);
+    while ks > 1 && (4 * ks > subgroups || !(cols / 8).is_multiple_of(ks)) {
         ks /= 2;
     }
     let mut dg = (ndots * ks / subgroups).clamp(1, (4 * ks).min(8));
