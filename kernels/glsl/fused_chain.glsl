@@ -225,21 +225,9 @@ float inner_step(uint row, uint c, vec4 xa, vec4 xb) {
 // sh of the steps), transposed where they fit (reduce.glsl's SUBGROUP_SUMS: on the H100 +1.2%
 // bf16 and q8_0, +0.4% q4_0 against a subgroupAdd per dot).
 void reduce_dots(float acc[DG], uint d0, uint sh) {
-    if (subgroup_sums_fit(DG)) {
-        uint span;
-        SUBGROUP_SUMS(acc, DG, span)
-        uint lane = gl_SubgroupInvocationID;
-        if (lane % span == 0u) {
-            dots_s[(d0 + lane / span) * KS + sh] = acc[0];
-        }
-    } else {
-        for (uint i = 0u; i < DG; i++) {
-            float v = subgroupAdd(acc[i]);
-            if (subgroupElect()) {
-                dots_s[(d0 + i) * KS + sh] = v;
-            }
-        }
-    }
+#define DOT_PARTIAL(j, v) dots_s[(d0 + (j)) * KS + sh] = (v)
+    SUBGROUP_SUMS_STORE(acc, DG, subgroup_sums_fit(DG), DOT_PARTIAL)
+#undef DOT_PARTIAL
 }
 
 // Adds v, this block's share of output row r, into y (workgroup 0 adds the extra input too).

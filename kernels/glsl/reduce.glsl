@@ -77,6 +77,24 @@ bool subgroup_sums_fit(uint n) {
             acc[0] += subgroupShuffleXor(acc[0], o_); \
         } \
     }
+// Each sum j of acc[0..n) over the subgroup, stored once through STORE(j, v) (a macro of the
+// caller's): transposed (SUBGROUP_SUMS) where `fit` (subgroup_sums_fit(n)), else a
+// subgroupAdd per sum.
+#define SUBGROUP_SUMS_STORE(acc, n, fit, STORE) \
+    if (fit) { \
+        uint span_; \
+        SUBGROUP_SUMS(acc, n, span_) \
+        if (gl_SubgroupInvocationID % span_ == 0u) { \
+            STORE(gl_SubgroupInvocationID / span_, acc[0]); \
+        } \
+    } else { \
+        for (uint j_ = 0u; j_ < (n); j_++) { \
+            float v_ = subgroupAdd(acc[j_]); \
+            if (subgroupElect()) { \
+                STORE(j_, v_); \
+            } \
+        } \
+    }
 
 // Up to MAX_DOTS sums at once (the dots of a matvec workgroup) with one exchange for all:
 // wg_share_dots reduces acc[j] (j < n) in each subgroup and publishes the partials, ending
@@ -96,27 +114,15 @@ const uint MAX_DOTS = 8u;
 shared float red_dots[MAX_DOTS * gl_WorkGroupSize.x];
 
 void wg_share_dots(float acc[MAX_DOTS], uint n) {
+#define RED_DOT(j, v) red_dots[(j) * gl_NumSubgroups + gl_SubgroupID] = (v)
     // NO_MATVEC_SUMS: a subgroupAdd per dot, the A/B switch of the measurement above
     // (VKFUSE_DEFINES, which reaches generated kernels only, not matvec.comp).
 #ifdef NO_MATVEC_SUMS
-    if (false) {
+    SUBGROUP_SUMS_STORE(acc, n, false, RED_DOT)
 #else
-    if (subgroup_sums_fit(n)) {
+    SUBGROUP_SUMS_STORE(acc, n, subgroup_sums_fit(n), RED_DOT)
 #endif
-        uint span;
-        SUBGROUP_SUMS(acc, n, span)
-        uint lane = gl_SubgroupInvocationID;
-        if (lane % span == 0u) {
-            red_dots[(lane / span) * gl_NumSubgroups + gl_SubgroupID] = acc[0];
-        }
-    } else {
-        for (uint j = 0u; j < n; j++) {
-            float s = subgroupAdd(acc[j]);
-            if (subgroupElect()) {
-                red_dots[j * gl_NumSubgroups + gl_SubgroupID] = s;
-            }
-        }
-    }
+#undef RED_DOT
     barrier();
 }
 

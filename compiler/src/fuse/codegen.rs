@@ -569,9 +569,8 @@ const WIDE_ROWS: usize = 16;
 
 /// [`WIDE_ROWS`], or `VKFUSE_WIDE_ROWS` (8, 16 or 32), its A/B knob read at compile time.
 fn wide_rows() -> usize {
-    std::env::var("VKFUSE_WIDE_ROWS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
+    crate::kernels::knob("VKFUSE_WIDE_ROWS")
+        .map(|r| r as usize)
         .filter(|r| [8, 16, 32].contains(r))
         .unwrap_or(WIDE_ROWS)
 }
@@ -750,9 +749,8 @@ struct DotGroups {
 /// lost 0.1-0.8% to 2 dots per subgroup (docs/perf.md, session 24).
 fn dot_groups(ndots: usize, wg: u32, cols: usize, knob: &str, default_ks: usize) -> DotGroups {
     let subgroups = (wg as usize / 32).max(1);
-    let mut ks = std::env::var(knob)
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
+    let mut ks = crate::kernels::knob(knob)
+        .map(|k| k as usize)
         .filter(|k| k.is_power_of_two())
         .unwrap_or(default_ks);
     while ks > 1 && (4 * ks > subgroups || !(cols / 8).is_multiple_of(ks)) {

@@ -21,4 +21,4 @@ pub use call::KernelCall;
 pub use compile::{compile, compile_source, compile_with, KernelError};
 pub(crate) use select::rope_inv_freq;
 pub use select::{is_alias, select, MAX_WORKGROUPS_X};
-pub(crate) use select::{matvec_subgroups, matvec_tuning, vec4};
+pub(crate) use select::{knob, matvec_subgroups, matvec_tuning, vec4};

@@ -400,7 +400,7 @@ pub fn matvec_subgroups(spec_constants: &[u32]) -> Option<u32> {
 }
 
 /// A numeric A/B knob read at compile time (unset or malformed: None).
-fn knob(name: &str) -> Option<u32> {
+pub(crate) fn knob(name: &str) -> Option<u32> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
 
