@@ -37,6 +37,7 @@ pub const KERNELS: &[(&str, &str)] = sources!(".comp":
     "rope",
     "slice",
     "softmax",
+    "step_io",
     "sum",
     "top_k",
     "unary",

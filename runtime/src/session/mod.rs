@@ -6,6 +6,7 @@ mod eager;
 pub mod handoff;
 pub mod pipeline_cache;
 mod replay;
+mod step_io;
 pub mod timeline;
 pub mod writeback;
 

@@ -7,7 +7,8 @@
 //!
 //! With K tokens per submit, K steps are recorded back to back in one command buffer; after
 //! each, the produced token (and, only when asked for, the logits) is copied into a
-//! host-visible ring, so the host reads all K results after a single wait. Greedy decoding
+//! host-visible ring by a compute dispatch that also empties the handoff words (`step_io`),
+//! so the host reads all K results after a single wait. Greedy decoding
 //! keeps two chains in flight ([`Replay::greedy_tokens`]): the next chain is queued before the
 //! previous one is read, so the GPU never waits for the host between chains.
 //!
@@ -20,6 +21,7 @@
 //! [`Dispatch::alternatives`]: crate::schedule::Dispatch::alternatives
 //! [`Schedule::bands`]: crate::schedule::Schedule::bands
 
+use super::step_io::{Run, StepIo};
 use super::timeline::{DispatchRun, StepDispatch, TIMELINE_STEPS};
 use super::writeback::{self, PingPongPlan, WriteBack};
 use super::{Loaded, SessionError, StepOutput, STEP_TIMEOUT};
@@ -87,6 +89,9 @@ pub struct Replay {
     logits_stride: u64,
     /// `IN_FLIGHT` slots of `MAX_TOKENS_PER_SUBMIT` tokens.
     token_ring: Buffer,
+    /// Fills the handoff words and copies each chained step's outputs to a ring (set 0: the
+    /// logits ring, 1: the token ring).
+    step_io: StepIo,
     /// Per [`Out::timestamps`] index.
     timestamps: Vec<Option<TimestampPool>>,
     /// Per-level profiling recordings, by band and parity, recorded on first use.
@@ -189,6 +194,25 @@ impl Replay {
             TOKEN_SLOT * IN_FLIGHT as u64,
             BufferKind::Readback,
         )?;
+        let io = &s.io;
+        if io.logits.buffer != io.token.buffer {
+            return Err(SessionError::Vulkan(crate::Error::InvalidArgument(
+                "replay: the schedule's token and logits lie in different buffers".into(),
+            )));
+        }
+        let (t, l) = (&io.token, &io.logits);
+        let io_range = t.offset.min(l.offset)..(t.offset + t.size).max(l.offset + l.size);
+        let words = loaded.handoff_words().and_then(|w| {
+            let n = loaded.handoff_plan().words;
+            (n > 0).then(|| (w.buffer(), n, crate::HANDOFF_EMPTY))
+        });
+        let step_io = StepIo::new(
+            &loaded.device,
+            &loaded.buffers[io.token.buffer.index()],
+            io_range,
+            words,
+            &[&logits_ring, &token_ring],
+        )?;
         let timestamps = (0..=IN_FLIGHT)
             .map(|_| loaded.device.create_timestamp_pool(2))
             .collect::<Result<Vec<_>, _>>()?;
@@ -209,6 +233,7 @@ impl Replay {
             logits_ring,
             logits_stride,
             token_ring,
+            step_io,
             timestamps,
             profiles: BTreeMap::new(),
             gpu_ns: 0.0,
@@ -306,7 +331,6 @@ impl Replay {
     ) -> Result<(), SessionError> {
         let s = &self.loaded.schedule;
         let io = &s.io;
-        let io_buf = &self.loaded.buffers[io.token.buffer.index()];
         let ts = &self.timestamps[out.timestamps()];
         let mut rec = cmd.begin()?;
         if let Some(ts) = ts {
@@ -316,32 +340,34 @@ impl Replay {
         for k in 0..steps {
             let parity = (parity + k as usize) % self.parities;
             self.record_step(&mut rec, parity, band, k > 0, None)?;
-            // One barrier serves both the copy below and the next step (which reads what this
-            // one wrote); the next step's first barrier waits for the copy before it writes
-            // the token again.
+            // One barrier serves both the dispatch below and the next step (which reads what
+            // this one wrote); the next step's first barrier waits for it before it writes the
+            // token again or publishes a word.
             rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::TRANSFER);
-            // The next step's handoff words start empty: filled beside the copy, which the
-            // next step's first barrier (or the chain's last) waits for.
-            if self.handoffs(None) {
-                self.loaded.record_handoff_fill(&mut rec)?;
-            }
-            match out {
+            // The next step's handoff words start empty, and this step's outputs go to the
+            // ring, in one compute dispatch (`step_io`).
+            let token = Run {
+                src: io.token.offset,
+                dst: 0,
+                bytes: 4,
+            };
+            let (ring, runs) = match out {
                 Out::Logits => {
                     let dst = u64::from(k) * self.logits_stride;
-                    rec.copy_buffer(io_buf, io.token.offset, &self.logits_ring, dst, 4)?;
-                    rec.copy_buffer(
-                        io_buf,
-                        io.logits.offset,
-                        &self.logits_ring,
-                        dst + 256,
-                        io.logits.size,
-                    )?;
+                    let logits = Run {
+                        src: io.logits.offset,
+                        dst: dst + 256,
+                        bytes: io.logits.size,
+                    };
+                    (0, [Run { dst, ..token }, logits])
                 }
                 Out::Tokens(slot) => {
                     let dst = slot as u64 * TOKEN_SLOT + 4 * u64::from(k);
-                    rec.copy_buffer(io_buf, io.token.offset, &self.token_ring, dst, 4)?;
+                    (1, [Run { dst, ..token }, Run { bytes: 0, ..token }])
                 }
-            }
+            };
+            self.step_io
+                .record(&mut rec, ring, self.handoffs(None), &runs)?;
         }
         // The host reads the ring; the next submission reads the token and overwrites the ring.
         rec.barrier(
@@ -372,8 +398,8 @@ impl Replay {
 
     /// One step: the levels in order, a barrier between consecutive levels only, except
     /// before a level the one before hands its output to (`session::handoff`), each dispatch
-    /// on its grid for `band`. After a ring copy (`after_copy`), the first barrier also waits
-    /// for the copy. With `profile`, timestamp `i + 1` is written after level `i`.
+    /// on its grid for `band`. After the step before's outputs were copied out (`after_copy`),
+    /// the first barrier also waits for the copy. With `profile`, timestamp `i + 1` is written after level `i`.
     fn record_step(
         &self,
         rec: &mut CommandRecorder<'_>,
