@@ -94,6 +94,10 @@ pub struct Replay {
     step_io: StepIo,
     /// Per [`Out::timestamps`] index.
     timestamps: Vec<Option<TimestampPool>>,
+    /// Whether the host resets those pools before each submission that writes them (where the
+    /// device has `hostQueryReset`) rather than the recordings: a reset recorded at the start
+    /// of each chain cost the H100 0.4-1% (docs/perf.md, session 25).
+    host_reset: bool,
     /// Per-level profiling recordings, by band and parity, recorded on first use.
     profiles: BTreeMap<(usize, usize), (CommandBuffer, TimestampPool)>,
     gpu_ns: f64,
@@ -216,6 +220,7 @@ impl Replay {
         let timestamps = (0..=IN_FLIGHT)
             .map(|_| loaded.device.create_timestamp_pool(2))
             .collect::<Result<Vec<_>, _>>()?;
+        let host_reset = loaded.device.enabled_features().host_query_reset;
         let bands = s.bands();
         let mut replay = Replay {
             single: vec![],
@@ -235,6 +240,7 @@ impl Replay {
             token_ring,
             step_io,
             timestamps,
+            host_reset,
             profiles: BTreeMap::new(),
             gpu_ns: 0.0,
         };
@@ -304,7 +310,9 @@ impl Replay {
     ) -> Result<(), SessionError> {
         let mut rec = cmd.begin()?;
         if let Some(ts) = &self.timestamps[0] {
-            rec.reset_timestamps(ts)?;
+            if !self.host_reset {
+                rec.reset_timestamps(ts)?;
+            }
             rec.write_timestamp(ts, 0)?;
         }
         self.record_step(&mut rec, parity, band, false, None)?;
@@ -334,7 +342,9 @@ impl Replay {
         let ts = &self.timestamps[out.timestamps()];
         let mut rec = cmd.begin()?;
         if let Some(ts) = ts {
-            rec.reset_timestamps(ts)?;
+            if !self.host_reset {
+                rec.reset_timestamps(ts)?;
+            }
             rec.write_timestamp(ts, 0)?;
         }
         for k in 0..steps {
@@ -464,6 +474,14 @@ impl Replay {
         Ok(())
     }
 
+    /// Resets timestamp pool `pool` from the host where [`Replay::host_reset`] (the recordings
+    /// then reset nothing): before every submission that writes it, once the last one did.
+    fn reset_timestamps(&self, pool: usize) {
+        if let (true, Some(ts)) = (self.host_reset, &self.timestamps[pool]) {
+            ts.reset_on_host();
+        }
+    }
+
     fn add_gpu_time(&mut self, pool: usize) -> Result<(), SessionError> {
         if let Some(ts) = &self.timestamps[pool] {
             self.gpu_ns += ts.elapsed_ns(0, 1)?.unwrap_or(0.0);
@@ -505,6 +523,7 @@ impl Replay {
         let position = self.loaded.prepare_step(token)?;
         let parity = self.parity;
         let band = self.band_at(position);
+        self.reset_timestamps(0);
         self.loaded
             .device
             .submit_and_wait(&mut self.single[band][parity], STEP_TIMEOUT)?;
@@ -543,6 +562,7 @@ impl Replay {
         let band = self.band_at(position + (k - 1));
         let key = (k, Out::Logits, parity, band);
         self.record_once(key)?;
+        self.reset_timestamps(key.1.timestamps());
         let cmd = self.chains.get_mut(&key).expect("recorded above");
         self.loaded.device.submit_and_wait(cmd, STEP_TIMEOUT)?;
         self.parity = (parity + k as usize) % self.parities;
@@ -582,6 +602,8 @@ impl Replay {
                     let band = self.band_at(position + (steps - 1));
                     let key = (steps, Out::Tokens(slot), self.parity, band);
                     self.record_once(key)?;
+                    // The chain that used this slot's pool last was waited for and read.
+                    self.reset_timestamps(key.1.timestamps());
                     let cmd = self.chains.get_mut(&key).expect("recorded above");
                     self.loaded.device.submit(cmd)?;
                     in_flight.push_back(key);

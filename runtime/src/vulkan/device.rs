@@ -100,6 +100,8 @@ impl Device {
             .shader_buffer_int64_atomics(f.buffer_int64_atomics);
         let mut addresses = vk::PhysicalDeviceBufferDeviceAddressFeatures::default()
             .buffer_device_address(f.buffer_device_address);
+        let mut host_reset = vk::PhysicalDeviceHostQueryResetFeatures::default()
+            .host_query_reset(f.host_query_reset);
         let mut features2 = vk::PhysicalDeviceFeatures2::default()
             .features(core)
             .push_next(&mut storage16);
@@ -109,7 +111,8 @@ impl Device {
                 .push_next(&mut storage8)
                 .push_next(&mut f16i8)
                 .push_next(&mut atomic_int64)
-                .push_next(&mut addresses);
+                .push_next(&mut addresses)
+                .push_next(&mut host_reset);
         }
         // Reported only where the extension is offered (the adapter query chains it then).
         let mut atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default()

@@ -9,8 +9,9 @@ use super::device::{Device, DeviceShared};
 use crate::error::{vk_err, Error, Result};
 
 /// A pool of timestamp queries. Reset it in a command buffer
-/// ([`reset_timestamps`](crate::CommandRecorder::reset_timestamps)), write timestamps, then read
-/// them once the submission finished.
+/// ([`reset_timestamps`](crate::CommandRecorder::reset_timestamps)) or from the host
+/// ([`TimestampPool::reset_on_host`]), write timestamps, then read them once the submission
+/// finished.
 pub struct TimestampPool {
     pub(crate) inner: Arc<QueryInner>,
 }
@@ -77,6 +78,20 @@ impl Device {
 }
 
 impl TimestampPool {
+    /// Resets every query from the host, where the device enabled `hostQueryReset`, and says
+    /// whether it did (false: reset it in a command buffer instead). No submission using the
+    /// pool may still be pending.
+    pub fn reset_on_host(&self) -> bool {
+        let inner = &self.inner;
+        if !inner.shared.enabled.host_query_reset {
+            return false;
+        }
+        // SAFETY: the feature is enabled; the whole pool's range; the caller guarantees no
+        // pending submission uses it.
+        unsafe { inner.shared.raw.reset_query_pool(inner.raw, 0, inner.count) };
+        true
+    }
+
     /// Number of queries.
     pub fn count(&self) -> u32 {
         self.inner.count
