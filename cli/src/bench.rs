@@ -88,11 +88,11 @@ fn greedy_eager(e: &mut Eager, tokens: usize, ids: &mut Vec<u32>) -> Result<()> 
     Ok(())
 }
 
-/// A fresh sequence: token 1, then greedy tokens, `k` steps per submit.
+/// A fresh sequence: token 1, then greedy tokens, `k` steps per submit, token 1 consumed by
+/// the first chain (no step the host waits for alone).
 fn greedy_replay(r: &mut Replay, k: u32, tokens: usize, ids: &mut Vec<u32>) -> Result<()> {
     ids.clear();
-    ids.push(r.step(Some(1))?.next_token);
-    ids.extend(r.greedy_tokens(None, (tokens - 1) as u32, k)?);
+    ids.extend(r.greedy_tokens(Some(1), tokens as u32, k)?);
     Ok(())
 }
 
@@ -153,9 +153,9 @@ fn measure(
         let mut r = Replay::with_write_back(loaded, config.write_back)?;
         write_back = effective(&r);
         handed = r.handed_levels();
-        let rest = (tokens - 1) as u32;
-        r.prepare(k.min(rest.max(1)))?;
-        r.prepare(rest % k)?;
+        let all = tokens as u32;
+        r.prepare(k.min(all.max(1)))?;
+        r.prepare(all % k)?;
         greedy_replay(&mut r, k, tokens, &mut ids)?; // warm-up
         r.reset()?; // a new sequence; not per-token work
         let (start, gpu0, t) = (device.counters(), r.gpu_ns().unwrap_or(0.0), Instant::now());

@@ -81,6 +81,48 @@ fn run_reference_reproduces_transformers_greedy_run() {
 }
 
 #[test]
+fn replay_feeds_the_last_prompt_token_to_its_first_chain_and_reproduces_transformers() {
+    // Without --logits-out the last prompt token is consumed by the first greedy chain (no
+    // step of its own): the ids must still be transformers', with chains of 3 that do not
+    // divide the count, and with the logits asked for (every step alone) as well.
+    let want = expected("qwen3-tied");
+    let (model, schedule, _) = vkfuse_tests::fused_schedule_with("qwen3-tied", &Default::default());
+    let path = std::env::temp_dir().join(format!("vkfuse-chainlast-{}.vkf", std::process::id()));
+    schedule.write_file(&path, &model.tensors).unwrap();
+    let out_path =
+        std::env::temp_dir().join(format!("vkfuse-chainlast-{}.npy", std::process::id()));
+    let n = want.greedy_ids.len().to_string();
+    let prompt = ids_arg(&want.prompt_ids);
+    let base = [
+        "run",
+        path.to_str().unwrap(),
+        "--ids",
+        &prompt,
+        "--max-new-tokens",
+        &n,
+    ];
+    for extra in [
+        &["--tokens-per-submit", "3", "--json"][..],
+        &["--json"][..],
+        &["--json", "--logits-out", out_path.to_str().unwrap()][..],
+    ] {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let out = vkfuse_ok(&args);
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        let ids: Vec<u32> = json["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(ids, want.greedy_ids, "{args:?}");
+    }
+    std::fs::remove_file(&path).ok();
+    std::fs::remove_file(&out_path).ok();
+}
+
+#[test]
 fn zero_new_tokens_gives_one_row_per_id() {
     let dir = fixture_dir("qwen3-tied");
     let out_path = std::env::temp_dir().join(format!("vkfuse-cli0-{}.npy", std::process::id()));
