@@ -23,6 +23,16 @@ fn vkfuse_ok(args: &[&str]) -> std::process::Output {
     out
 }
 
+/// The `ids` of `vkfuse run --json`'s report.
+fn json_ids(json: &serde_json::Value) -> Vec<u32> {
+    json["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
 fn ids_arg(ids: &[u32]) -> String {
     ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
@@ -48,13 +58,7 @@ fn run_reference_reproduces_transformers_greedy_run() {
     ]);
     let stdout = String::from_utf8(out.stdout).unwrap();
     let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    let ids: Vec<u32> = json["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
-    assert_eq!(ids, want.greedy_ids);
+    assert_eq!(json_ids(&json), want.greedy_ids);
     for key in [
         "backend",
         "tokens_per_s",
@@ -110,13 +114,7 @@ fn replay_feeds_the_last_prompt_token_to_its_first_chain_and_reproduces_transfor
         let out = vkfuse_ok(&args);
         let stdout = String::from_utf8(out.stdout).unwrap();
         let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-        let ids: Vec<u32> = json["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        assert_eq!(ids, want.greedy_ids, "{args:?}");
+        assert_eq!(json_ids(&json), want.greedy_ids, "{args:?}");
     }
     std::fs::remove_file(&path).ok();
     std::fs::remove_file(&out_path).ok();
