@@ -91,7 +91,7 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     pub backend: Option<Backend>,
     /// Greedy steps recorded back to back in one submit (replay), position and token chained on
-    /// the device.
+    /// the device. Without --logits-out the prompt's last token is the first chain's input.
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub tokens_per_submit: u32,
     /// Prompt token ids, comma-separated (e.g. 1,2,3).
