@@ -111,10 +111,19 @@ fn check(name: &str, write_back: WriteBack) {
             let first = replay.step(Some(*last)).unwrap().next_token;
             let n = want.greedy_ids.len() - 1;
             let before = device.counters();
+            let gpu_before = replay.gpu_ns();
             let mut ids = vec![first];
             ids.extend(replay.greedy_tokens(None, n as u32, k).unwrap());
             let c = device.counters().since(&before);
             assert_eq!(ids, want.greedy_ids, "{name}: tokens-only K={k}");
+            // Every chain's timestamps were reset and written (a pool left unreset reads as no
+            // time at all).
+            if let (Some(a), Some(b)) = (gpu_before, replay.gpu_ns()) {
+                assert!(
+                    b > a,
+                    "{name}: tokens-only K={k}: no GPU time ({a} -> {b} ns)"
+                );
+            }
             assert_eq!(
                 (c.recordings, c.descriptor_writes, c.submits),
                 (0, 0, n.div_ceil(k as usize) as u64),

@@ -11,7 +11,8 @@
 // Push constants: the words to fill and their value; each run's source word, ring word and
 // length. Dispatch: any number of workgroups (a grid-stride loop).
 
-layout(local_size_x = 256) in;
+// 64 invocations: within every device's limits (Vulkan guarantees 128).
+layout(local_size_x = 64) in;
 
 layout(set = 0, binding = 0, std430) writeonly buffer Words { uint words[]; };
 layout(set = 0, binding = 1, std430) readonly buffer Src { uint src[]; };

@@ -385,6 +385,9 @@ impl Loaded {
             }
         }
         self.record_handoff_fill(&mut rec)?;
+        // The fence makes the fills visible to the host only; the next submission's first level
+        // has no barrier before it.
+        rec.barrier(Stages::TRANSFER, Stages::COMPUTE);
         rec.finish()?;
         self.device.submit_and_wait(&mut cmd, STEP_TIMEOUT)?;
         Ok(())

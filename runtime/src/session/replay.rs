@@ -408,8 +408,9 @@ impl Replay {
 
     /// One step: the levels in order, a barrier between consecutive levels only, except
     /// before a level the one before hands its output to (`session::handoff`), each dispatch
-    /// on its grid for `band`. After the step before's outputs were copied out (`after_copy`),
-    /// the first barrier also waits for the copy. With `profile`, timestamp `i + 1` is written after level `i`.
+    /// on its grid for `band`. After the step before's `step_io` dispatch (`after_copy`), the
+    /// first barrier also waits for it (it reads the token this step's last level writes).
+    /// With `profile`, timestamp `i + 1` is written after level `i`.
     fn record_step(
         &self,
         rec: &mut CommandRecorder<'_>,
@@ -422,7 +423,7 @@ impl Replay {
         let s = &l.schedule;
         let set_of = &self.set_of[parity];
         let mut first_barrier = true;
-        // A step of one level has no inner barrier: wait for the copy before it.
+        // A step of one level has no inner barrier: wait for the step_io dispatch before it.
         if after_copy && s.levels.len() < 2 {
             rec.barrier(Stages::COMPUTE | Stages::TRANSFER, Stages::COMPUTE);
             first_barrier = false;
@@ -590,6 +591,10 @@ impl Replay {
         n: u32,
         k: u32,
     ) -> Result<Vec<u32>, SessionError> {
+        if n == 0 {
+            // Not even `first` is consumed.
+            return Ok(Vec::new());
+        }
         // Fits u32: check_greedy bounds position + n by the capacity.
         let mut position = self.check_greedy(first, k, n)?;
         let mut tokens = Vec::with_capacity(n as usize);

@@ -17,9 +17,9 @@ use crate::{
 /// `kernels/glsl/step_io.comp` compiled.
 const SPIRV: &[u8] = include_bytes!("step_io.spv");
 
-/// Workgroups of a dispatch: the kernel loops over the words it is given, so any number does;
-/// enough to spread a vocabulary's logits over the device.
-const WORKGROUPS: u32 = 256;
+/// Workgroups of a dispatch (of 64 invocations): the kernel loops over the words it is given,
+/// so any number does; enough to spread a vocabulary's logits over the device.
+const WORKGROUPS: u32 = 1024;
 
 /// The kernel's push constants (`step_io.comp`'s `StepIo`).
 #[repr(C)]
