@@ -327,8 +327,8 @@ fn run(args: Args) -> Result<()> {
     );
     println!(
         "levels:      {} ({} barriers between them per token in replay, fewer where it hands \
-         levels over (`vkfuse inspect` lists them), besides those around the copies of each \
-         step's token and logits; eager puts one after every dispatch)",
+         levels over (`vkfuse inspect` lists them), besides those around each step's token \
+         and logits going to the host; eager puts one after every dispatch)",
         schedule.levels.len(),
         schedule.levels.len().saturating_sub(1)
     );
