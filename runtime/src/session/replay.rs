@@ -61,6 +61,13 @@ impl Out {
 /// positions whose grids it runs.
 type ChainKey = (u32, Out, usize, usize);
 
+/// A recording that writes a timestamp pool: a single step (by band and parity) or a chain.
+#[derive(Clone, Copy, Debug)]
+enum PoolUser {
+    Single(usize, usize),
+    Chain(ChainKey),
+}
+
 /// Runs a loaded schedule by replaying pre-recorded command buffers.
 pub struct Replay {
     loaded: Loaded,
@@ -91,13 +98,15 @@ pub struct Replay {
     token_ring: Buffer,
     /// Fills the handoff words and copies each chained step's outputs to a ring (set 0: the
     /// logits ring, 1: the token ring).
-    step_io: StepIo,
+    step_io: Box<StepIo>,
     /// Per [`Out::timestamps`] index.
     timestamps: Vec<Option<TimestampPool>>,
     /// Whether the host resets those pools before each submission that writes them (where the
     /// device has `hostQueryReset`) rather than the recordings: a reset recorded at the start
     /// of each chain cost the H100 0.4-1% (docs/perf.md, session 25).
     host_reset: bool,
+    /// Per timestamp pool, the recording submitted last that writes it.
+    last_user: Vec<Option<PoolUser>>,
     /// Per-level profiling recordings, by band and parity, recorded on first use.
     profiles: BTreeMap<(usize, usize), (CommandBuffer, TimestampPool)>,
     gpu_ns: f64,
@@ -210,13 +219,14 @@ impl Replay {
             let n = loaded.handoff_plan().words;
             (n > 0).then(|| (w.buffer(), n, crate::HANDOFF_EMPTY))
         });
-        let step_io = StepIo::new(
+        // Boxed: `Replay` stays about `Eager`'s size (api.rs holds either).
+        let step_io = Box::new(StepIo::new(
             &loaded.device,
             &loaded.buffers[io.token.buffer.index()],
             io_range,
             words,
             &[&logits_ring, &token_ring],
-        )?;
+        )?);
         let timestamps = (0..=IN_FLIGHT)
             .map(|_| loaded.device.create_timestamp_pool(2))
             .collect::<Result<Vec<_>, _>>()?;
@@ -239,6 +249,7 @@ impl Replay {
             logits_stride,
             token_ring,
             step_io,
+            last_user: vec![None; timestamps.len()],
             timestamps,
             host_reset,
             profiles: BTreeMap::new(),
@@ -476,11 +487,27 @@ impl Replay {
     }
 
     /// Resets timestamp pool `pool` from the host where [`Replay::host_reset`] (the recordings
-    /// then reset nothing): before every submission that writes it, once the last one did.
-    fn reset_timestamps(&self, pool: usize) {
+    /// then reset nothing), before `user` is submitted: refused while the recording that last
+    /// wrote the pool still runs (a step that did not finish in time), which resetting would
+    /// race.
+    fn reset_timestamps(&mut self, pool: usize, user: PoolUser) -> Result<(), SessionError> {
         if let (true, Some(ts)) = (self.host_reset, &self.timestamps[pool]) {
+            let last = match self.last_user[pool] {
+                Some(PoolUser::Single(band, parity)) => Some(&self.single[band][parity]),
+                Some(PoolUser::Chain(key)) => self.chains.get(&key),
+                None => None,
+            };
+            if let Some(cmd) = last {
+                if cmd.is_pending()? {
+                    return Err(SessionError::Vulkan(crate::Error::InUse(
+                        "the timestamps of a step that did not finish",
+                    )));
+                }
+            }
             ts.reset_on_host();
         }
+        self.last_user[pool] = Some(user);
+        Ok(())
     }
 
     fn add_gpu_time(&mut self, pool: usize) -> Result<(), SessionError> {
@@ -524,7 +551,7 @@ impl Replay {
         let position = self.loaded.prepare_step(token)?;
         let parity = self.parity;
         let band = self.band_at(position);
-        self.reset_timestamps(0);
+        self.reset_timestamps(0, PoolUser::Single(band, parity))?;
         self.loaded
             .device
             .submit_and_wait(&mut self.single[band][parity], STEP_TIMEOUT)?;
@@ -563,7 +590,7 @@ impl Replay {
         let band = self.band_at(position + (k - 1));
         let key = (k, Out::Logits, parity, band);
         self.record_once(key)?;
-        self.reset_timestamps(key.1.timestamps());
+        self.reset_timestamps(key.1.timestamps(), PoolUser::Chain(key))?;
         let cmd = self.chains.get_mut(&key).expect("recorded above");
         self.loaded.device.submit_and_wait(cmd, STEP_TIMEOUT)?;
         self.parity = (parity + k as usize) % self.parities;
@@ -608,7 +635,7 @@ impl Replay {
                     let key = (steps, Out::Tokens(slot), self.parity, band);
                     self.record_once(key)?;
                     // The chain that used this slot's pool last was waited for and read.
-                    self.reset_timestamps(key.1.timestamps());
+                    self.reset_timestamps(key.1.timestamps(), PoolUser::Chain(key))?;
                     let cmd = self.chains.get_mut(&key).expect("recorded above");
                     self.loaded.device.submit(cmd)?;
                     in_flight.push_back(key);
