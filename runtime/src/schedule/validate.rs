@@ -170,6 +170,10 @@ impl Schedule {
                 ));
             }
         }
+        // Both backends copy the token and the logits out of one buffer.
+        if io.logits.buffer != io.token.buffer {
+            return invalid("io token and io logits must lie in one buffer".into());
+        }
         Ok(())
     }
 

@@ -208,16 +208,12 @@ impl Replay {
             BufferKind::Readback,
         )?;
         let io = &s.io;
-        if io.logits.buffer != io.token.buffer {
-            return Err(SessionError::Vulkan(crate::Error::InvalidArgument(
-                "replay: the schedule's token and logits lie in different buffers".into(),
-            )));
-        }
+        // One buffer holds both (`Schedule::validate`).
         let (t, l) = (&io.token, &io.logits);
         let io_range = t.offset.min(l.offset)..(t.offset + t.size).max(l.offset + l.size);
         let words = loaded.handoff_words().and_then(|w| {
             let n = loaded.handoff_plan().words;
-            (n > 0).then(|| (w.buffer(), n, crate::HANDOFF_EMPTY))
+            (n > 0).then(|| (w.buffer(), n))
         });
         // Boxed: `Replay` stays about `Eager`'s size (api.rs holds either).
         let step_io = Box::new(StepIo::new(
@@ -367,12 +363,7 @@ impl Replay {
             rec.barrier(Stages::COMPUTE, Stages::COMPUTE | Stages::TRANSFER);
             // The next step's handoff words start empty, and this step's outputs go to the
             // ring, in one compute dispatch (`step_io`).
-            let token = Run {
-                src: io.token.offset,
-                dst: 0,
-                bytes: 4,
-            };
-            let (ring, runs) = match out {
+            let (ring, dst, logits) = match out {
                 Out::Logits => {
                     let dst = u64::from(k) * self.logits_stride;
                     let logits = Run {
@@ -380,15 +371,17 @@ impl Replay {
                         dst: dst + 256,
                         bytes: io.logits.size,
                     };
-                    (0, [Run { dst, ..token }, logits])
+                    (0, dst, Some(logits))
                 }
-                Out::Tokens(slot) => {
-                    let dst = slot as u64 * TOKEN_SLOT + 4 * u64::from(k);
-                    (1, [Run { dst, ..token }, Run { bytes: 0, ..token }])
-                }
+                Out::Tokens(slot) => (1, slot as u64 * TOKEN_SLOT + 4 * u64::from(k), None),
+            };
+            let token = Run {
+                src: io.token.offset,
+                dst,
+                bytes: 4,
             };
             self.step_io
-                .record(&mut rec, ring, self.handoffs(None), &runs)?;
+                .record(&mut rec, ring, self.handoffs(None), token, logits)?;
         }
         // The host reads the ring; the next submission reads the token and overwrites the ring.
         rec.barrier(

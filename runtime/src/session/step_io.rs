@@ -10,8 +10,8 @@
 
 use super::SessionError;
 use crate::{
-    Buffer, BufferBinding, CommandRecorder, DescriptorPool, DescriptorSet, Device, Pipeline,
-    SpecConstants,
+    spirv_from_bytes, Buffer, BufferBinding, CommandRecorder, DescriptorPool, DescriptorSet,
+    Device, Pipeline, SpecConstants, HANDOFF_EMPTY,
 };
 
 /// `kernels/glsl/step_io.comp` compiled.
@@ -53,28 +53,23 @@ pub(crate) struct StepIo {
     sets: Vec<DescriptorSet>,
     /// The I/O buffer's bound range starts here (bytes).
     src_base: u64,
-    /// Words to fill, and with what.
+    /// Handoff words to fill with [`HANDOFF_EMPTY`].
     fill_words: u32,
-    fill_value: u32,
 }
 
 impl StepIo {
     /// The kernel for `io` (the I/O buffer, of which bytes `io_range` are read), the handoff
-    /// words `words` (`fill_words` of them filled with `fill_value`; None: nothing filled) and
+    /// words `words` (the buffer and how many of its words to fill; None: nothing filled) and
     /// `rings`.
     pub(crate) fn new(
         device: &Device,
         io: &Buffer,
         io_range: std::ops::Range<u64>,
-        words: Option<(&Buffer, u32, u32)>,
+        words: Option<(&Buffer, u32)>,
         rings: &[&Buffer],
     ) -> Result<StepIo, SessionError> {
-        let spirv: Vec<u32> = SPIRV
-            .chunks_exact(4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
         let pipeline = device.create_pipeline(
-            &spirv,
+            &spirv_from_bytes(SPIRV)?,
             &SpecConstants::new(),
             3,
             std::mem::size_of::<Push>() as u32,
@@ -87,7 +82,7 @@ impl StepIo {
             let set = pool.allocate(&pipeline)?;
             // Without words to fill the binding still needs a buffer: the ring, never written
             // through it (no word is filled).
-            let (wbuf, _, _) = words.unwrap_or((ring, 0, 0));
+            let (wbuf, _) = words.unwrap_or((ring, 0));
             device.write_descriptors(
                 &set,
                 &[
@@ -103,42 +98,38 @@ impl StepIo {
             )?;
             sets.push(set);
         }
-        let (fill_words, fill_value) = words.map_or((0, 0), |(_, n, v)| (n, v));
         Ok(StepIo {
             pipeline,
             _pool: pool,
             sets,
             src_base,
-            fill_words,
-            fill_value,
+            fill_words: words.map_or(0, |(_, n)| n),
         })
     }
 
-    /// Records the dispatch: the words filled (when `fill`) and `runs` (at most two) copied to
-    /// ring `ring`.
+    /// Records the dispatch: the words filled (when `fill`), and `token` and `logits` (where
+    /// given) copied to ring `ring`.
     pub(crate) fn record(
         &self,
         rec: &mut CommandRecorder<'_>,
         ring: usize,
         fill: bool,
-        runs: &[Run],
+        token: Run,
+        logits: Option<Run>,
     ) -> Result<(), SessionError> {
-        assert!(runs.len() <= 2, "step_io copies two runs at most");
         let word = |bytes: u64| (bytes / 4) as u32;
-        let mut push = Push {
+        // Without logits the second run copies no words.
+        let logits = logits.unwrap_or(Run { bytes: 0, ..token });
+        let push = Push {
             fill_words: if fill { self.fill_words } else { 0 },
-            fill_value: self.fill_value,
-            ..Push::default()
+            fill_value: HANDOFF_EMPTY,
+            src0: word(token.src - self.src_base),
+            dst0: word(token.dst),
+            len0: word(token.bytes),
+            src1: word(logits.src - self.src_base),
+            dst1: word(logits.dst),
+            len1: word(logits.bytes),
         };
-        let mut fields = [
-            (&mut push.src0, &mut push.dst0, &mut push.len0),
-            (&mut push.src1, &mut push.dst1, &mut push.len1),
-        ];
-        for (run, (src, dst, len)) in runs.iter().zip(fields.iter_mut()) {
-            **src = word(run.src - self.src_base);
-            **dst = word(run.dst);
-            **len = word(run.bytes);
-        }
         rec.bind_pipeline(&self.pipeline)?;
         rec.bind_descriptor_set(&self.sets[ring])?;
         rec.push_constants_pod(0, &push)?;
