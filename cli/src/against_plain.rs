@@ -255,7 +255,7 @@ fn ratio(a: f64, b: f64) -> String {
 mod tests {
     use super::*;
     use vkfuse_runtime::schedule::{
-        BufferId, Io, KernelDecl, KernelId, ModelMeta, Schedule, Slice,
+        BufferId, Io, KernelDecl, KernelId, ModelMeta, Schedule, Slice, TokenEncoding,
     };
 
     fn kernel(label: &str) -> KernelDecl {
@@ -302,6 +302,7 @@ mod tests {
             dispatches,
             io: Io {
                 token: s,
+                token_encoding: TokenEncoding::Index,
                 position: s,
                 logits: s,
             },

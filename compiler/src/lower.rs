@@ -13,7 +13,7 @@ use crate::regions::{regions, Access};
 use std::collections::HashMap;
 use vkfuse_runtime::schedule::{
     BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Schedule,
-    Slice, WeightUpload,
+    Slice, TokenEncoding, WeightUpload,
 };
 use vkfuse_runtime::session::TensorBytes;
 
@@ -401,6 +401,7 @@ pub fn lower_with_report(
         levels: regions.levels,
         io: Io {
             token: state_slices[token.index()],
+            token_encoding: TokenEncoding::Index,
             position: state_slices[position.index()],
             logits: io_logits,
         },

@@ -12,7 +12,7 @@ use vkfuse_compiler::fuse::{lower_fused, FuseOptions, FusionReport};
 use vkfuse_compiler::ir::{DType, Program, Type};
 use vkfuse_compiler::lower::{Meta, SpirvCache};
 use vkfuse_compiler::{import, trace};
-use vkfuse_runtime::schedule::{Regions, Schedule};
+use vkfuse_runtime::schedule::{Regions, Schedule, TokenEncoding};
 
 // ---------------------------------------------------------------------------------------------
 // Rules, one expression at a time.
@@ -607,12 +607,21 @@ fn should_fuse_each_dense_layer_into_five_dispatches_and_zero_all_chains_in_one(
         // multiple of 32: not llama-gqa's 200), the zeroing of every layer's chain output,
         // merged into one dispatch (fuse::zeros); after it every layer runs the same pipelines
         // in the same order, and the tail's argmax and position advance run in lm_head's
-        // dispatch (embedding, zeros, layers, lm_head).
+        // dispatch, which leaves the token state holding the argmax's key; level 1 (layer 0's
+        // first) also sets that key back to zero (embedding, zeros, layers, the key's reset,
+        // lm_head).
         let chained = usize::from(name != "llama-gqa");
         assert_eq!(
             s.dispatches.len(),
-            5 * layers + 2 - chained * layers + chained,
+            5 * layers + 3 - chained * layers + chained,
             "{name}\n{r}"
+        );
+        assert_eq!(s.io.token_encoding, TokenEncoding::Key, "{name}");
+        let reset = s.levels[1].end as usize - 1;
+        assert_eq!(
+            s.dispatches[reset].bindings,
+            vec![s.io.token],
+            "{name}: the key's reset"
         );
         let first = s.levels[0].end as usize;
         assert_eq!(first, 1 + chained, "{name}: level 0\n{r}");
@@ -625,7 +634,12 @@ fn should_fuse_each_dense_layer_into_five_dispatches_and_zero_all_chains_in_one(
             );
         }
         let per = 5 - chained;
-        let ids: Vec<u32> = s.dispatches[first..].iter().map(|d| d.kernel.0).collect();
+        let ids: Vec<u32> = s.dispatches[first..]
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| first + i != reset)
+            .map(|(_, d)| d.kernel.0)
+            .collect();
         for l in 1..layers {
             assert_eq!(ids[0..per], ids[per * l..per * (l + 1)], "{name} layer {l}");
         }
@@ -973,9 +987,10 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// Checks the fused schedule of `s` against the unfused one; by default it has 5 dispatches
-/// per layer, the embedding and lm_head (which picks the token and advances the position).
+/// per layer, the embedding, lm_head (which picks the token and advances the position) and the
+/// reset of the token key lm_head leaves.
 fn fused_equals_unfused(s: &Shapes) {
-    fused_equals_unfused_with(s, &FuseOptions::default(), Some(5 * s.layers + 2));
+    fused_equals_unfused_with(s, &FuseOptions::default(), Some(5 * s.layers + 3));
 }
 
 fn fused_equals_unfused_with(s: &Shapes, opts: &FuseOptions, dispatches: Option<usize>) {
@@ -1154,7 +1169,7 @@ fn should_match_unfused_with_the_attention_split_over_the_context() {
         ..FuseOptions::default()
     };
     let shapes = split_shapes(100);
-    fused_equals_unfused_with(&shapes, &opts, Some(5 * shapes.layers + 2));
+    fused_equals_unfused_with(&shapes, &opts, Some(5 * shapes.layers + 3));
 }
 
 #[test]
@@ -1223,8 +1238,9 @@ fn should_match_unfused_with_a_chained_f32_mlp() {
         capacity: 16,
         tokens: 8,
     };
-    // 4 dispatches per layer, the zeroing of both chains' outputs, embedding and lm_head.
-    fused_equals_unfused_with(&s, &FuseOptions::default(), Some(4 * s.layers + 3));
+    // 4 dispatches per layer, the zeroing of both chains' outputs, embedding, lm_head and the
+    // token key's reset.
+    fused_equals_unfused_with(&s, &FuseOptions::default(), Some(4 * s.layers + 4));
 }
 
 #[test]

@@ -67,16 +67,16 @@ fn check_at(dtype: DType, rows: usize, cols: usize, wg: Option<u32>) {
 
     let (device, log) = common::validated_device();
     let pipeline = common::generated_pipeline(&device, &gen);
-    // Logits, weights, x, norm weight, token state, position state, position, counters.
+    // Logits, weights, x, norm weight, token state (the argmax's key), position state,
+    // position.
     let sizes = [
         4 * rows as u64,
         codes.len() as u64,
         4 * cols as u64,
         4 * cols as u64,
+        8,
         4,
         4,
-        4,
-        codegen::STEP_COUNTER_BYTES,
     ];
     let mut bufs: Vec<Buffer> = sizes.iter().map(|&b| buffer(&device, b)).collect();
     assert_eq!(bufs.len(), gen.bindings);
@@ -88,10 +88,11 @@ fn check_at(dtype: DType, rows: usize, cols: usize, wg: Option<u32>) {
     device
         .upload_pod(&mut bufs[6], 0, &[7i32])
         .expect("position");
-    let zeros = vec![0u8; codegen::STEP_COUNTER_BYTES as usize];
+    // A token the host wrote (`TokenEncoding::Key`: its complement, then a zero key), which
+    // every row's key beats.
     device
-        .upload_pod(&mut bufs[7], 0, &zeros)
-        .expect("counters");
+        .upload_pod(&mut bufs[4], 0, &[!5u32, 0])
+        .expect("token");
     let mut cmd = common::record_generated(&device, &pipeline, &gen, &bufs);
     device.submit_and_wait(&mut cmd, WAIT).expect("run");
 
@@ -109,8 +110,12 @@ fn check_at(dtype: DType, rows: usize, cols: usize, wg: Option<u32>) {
     );
     // The token is the argmax of the logits the kernel wrote (checked above against the CPU).
     let best = argmax(&y);
-    let token: Vec<i32> = device.readback_pod(&bufs[4], 0, 1).expect("token");
-    assert_eq!(token[0], best as i32, "{dtype} [{rows}x{cols}]: token");
+    let key: Vec<u32> = device.readback_pod(&bufs[4], 0, 2).expect("token");
+    assert_eq!(!key[0], best as u32, "{dtype} [{rows}x{cols}]: token");
+    assert_ne!(
+        key[1], 0,
+        "{dtype} [{rows}x{cols}]: the best logit's order key"
+    );
     let pos: Vec<i32> = device.readback_pod(&bufs[5], 0, 1).expect("position");
     assert_eq!(pos[0], 8, "{dtype} [{rows}x{cols}]: position advanced");
     assert!(log.is_clean(), "validation errors:\n{}", log.report());

@@ -15,13 +15,13 @@
 // the row's element of extra input k. PRELOAD_INS(row, pre) loads them (IN<k>(row)) before
 // the dots, so their latency hides behind the weights' and the epilogue waits on no memory.
 //
-// Step (STEP 1, one part, the logits): the argmax of the rows into the token state and the
-// position advanced, by the last workgroup to arrive (matvec_step.glsl).
+// Step (STEP 1, one part, the logits): the argmax of the rows folded into the token state as a
+// 64-bit key by every workgroup, and the position advanced (matvec_step.glsl).
 //
 // The including source defines W_DTYPE, NORM, NW_DTYPE, NORM_ZC, PARTS, ZIPPED, N_IN (extra
 // inputs, at least 1), PRELOAD_INS, EPILOGUE and STEP (with STEP_BINDING).
 // Bindings: 0 = y f32, 1 = w (uint / uvec4 views), 2 = x f32 (float / vec4 views),
-// 3 = nw [I] of NW_DTYPE when NORM, then the extra inputs, then STEP's four.
+// 3 = nw [I] of NW_DTYPE when NORM, then the extra inputs, then STEP's three.
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (output rows per
 // workgroup; ROWS * (ZIPPED ? PARTS : 1) <= 8), 4 = VEC4 (1 when rows and x are 16-byte
 // aligned), 5 = EPS (f32), 6..13 = END_k (cumulative row ends of the parts, stacked),

@@ -3,19 +3,20 @@
 // order, ties to the lower index, as fused_argmax.glsl) written into the token state, and the
 // position advanced in its state, with no dispatch and no dependency level of their own.
 //
-// Each workgroup folds its rows' best into one 64-bit key, (order_key << 32) | ~row, so that
-// the largest key is the best row (the larger value; the lower row among equal values), and
-// adds it to its bucket's best with one atomicMax, then counts itself in the bucket. Atomics on
-// one address serialise in the L2 (tens of thousands of workgroups on one counter cost ~50 µs on
-// an H100), so the workgroups spread over STEP_BUCKETS buckets, each on a line of its own; the
-// last workgroup to arrive in a bucket adds the bucket's best to the dispatch's and counts the
-// bucket, and the last bucket writes the token and the position. Each last arrival sets its
-// counters back to zero for the next step. Nobody waits: the others leave after counting.
+// The token state holds the argmax's key (the schedule's `TokenEncoding::Key`): each workgroup
+// folds its rows' best into one 64-bit key, (order_key << 32) | ~row, so that the largest key
+// is the best row (the larger value; the lower row among equal values), and adds it to the
+// state with one atomicMax whose result it does not wait for. Nobody counts arrivals and nobody
+// combines: the barrier after the step's last level makes the final key visible to its readers
+// (the next step's embedding, the host), which take the token as the low word's complement. A
+// dispatch of zeroes in the step's level 1 sets the key back below every logit's once they have
+// read it (fuse::zeros::reset_token_key). On an H100 this beat an arrival counted per workgroup
+// (a fence, then an atomicAdd it waited for, in 64 buckets; the last to arrive wrote the token)
+// by 3.5-4.3 µs per token: ~38k workgroups each held their slot for two L2 round trips.
+// Workgroup 0 advances the position (no workgroup here reads it).
 //
-// The including source defines STEP_BINDING (the token state; then the position state, the
-// position, and the counters: 1 + STEP_BUCKETS slots of STEP_SLOT bytes, each a u64 best then a
-// u32 arrival count, zero before the dispatch and zero again after it), STEP_BUCKETS and
-// STEP_SLOT (codegen's constants, which size the counters).
+// The including source defines STEP_BINDING: the token state (u64), then the position state
+// and the position (i32 each; they may be one buffer).
 
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #extension GL_EXT_shader_atomic_int64 : require
@@ -26,37 +27,14 @@
 #define STEP_FOLD_SHARED 0
 #endif
 
-layout(set = 0, binding = STEP_BINDING, std430) writeonly buffer StepTok { int step_token[]; };
+layout(set = 0, binding = STEP_BINDING, std430) buffer StepKey { uint64_t step_key[]; };
 layout(set = 0, binding = STEP_BINDING + 1, std430) writeonly buffer StepPosOut { int step_pos_out[]; };
 layout(set = 0, binding = STEP_BINDING + 2, std430) readonly buffer StepPosIn { int step_pos_in[]; };
-// Slot 0 is the dispatch's, slot 1 + b bucket b's.
-layout(set = 0, binding = STEP_BINDING + 3, std430) coherent buffer StepBest { uint64_t step_c64[]; };
-layout(set = 0, binding = STEP_BINDING + 3, std430) coherent buffer StepCount { uint step_c32[]; };
 
-// The workgroups that compute rows (the others leave at once and never arrive).
-const uint STEP_GROUPS = (O + ROWS - 1u) / ROWS;
-const uint STEP_USED = STEP_GROUPS < STEP_BUCKETS ? STEP_GROUPS : STEP_BUCKETS;
 // The rows' (order key, row) for the fold through shared memory (argbest.glsl's wg_best would
 // hold a pair per invocation: 1 KB that cost bf16's lm_head 0.3% on an H100).
 shared uint step_key_s[8];
 shared uint step_row_s[8];
-
-// Adds `key` to slot s's best and counts one arrival there; true for the last of `arrivals`,
-// which takes the slot's best into `best` and sets the slot back to zero.
-bool step_count(uint s, uint64_t key, uint arrivals, out uint64_t best) {
-    uint b64 = s * (STEP_SLOT / 8u);
-    uint c32 = s * (STEP_SLOT / 4u) + 2u;
-    atomicMax(step_c64[b64], key);
-    // The best above is performed before this arrival is counted.
-    memoryBarrierBuffer();
-    if (atomicAdd(step_c32[c32], 1u) != arrivals - 1u) {
-        return false;
-    }
-    memoryBarrierBuffer();
-    best = atomicExchange(step_c64[b64], uint64_t(0));
-    atomicExchange(step_c32[c32], 0u);
-    return true;
-}
 
 // Called by every invocation of a workgroup that computes rows, after its row values: (key,
 // row) is invocation t's row for t < ROWS (rows <= 8), row NONE for the others.
@@ -93,17 +71,9 @@ void step_arrive(uint key, uint row) {
             }
         }
     }
-    uint g = group_id();
-    uint b = g % STEP_USED;
-    uint in_bucket = STEP_GROUPS / STEP_USED + (b < STEP_GROUPS % STEP_USED ? 1u : 0u);
-    uint64_t best;
-    if (!step_count(1u + b, (uint64_t(bk) << 32) | uint64_t(~br), in_bucket, best)) {
-        return;
+    atomicMax(step_key[0], (uint64_t(bk) << 32) | uint64_t(~br));
+    if (group_id() == 0u) {
+        // The position state and the position may be one buffer: read, then write.
+        step_pos_out[0] = step_pos_in[0] + 1;
     }
-    if (!step_count(0u, best, STEP_USED, best)) {
-        return;
-    }
-    step_token[0] = int(~uint(best & uint64_t(0xffffffffu)));
-    // The position state and the position may be one buffer: read, then write.
-    step_pos_out[0] = step_pos_in[0] + 1;
 }

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use vkfuse_runtime::schedule::{
     crc32, Alternative, BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId,
     ModelMeta, Persistent, Schedule, ScheduleError, ScheduleFile, ScheduleFileError, Section,
-    Slice, Verify, WeightUpload, FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
+    Slice, TokenEncoding, Verify, WeightUpload, FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
 };
 use vkfuse_runtime::session::TensorBytes;
 
@@ -242,6 +242,7 @@ fn sample() -> (Schedule, MapWeights) {
         levels: vec![0..1, 1..3, 3..4],
         io: Io {
             token: s(1, 0, 4),
+            token_encoding: TokenEncoding::Index,
             position: s(1, 4, 4),
             logits: s(1, 64, 64),
         },
@@ -406,6 +407,51 @@ fn should_keep_the_tokenizer_verbatim_and_its_absence() {
     schedule.write_file(&path, &weights).expect("write");
     let file = ScheduleFile::open(&path).expect("open");
     assert_eq!(file.schedule(), &schedule);
+}
+
+#[test]
+fn should_keep_the_token_key_encoding_and_refuse_an_unknown_one() {
+    let (mut schedule, weights) = sample();
+    schedule.io.token = s(1, 0, 8);
+    schedule.io.position = s(1, 8, 4);
+    let path = temp_path("token-index");
+    schedule.write_file(&path, &weights).expect("write");
+    let index = std::fs::read(&path).expect("read back");
+
+    schedule.io.token_encoding = TokenEncoding::Key;
+    let path = temp_path("token-key");
+    schedule.write_file(&path, &weights).expect("write");
+    let file = ScheduleFile::open(&path).expect("open");
+    assert_eq!(file.schedule(), &schedule);
+    let mut key = std::fs::read(&path).expect("read back");
+
+    // The one metadata byte that differs is the encoding's.
+    let at = (64..index.len())
+        .find(|&i| index[i] != key[i])
+        .expect("the encodings differ");
+    assert_eq!((index[at], key[at]), (0, 1));
+    key[at] = 7;
+    fix_checksums(&mut key);
+    let err = open_bytes("token-encoding", &key).unwrap_err();
+    assert!(
+        err.to_string().contains("io token: unknown encoding 7"),
+        "{err}"
+    );
+
+    // A key needs 8 bytes, 8-aligned.
+    schedule.io.token = s(1, 0, 4);
+    let err = schedule.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("io token must be a host-visible slice of at least 8 bytes"),
+        "{err}"
+    );
+    schedule.io.token = s(1, 4, 8);
+    schedule.io.position = s(1, 0, 4);
+    let err = schedule.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("a key must start at a multiple of 8 bytes, not 4"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -656,8 +702,8 @@ fn should_reject_a_newer_version_saying_which() {
 
 #[test]
 fn should_refuse_a_version_1_file_asking_to_recompile() {
-    // Version 1 had no tokenizer in its metadata; this build reads version 7 only.
-    assert_eq!(FORMAT_VERSION, 7);
+    // Version 1 had no tokenizer in its metadata; this build reads version 8 only.
+    assert_eq!(FORMAT_VERSION, 8);
     let (_, mut b) = sample_file("version-1-src");
     b[8..12].copy_from_slice(&1u32.to_le_bytes());
     fix_checksums(&mut b);
@@ -667,7 +713,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
             err,
             ScheduleFileError::UnsupportedVersion {
                 found: 1,
-                supported: 7,
+                supported: 8,
                 ..
             }
         ),
@@ -675,7 +721,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 7)"),
+        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 8)"),
         "{msg}"
     );
     assert!(msg.contains("recompile the model"), "{msg}");
@@ -893,7 +939,7 @@ fn should_dump_every_table_readably() {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     let whole = file.to_string();
-    assert!(whole.contains("vkfuse schedule format 7"), "{whole}");
+    assert!(whole.contains("vkfuse schedule format 8"), "{whole}");
     assert!(whole.contains("tensors in the file (3):"), "{whole}");
     assert!(whole.contains(&text), "{whole}");
 }

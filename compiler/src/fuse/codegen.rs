@@ -186,14 +186,6 @@ pub struct ExtraSpec {
     pub scalar: bool,
 }
 
-/// Buckets a step matvec's workgroups count themselves in (`matvec_step.glsl`: atomics on one
-/// address serialise in the L2).
-const STEP_BUCKETS: u64 = 64;
-/// Bytes of one counter slot (an L2 line).
-const STEP_SLOT: u64 = 128;
-/// Bytes of a step matvec's counters: the dispatch's slot and every bucket's.
-pub const STEP_COUNTER_BYTES: u64 = STEP_SLOT * (1 + STEP_BUCKETS);
-
 /// A kernel of the matvec family.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MatvecSpec {
@@ -208,9 +200,10 @@ pub struct MatvecSpec {
     pub norm: Option<NormSpec>,
     pub extras: Vec<ExtraSpec>,
     pub epi: Epi,
-    /// Also the step's tail (one part, the logits): the argmax of the rows into the token
-    /// state and the position advanced, by the last workgroup to arrive (`matvec_step.glsl`,
-    /// 64-bit atomics). Four bindings more: token state, position state, position, counters.
+    /// Also the step's tail (one part, the logits): the argmax of the rows folded into the
+    /// token state as a 64-bit key by every workgroup, and the position advanced
+    /// (`matvec_step.glsl`, 64-bit atomics). Three bindings more: the token state (the key),
+    /// position state, position.
     pub step: bool,
     /// x is the output of a kernel that can publish it as handoff words (the attention block
     /// or a matvec), so that replay may hand it over: with no norm and the residual as its one
@@ -545,10 +538,7 @@ fn plain_matvec(spec: &MatvecSpec) -> Generated {
     );
     let step_binding = first_extra + spec.extras.len();
     if spec.step {
-        let _ = writeln!(
-            s,
-            "#define STEP 1\n#define STEP_BINDING {step_binding}\n#define STEP_BUCKETS {STEP_BUCKETS}u\n#define STEP_SLOT {STEP_SLOT}u"
-        );
+        let _ = writeln!(s, "#define STEP 1\n#define STEP_BINDING {step_binding}");
     }
     s += "#include \"fused_matvec.glsl\"\n";
     Generated {
@@ -556,7 +546,7 @@ fn plain_matvec(spec: &MatvecSpec) -> Generated {
         source: s,
         spec_constants,
         workgroups: workgroups(o.div_ceil(rows_per_wg)),
-        bindings: step_binding + if spec.step { 4 } else { 0 },
+        bindings: step_binding + if spec.step { 3 } else { 0 },
     }
 }
 

@@ -97,12 +97,6 @@ impl KernelKind {
                 scratch_bytes: 8 * codegen::tail_groups(spec) as u64,
                 counter_bytes: 4,
             }),
-            // The best row's 64-bit key and the arrivals, the dispatch's and its buckets'
-            // (matvec_step.glsl); no scratch.
-            KernelKind::Matvec(spec) if spec.step => Some(Arrival {
-                scratch_bytes: 0,
-                counter_bytes: codegen::STEP_COUNTER_BYTES,
-            }),
             _ => None,
         }
     }

@@ -30,7 +30,8 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::time::Duration;
 use vkfuse_runtime::schedule::{
-    Alternative, BufferId, Dispatch, Io, KernelDecl, KernelId, Schedule, Slice, WeightUpload,
+    Alternative, BufferId, Dispatch, Io, KernelDecl, KernelId, Schedule, Slice, TokenEncoding,
+    WeightUpload,
 };
 
 /// Options of the fusion stage.
@@ -262,6 +263,10 @@ struct Lowering<'a> {
     /// buffer shared by every such kernel (each dispatch leaves it zero, and they run in
     /// different levels).
     arrival_counters: Option<Slice>,
+    /// The token state, and whether it holds the argmax's key (`TokenEncoding::Key`: the
+    /// embedding decodes it then, and nothing else but the step's matvec may bind it).
+    token: Slice,
+    token_key: bool,
 }
 
 const WEIGHTS: usize = 0;
@@ -452,10 +457,21 @@ impl Lowering<'_> {
             let (kernel, push_constants, workgroups, label) = match &k.kind {
                 KernelKind::Unfused { offset } | KernelKind::InPlace { offset } => {
                     let id = OpId::new(start + offset);
-                    let call = kernels::select(self.p, id).ok_or_else(|| FuseError::NoKernel {
-                        op: id.to_string(),
-                        text: self.p.op_text(id),
-                    })?;
+                    let mut call =
+                        kernels::select(self.p, id).ok_or_else(|| FuseError::NoKernel {
+                            op: id.to_string(),
+                            text: self.p.op_text(id),
+                        })?;
+                    if self.token_key && bindings.contains(&self.token) {
+                        if !matches!(self.p.ops[id.index()].kind, OpKind::Embedding) {
+                            return Err(FuseError::Internal(format!(
+                                "`{}` reads the token state, which holds the argmax's key: \
+                                 only the embedding decodes it",
+                                self.p.op_text(id)
+                            )));
+                        }
+                        call.defines.push(("TOKEN_KEY".into(), "1".into()));
+                    }
                     let variant: Vec<String> = call
                         .defines
                         .iter()
@@ -496,6 +512,13 @@ impl Lowering<'_> {
                         .generated
                         .as_ref()
                         .ok_or_else(|| FuseError::Internal("a fused kernel without code".into()))?;
+                    let step = matches!(&k.kind, KernelKind::Matvec(spec) if spec.step);
+                    if self.token_key && !step && bindings.contains(&self.token) {
+                        return Err(FuseError::Internal(format!(
+                            "`{}` binds the token state, which holds the argmax's key",
+                            gen.label
+                        )));
+                    }
                     let subgroups = match &k.kind {
                         KernelKind::Matvec(_) => {
                             crate::kernels::matvec_subgroups(&gen.spec_constants)
@@ -708,14 +731,30 @@ pub fn lower_units_planned(
         id: BufferId(i),
         size: 0,
     });
+    // Where the matvec computing the logits also picks the token (`argmax-in-matvec`), its
+    // workgroups fold their rows into the token state as a 64-bit key with one atomicMax each,
+    // counting no arrival (matvec_step.glsl): the state holds the key, 8 bytes, which the
+    // embedding decodes, the host too.
+    let token_encoding = if fused
+        .units
+        .iter()
+        .flat_map(|u| &u.kernels)
+        .any(|k| matches!(&k.kind, KernelKind::Matvec(spec) if spec.step))
+    {
+        TokenEncoding::Key
+    } else {
+        TokenEncoding::Index
+    };
     let state_slices: Vec<Slice> = p
         .states
         .iter()
         .map(|s| match s.kind {
-            StateKind::Token | StateKind::Position => bufs[IO].alloc(s.ty.bytes() as u64),
+            StateKind::Token => bufs[IO].alloc(token_encoding.bytes()),
+            StateKind::Position => bufs[IO].alloc(s.ty.bytes() as u64),
             _ => bufs[STATE].alloc(s.ty.bytes() as u64),
         })
         .collect();
+    let token_slice = state_slices[token.index()];
     let io_logits = bufs[IO].alloc(p.ty(logits).bytes() as u64);
     // The arrival counters: one zeroed state slice for every kernel combining by last arrival
     // (and the attention bands' polled partials), sized for the largest.
@@ -745,6 +784,8 @@ pub fn lower_units_planned(
         accesses: vec![],
         arena_allocs: vec![],
         arrival_counters,
+        token: token_slice,
+        token_key: token_encoding == TokenEncoding::Key,
     };
     for &(u, start) in &fused.sequence {
         l.instance(&fused.units[u], start, spirv)?;
@@ -841,6 +882,11 @@ pub fn lower_units_planned(
         &l.zeros,
         spirv,
     )?;
+    if token_encoding == TokenEncoding::Key {
+        // The key goes back below every logit's before the step's matvec folds into it again,
+        // after level 0, whose embedding (and replay's copy to the host) reads it.
+        zeros::reset_token_key(&mut dispatches, &mut levels, &mut l.kernels, l.token, spirv)?;
+    }
     l.matvecs = std::mem::take(&mut l.matvecs)
         .into_iter()
         .filter_map(|(k, v)| renumbered[k.index()].map(|k| (k, v)))
@@ -865,6 +911,7 @@ pub fn lower_units_planned(
         levels,
         io: Io {
             token: l.state_slices[token.index()],
+            token_encoding,
             position: l.state_slices[position.index()],
             logits: l.io_logits,
         },

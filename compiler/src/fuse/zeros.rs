@@ -7,11 +7,12 @@
 //! lifetimes (from level 0, where the zeroing happens, to the chain).
 
 use crate::fuse::codegen;
+use crate::fuse::FuseError;
 use crate::kernels::KernelError;
 use crate::lower::{declare_kernel, SpirvCache};
 use std::collections::HashSet;
 use std::ops::Range;
-use vkfuse_runtime::schedule::{Dispatch, KernelDecl, KernelId};
+use vkfuse_runtime::schedule::{Dispatch, KernelDecl, KernelId, Slice};
 
 /// Slices one merged dispatch binds (as the prefetch's: within any device's per-stage limit of
 /// storage buffers that vkfuse targets).
@@ -48,16 +49,60 @@ pub fn merge(
     Ok(prune(dispatches, kernels))
 }
 
+/// Adds the dispatch that sets the token state's argmax key (`TokenEncoding::Key`, slice
+/// `token`) back to zero to level 1: after level 0, whose embedding reads the key (and beside
+/// which replay copies it to the host), and long before the step's matvec folds its rows into
+/// it again. A dispatch of its own rather than level 0's merged zeros, which run beside those
+/// readers.
+pub fn reset_token_key(
+    dispatches: &mut Vec<Dispatch>,
+    levels: &mut [Range<u32>],
+    kernels: &mut Vec<KernelDecl>,
+    token: Slice,
+    spirv: &mut SpirvCache,
+) -> Result<(), FuseError> {
+    let binds_token = |l: &Range<u32>| {
+        dispatches[l.start as usize..l.end as usize]
+            .iter()
+            .any(|d| d.bindings.contains(&token))
+    };
+    // Level 1 must neither read the key nor be the last level (the matvec that writes it).
+    if levels.len() < 3 || binds_token(&levels[1]) {
+        return Err(FuseError::Internal(format!(
+            "no level after the embedding's to reset the token key in ({} levels)",
+            levels.len()
+        )));
+    }
+    let label = "zero the token key (the argmax's, for this step's logits)";
+    let d = zero_dispatch(kernels, vec![token], label.into(), spirv)?;
+    dispatches.insert(levels[1].end as usize, d);
+    levels[1].end += 1;
+    for l in &mut levels[2..] {
+        l.start += 1;
+        l.end += 1;
+    }
+    Ok(())
+}
+
 /// One dispatch clearing every slice of `group`.
 fn merged(
     kernels: &mut Vec<KernelDecl>,
     group: &[&Dispatch],
     spirv: &mut SpirvCache,
 ) -> Result<Dispatch, KernelError> {
-    let words: Vec<usize> = group
-        .iter()
-        .map(|d| (d.bindings[0].size / 4) as usize)
-        .collect();
+    let label = format!("zero {} outputs (the chains')", group.len());
+    let slices = group.iter().map(|d| d.bindings[0]).collect();
+    zero_dispatch(kernels, slices, label, spirv)
+}
+
+/// A dispatch of a generated zero kernel clearing every word of `slices`.
+fn zero_dispatch(
+    kernels: &mut Vec<KernelDecl>,
+    slices: Vec<Slice>,
+    label: String,
+    spirv: &mut SpirvCache,
+) -> Result<Dispatch, KernelError> {
+    let words: Vec<usize> = slices.iter().map(|s| (s.size / 4) as usize).collect();
     let gen = codegen::zero(&words);
     let kernel = declare_kernel(
         kernels,
@@ -68,10 +113,10 @@ fn merged(
     )?;
     Ok(Dispatch {
         kernel,
-        bindings: group.iter().map(|d| d.bindings[0]).collect(),
+        bindings: slices,
         push_constants: vec![],
         workgroups: gen.workgroups,
-        label: format!("zero {} outputs (the chains')", group.len()),
+        label,
         alternatives: vec![],
         ops: vec![],
     })

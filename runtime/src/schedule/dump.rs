@@ -99,9 +99,13 @@ impl fmt::Display for Schedule {
             self.levels.len()
         )?;
         let io = &self.io;
+        let key = match io.token_encoding {
+            super::TokenEncoding::Index => "",
+            super::TokenEncoding::Key => " (argmax key)",
+        };
         writeln!(
             f,
-            "io: token {} position {} logits {}",
+            "io: token {}{key} position {} logits {}",
             io.token, io.position, io.logits
         )?;
 

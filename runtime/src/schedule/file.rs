@@ -24,7 +24,7 @@ use memmap2::Mmap;
 
 use super::{
     Alternative, BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta,
-    Persistent, Schedule, ScheduleError, Slice, WeightUpload,
+    Persistent, Schedule, ScheduleError, Slice, TokenEncoding, WeightUpload,
 };
 use crate::session::TensorBytes;
 
@@ -33,7 +33,7 @@ pub const MAGIC: [u8; 8] = *b"VKFUSE\0\n";
 /// The last 8 bytes of every schedule file (every version so far).
 pub const END_MAGIC: [u8; 8] = *b"VKFEND\0\n";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 /// Every tensor (and the weights section itself) starts at a multiple of this many bytes.
 pub const WEIGHT_ALIGN: u64 = 4096;
 
@@ -718,6 +718,10 @@ fn encode(
     }
 
     e.slice(&s.io.token);
+    e.u8(match s.io.token_encoding {
+        TokenEncoding::Index => 0,
+        TokenEncoding::Key => 1,
+    });
     e.slice(&s.io.position);
     e.slice(&s.io.logits);
 
@@ -935,8 +939,15 @@ fn decode(bytes: &[u8]) -> Decoded<(Schedule, Vec<TensorRecord>)> {
             dispatch: d.dispatch()?,
         })
     })?;
+    let token = d.slice("io token")?;
+    let token_encoding = match d.u8("io token encoding")? {
+        0 => TokenEncoding::Index,
+        1 => TokenEncoding::Key,
+        e => return d.fail(format!("io token: unknown encoding {e}")),
+    };
     let io = Io {
-        token: d.slice("io token")?,
+        token,
+        token_encoding,
         position: d.slice("io position")?,
         logits: d.slice("io logits")?,
     };

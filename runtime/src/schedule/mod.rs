@@ -305,11 +305,54 @@ pub struct ModelMeta {
     pub tokenizer: Option<String>,
 }
 
+/// How the token state holds the token (`Io::token`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TokenEncoding {
+    /// i32: the token id.
+    #[default]
+    Index,
+    /// u64 (8 bytes, 8-aligned): the argmax's key, `(order key of the logit << 32) | !token`,
+    /// which the workgroups of the matvec that computes the logits each fold their rows into
+    /// with one 64-bit atomicMax, with no arrival counted (kernels/glsl/matvec_step.glsl). The
+    /// token is the complement of the low word (the first 4 bytes); the host writes a token as
+    /// `(!token, 0)`, a key below every logit's.
+    Key,
+}
+
+impl TokenEncoding {
+    /// Bytes of the token state.
+    pub fn bytes(self) -> u64 {
+        match self {
+            TokenEncoding::Index => 4,
+            TokenEncoding::Key => 8,
+        }
+    }
+
+    /// The token whose state's first 4 bytes are `word`.
+    pub fn decode(self, word: u32) -> u32 {
+        match self {
+            TokenEncoding::Index => word,
+            TokenEncoding::Key => !word,
+        }
+    }
+
+    /// The token state's words for `token` written by the host.
+    pub fn encode(self, token: u32) -> Vec<u32> {
+        match self {
+            TokenEncoding::Index => vec![token],
+            TokenEncoding::Key => vec![!token, 0],
+        }
+    }
+}
+
 /// The host-visible values of a step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Io {
-    /// i32[1]: the step's input token (written by the host or by the previous step).
+    /// The step's input token (written by the host or by the previous step), as `token_encoding`
+    /// says.
     pub token: Slice,
+    /// How `token` holds it.
+    pub token_encoding: TokenEncoding,
     /// i32[1]: the step's position, advanced on the device.
     pub position: Slice,
     /// f32[vocab]: the step's logits.

@@ -58,6 +58,7 @@ impl Schedule {
 mod tests {
     use super::super::{
         BufferDecl, BufferId, BufferRole, Io, KernelDecl, KernelId, ModelMeta, Persistent, Slice,
+        TokenEncoding,
     };
     use super::*;
 
@@ -104,6 +105,7 @@ mod tests {
             levels: vec![0..1, 1..3, 3..4, 4..5, 5..6],
             io: Io {
                 token: slice(0),
+                token_encoding: TokenEncoding::Index,
                 position: slice(0),
                 logits: slice(0),
             },

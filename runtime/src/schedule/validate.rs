@@ -1,7 +1,7 @@
 //! Checks a schedule before anything touches the device: every id resolves, every slice lies
 //! inside its buffer, dispatches match their kernels, levels cover the dispatches in order.
 
-use super::{BufferRole, Schedule, Slice};
+use super::{BufferRole, Schedule, Slice, TokenEncoding};
 
 /// A schedule that cannot be run, and why.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -159,7 +159,7 @@ impl Schedule {
         self.validate_alternatives()?;
         let io = &self.io;
         for (name, s, min) in [
-            ("token", io.token, 4),
+            ("token", io.token, io.token_encoding.bytes()),
             ("position", io.position, 4),
             ("logits", io.logits, 4 * self.meta.vocab_size as u64),
         ] {
@@ -169,6 +169,13 @@ impl Schedule {
                     "io {name} must be a host-visible slice of at least {min} bytes"
                 ));
             }
+        }
+        // The key's 64-bit atomics need it 8-aligned.
+        if io.token_encoding == TokenEncoding::Key && io.token.offset % 8 != 0 {
+            return invalid(format!(
+                "io token: a key must start at a multiple of 8 bytes, not {}",
+                io.token.offset
+            ));
         }
         // Both backends copy the token and the logits out of one buffer.
         if io.logits.buffer != io.token.buffer {

@@ -226,7 +226,9 @@ fn try_hand(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schedule::{BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelId, ModelMeta};
+    use crate::schedule::{
+        BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelId, ModelMeta, TokenEncoding,
+    };
 
     fn sl(offset: u64, size: u64) -> Slice {
         Slice {
@@ -264,6 +266,7 @@ mod tests {
             levels: (0..n).map(|i| i..i + 1).collect(),
             io: Io {
                 token: sl(0, 4),
+                token_encoding: TokenEncoding::Index,
                 position: sl(0, 4),
                 logits: sl(0, 4),
             },

@@ -511,7 +511,8 @@ impl Loaded {
                 return Err(SessionError::TokenOutOfRange { token: t, vocab });
             }
             let s = self.schedule.io.token;
-            self.buffers[s.buffer.index()].write_pod(s.offset, &[t as i32])?;
+            let words = self.schedule.io.token_encoding.encode(t);
+            self.buffers[s.buffer.index()].write_pod(s.offset, &words)?;
         }
         Ok(position)
     }
@@ -521,10 +522,10 @@ impl Loaded {
     pub fn read_output(&self) -> Result<StepOutput, SessionError> {
         let vocab = self.schedule.meta.vocab_size as usize;
         let logits = self.output.read_pod::<f32>(256, vocab)?;
-        let next = self.output.read_pod::<i32>(0, 1)?[0];
+        let next = self.output.read_pod::<u32>(0, 1)?[0];
         Ok(StepOutput {
             logits,
-            next_token: next as u32,
+            next_token: self.schedule.io.token_encoding.decode(next),
         })
     }
 }

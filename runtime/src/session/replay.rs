@@ -589,14 +589,15 @@ impl Replay {
         self.parity = (parity + k as usize) % self.parities;
         self.add_gpu_time(0)?;
         let vocab = self.loaded.schedule.meta.vocab_size as usize;
+        let encoding = self.loaded.schedule.io.token_encoding;
         (0..u64::from(k))
             .map(|i| {
                 let base = i * self.logits_stride;
-                let next = self.logits_ring.read_pod::<i32>(base, 1)?[0] as u32;
+                let next = self.logits_ring.read_pod::<u32>(base, 1)?[0];
                 let logits = self.logits_ring.read_pod::<f32>(base + 256, vocab)?;
                 Ok(StepOutput {
                     logits,
-                    next_token: next,
+                    next_token: encoding.decode(next),
                 })
             })
             .collect()
@@ -648,8 +649,9 @@ impl Replay {
                 };
                 let got = self
                     .token_ring
-                    .read_pod::<i32>(s as u64 * TOKEN_SLOT, key.0 as usize)?;
-                tokens.extend(got.into_iter().map(|t| t as u32));
+                    .read_pod::<u32>(s as u64 * TOKEN_SLOT, key.0 as usize)?;
+                let encoding = self.loaded.schedule.io.token_encoding;
+                tokens.extend(got.into_iter().map(|t| encoding.decode(t)));
             }
             Ok(())
         })();

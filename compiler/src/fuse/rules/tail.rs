@@ -1,7 +1,8 @@
 //! Family (e): the tail. The final norm folds into lm_head by family (a); here the argmax
 //! writes the next token straight into its state, the position advance writes its state, and
 //! both run in one dispatch; that dispatch then folds into the matvec computing the logits,
-//! whose last workgroup to arrive writes both (one dependency level fewer per step).
+//! whose workgroups fold their rows into the token state as the argmax's key, and whose
+//! workgroup 0 advances the position (one dependency level fewer per step).
 
 use super::Rule;
 use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang};
