@@ -269,7 +269,7 @@ void main() {
     scale = inversesqrt(wg_published_sum() / float(I) + EPS);
 #endif
 #if STEP
-    uint step_key = 0u;
+    uint step_best = 0u;
     uint step_row = NONE;
 #endif
     if (t < ROWS && row0 + t < O) {
@@ -282,11 +282,11 @@ void main() {
         y[out_index(r)] = v;
         handoff_store(out_index(r), v);
 #if STEP
-        step_key = order_key(v);
+        step_best = order_key(v);
         step_row = r;
 #endif
     }
 #if STEP
-    step_arrive(step_key, step_row);
+    step_arrive(step_best, step_row);
 #endif
 }

@@ -294,6 +294,18 @@ fn open_bytes(name: &str, bytes: &[u8]) -> Result<ScheduleFile, ScheduleFileErro
     ScheduleFile::open(&path)
 }
 
+/// `err` is a malformed-metadata error at file offset `at`.
+fn assert_malformed_metadata_at(err: &ScheduleFileError, at: usize) {
+    assert!(
+        matches!(
+            err,
+            ScheduleFileError::Malformed { section: Section::Metadata, offset, .. }
+                if *offset == at as u64
+        ),
+        "{err}"
+    );
+}
+
 // The header as docs/schedule-format.md lays it out.
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
@@ -437,6 +449,8 @@ fn should_keep_the_token_key_encoding_and_refuse_an_unknown_one() {
         err.to_string().contains("io token: unknown encoding 7"),
         "{err}"
     );
+    // At the byte itself.
+    assert_malformed_metadata_at(&err, at);
 
     // A key needs 8 bytes, 8-aligned.
     schedule.io.token = s(1, 0, 4);
@@ -463,14 +477,7 @@ fn should_reject_a_tokenizer_tag_other_than_0_or_1() {
     b[at] = 7;
     fix_checksums(&mut b);
     let err = open_bytes("tokenizer-tag", &b).unwrap_err();
-    assert!(
-        matches!(
-            &err,
-            ScheduleFileError::Malformed { section: Section::Metadata, offset, .. }
-                if *offset == at as u64
-        ),
-        "{err}"
-    );
+    assert_malformed_metadata_at(&err, at);
     assert!(err.to_string().contains("tokenizer presence"), "{err}");
 }
 
@@ -899,14 +906,7 @@ fn should_reject_a_count_larger_than_the_bytes_left_without_allocating_it() {
     fix_checksums(&mut b);
     let (result, allocated) = allocated_by(|| open_bytes("huge-count", &b));
     let err = result.unwrap_err();
-    assert!(
-        matches!(
-            &err,
-            ScheduleFileError::Malformed { section: Section::Metadata, offset, .. }
-                if *offset == at as u64
-        ),
-        "{err}"
-    );
+    assert_malformed_metadata_at(&err, at);
     assert!(allocated < 1 << 20, "{allocated} bytes allocated");
 }
 

@@ -212,8 +212,8 @@ pub fn node_bytes(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) -
     };
     match node {
         Mvk([_, w, x, pro, ins]) => matvec_reads(g, *w, *x, *pro, *ins) + out,
-        // The tail's writes besides: token, position, the best's key and the arrivals.
-        MvkStep([_, w, x, pro, ins, ..]) => matvec_reads(g, *w, *x, *pro, *ins) + out + 16.0,
+        // The tail's writes besides: the token state (the argmax's key) and the position.
+        MvkStep([_, w, x, pro, ins, ..]) => matvec_reads(g, *w, *x, *pro, *ins) + out + 12.0,
         // Both matrices, and each workgroup's atomic add to every output row.
         MvChain([_, w2, _, w1, x, pro, ins]) => {
             let blocks = g[*w2]

@@ -75,7 +75,8 @@ fn reasons(u: &FusedUnit, k: &super::program::UKernel) -> Vec<String> {
             if spec.step {
                 r.push(
                     "tail: argmax and position written by the logits' matvec \
-                     (argmax-in-matvec: the tail's dispatch and level go)"
+                     (argmax-in-matvec: the tail's level goes; the token key it leaves is reset \
+                     by a zero dispatch in level 1)"
                         .into(),
                 );
             }

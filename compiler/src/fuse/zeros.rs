@@ -61,13 +61,25 @@ pub fn reset_token_key(
     token: Slice,
     spirv: &mut SpirvCache,
 ) -> Result<(), FuseError> {
+    let overlaps = |b: &Slice| {
+        b.buffer == token.buffer
+            && b.offset < token.offset + token.size
+            && token.offset < b.offset + b.size
+    };
     let binds_token = |l: &Range<u32>| {
         dispatches[l.start as usize..l.end as usize]
             .iter()
-            .any(|d| d.bindings.contains(&token))
+            .any(|d| d.bindings.iter().any(overlaps))
     };
-    // Level 1 must neither read the key nor be the last level (the matvec that writes it).
-    if levels.len() < 3 || binds_token(&levels[1]) {
+    // The key is read in level 0 (the embedding) and written in the last level (the matvec
+    // computing the logits) only, with level 1 between them to reset it in.
+    let last = levels.len().saturating_sub(1);
+    if let Some(i) = (1..last).find(|&i| binds_token(&levels[i])) {
+        return Err(FuseError::Internal(format!(
+            "level {i} binds the token key, which only level 0 and the last level may"
+        )));
+    }
+    if levels.len() < 3 {
         return Err(FuseError::Internal(format!(
             "no level after the embedding's to reset the token key in ({} levels)",
             levels.len()
@@ -265,5 +277,39 @@ mod tests {
             "attention short"
         );
         assert_eq!(kernels.len(), 3, "the two kept and the merged zero kernel");
+    }
+
+    #[test]
+    fn should_reset_the_token_key_in_level_1_and_refuse_a_key_read_between() {
+        // The token key at b3[+2048, 8], read in level 0 and written in the last level.
+        let token = Slice {
+            buffer: BufferId(3),
+            offset: 2048,
+            size: 8,
+        };
+        let mut ds = vec![dispatch(0, 0), dispatch(1, 4096), dispatch(2, 8192)];
+        ds[0].bindings.push(token);
+        ds[2].bindings.push(token);
+        let mut kernels = vec![decl("a", 2), decl("b", 1), decl("c", 2)];
+        let mut levels = vec![0..1, 1..2, 2..3];
+        let mut spirv = SpirvCache::default();
+        reset_token_key(&mut ds, &mut levels, &mut kernels, token, &mut spirv).unwrap();
+        assert_eq!(levels, vec![0..1, 1..3, 3..4]);
+        assert_eq!(ds[2].bindings, vec![token]);
+        assert_eq!(kernels[ds[2].kernel.index()].label, "zero[2]");
+        assert_eq!(ds[3].label, "d8192");
+
+        // A key read in level 1 (here overlapping it, not equal) leaves nowhere to reset it.
+        let mut ds = vec![dispatch(0, 0), dispatch(1, 4096), dispatch(2, 8192)];
+        ds[1].bindings.push(Slice {
+            size: 4,
+            offset: 2052,
+            ..token
+        });
+        let mut levels = vec![0..1, 1..2, 2..3];
+        let err = reset_token_key(&mut ds, &mut levels, &mut kernels, token, &mut spirv)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("level 1 binds the token key"), "{err}");
     }
 }

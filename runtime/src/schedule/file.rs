@@ -943,7 +943,10 @@ fn decode(bytes: &[u8]) -> Decoded<(Schedule, Vec<TensorRecord>)> {
     let token_encoding = match d.u8("io token encoding")? {
         0 => TokenEncoding::Index,
         1 => TokenEncoding::Key,
-        e => return d.fail(format!("io token: unknown encoding {e}")),
+        e => {
+            d.pos -= 1;
+            return d.fail(format!("io token: unknown encoding {e}"));
+        }
     };
     let io = Io {
         token,

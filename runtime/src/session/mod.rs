@@ -384,6 +384,12 @@ impl Loaded {
                 rec.fill_buffer(b, 0, b.size(), 0)?;
             }
         }
+        // A fresh token state holds token 0 in either encoding: the key's is (!0, 0).
+        if self.schedule.io.token_encoding == crate::schedule::TokenEncoding::Key {
+            let t = self.schedule.io.token;
+            rec.barrier(Stages::TRANSFER, Stages::TRANSFER);
+            rec.fill_buffer(&self.buffers[t.buffer.index()], t.offset, 4, !0u32)?;
+        }
         self.record_handoff_fill(&mut rec)?;
         // The fence makes the fills visible to the host only; the next submission's first level
         // has no barrier before it.
