@@ -263,10 +263,10 @@ struct Lowering<'a> {
     /// buffer shared by every such kernel (each dispatch leaves it zero, and they run in
     /// different levels).
     arrival_counters: Option<Slice>,
-    /// The token state, and whether it holds the argmax's key (`TokenEncoding::Key`: the
-    /// embedding decodes it then, and nothing else but the step's matvec may bind it).
+    /// The token state, and how it holds the token (`TokenEncoding::Key`: the embedding
+    /// decodes it, and nothing else but the step's matvec may bind it).
     token: Slice,
-    token_key: bool,
+    token_encoding: TokenEncoding,
 }
 
 const WEIGHTS: usize = 0;
@@ -462,7 +462,7 @@ impl Lowering<'_> {
                             op: id.to_string(),
                             text: self.p.op_text(id),
                         })?;
-                    if self.token_key && bindings.contains(&self.token) {
+                    if self.token_encoding == TokenEncoding::Key && bindings.contains(&self.token) {
                         if !matches!(self.p.ops[id.index()].kind, OpKind::Embedding) {
                             return Err(FuseError::Internal(format!(
                                 "`{}` reads the token state, which holds the argmax's key: \
@@ -513,7 +513,10 @@ impl Lowering<'_> {
                         .as_ref()
                         .ok_or_else(|| FuseError::Internal("a fused kernel without code".into()))?;
                     let step = matches!(&k.kind, KernelKind::Matvec(spec) if spec.step);
-                    if self.token_key && !step && bindings.contains(&self.token) {
+                    if self.token_encoding == TokenEncoding::Key
+                        && !step
+                        && bindings.contains(&self.token)
+                    {
                         return Err(FuseError::Internal(format!(
                             "`{}` binds the token state, which holds the argmax's key",
                             gen.label
@@ -785,7 +788,7 @@ pub fn lower_units_planned(
         arena_allocs: vec![],
         arrival_counters,
         token: token_slice,
-        token_key: token_encoding == TokenEncoding::Key,
+        token_encoding,
     };
     for &(u, start) in &fused.sequence {
         l.instance(&fused.units[u], start, spirv)?;
@@ -910,7 +913,7 @@ pub fn lower_units_planned(
         dispatches,
         levels,
         io: Io {
-            token: l.state_slices[token.index()],
+            token: l.token,
             token_encoding,
             position: l.state_slices[position.index()],
             logits: l.io_logits,

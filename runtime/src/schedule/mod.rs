@@ -336,11 +336,12 @@ impl TokenEncoding {
         }
     }
 
-    /// The token state's words for `token` written by the host.
-    pub fn encode(self, token: u32) -> Vec<u32> {
+    /// The token state's words for `token` written by the host: the first [`Self::bytes`] / 4
+    /// of these.
+    pub fn encode(self, token: u32) -> [u32; 2] {
         match self {
-            TokenEncoding::Index => vec![token],
-            TokenEncoding::Key => vec![!token, 0],
+            TokenEncoding::Index => [token, 0],
+            TokenEncoding::Key => [!token, 0],
         }
     }
 }

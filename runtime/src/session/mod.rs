@@ -375,7 +375,7 @@ impl Loaded {
         Ok(loaded)
     }
 
-    /// Starts a new sequence: state and I/O buffers back to zero (position 0).
+    /// Starts a new sequence: state and I/O buffers back to zero (position 0, token 0).
     pub fn reset(&mut self) -> Result<(), SessionError> {
         let mut cmd = self.device.create_command_buffer()?;
         let mut rec = cmd.begin()?;
@@ -384,18 +384,22 @@ impl Loaded {
                 rec.fill_buffer(b, 0, b.size(), 0)?;
             }
         }
-        // A fresh token state holds token 0 in either encoding: the key's is (!0, 0).
-        if self.schedule.io.token_encoding == crate::schedule::TokenEncoding::Key {
-            let t = self.schedule.io.token;
-            rec.barrier(Stages::TRANSFER, Stages::TRANSFER);
-            rec.fill_buffer(&self.buffers[t.buffer.index()], t.offset, 4, !0u32)?;
-        }
         self.record_handoff_fill(&mut rec)?;
         // The fence makes the fills visible to the host only; the next submission's first level
         // has no barrier before it.
         rec.barrier(Stages::TRANSFER, Stages::COMPUTE);
         rec.finish()?;
         self.device.submit_and_wait(&mut cmd, STEP_TIMEOUT)?;
+        // A fresh token state holds token 0 in either encoding (the key's is not all zeros).
+        self.write_token(0)
+    }
+
+    /// Writes `token` as the next step's input, in the schedule's token encoding.
+    fn write_token(&mut self, token: u32) -> Result<(), SessionError> {
+        let (s, encoding) = (self.schedule.io.token, self.schedule.io.token_encoding);
+        let words = encoding.encode(token);
+        self.buffers[s.buffer.index()]
+            .write_pod(s.offset, &words[..(encoding.bytes() / 4) as usize])?;
         Ok(())
     }
 
@@ -516,9 +520,7 @@ impl Loaded {
             if t >= vocab {
                 return Err(SessionError::TokenOutOfRange { token: t, vocab });
             }
-            let s = self.schedule.io.token;
-            let words = self.schedule.io.token_encoding.encode(t);
-            self.buffers[s.buffer.index()].write_pod(s.offset, &words)?;
+            self.write_token(t)?;
         }
         Ok(position)
     }
