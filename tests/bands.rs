@@ -13,8 +13,8 @@
 //!    steps runs the band of its last step: the one ending at 11 is right, the one from 12 to
 //!    19 wrong at every step, 12 to 15 included.
 //! 3. The bands' combine of several splits, which the fixture's 32 positions never reach (a
-//!    split attends at least 32 slots): 100 positions of a 4-split block with bands of 2 and 4
-//!    splits against the CPU reference interpreter, eager, replay, and replay with handoffs
+//!    split attends at least 32 slots): 100 positions of a 4-split block with bands of 2, 4
+//!    and 3 splits against the CPU reference interpreter, eager, replay, and replay with handoffs
 //!    (where the bands' splits combine by polling).
 //! 4. Bands the block cannot take are errors when asked for, and the defaults leave them out.
 //! 5. Bands poll only where the compile's device has more compute units than query heads.
@@ -225,13 +225,20 @@ fn banded_combines_match_the_reference() {
     let (model, program) = program();
     let opts = FuseOptions {
         attention_splits: Some(4),
-        // Invocation groups of the head (32) x splits each: 2 x 1, 1 x 4 and 2 x 2, the last
-        // with every split working past 96 slots (the block's own grid is the other tests').
-        attention_bands: Some(vec![band(48, 2, 64), band(72, 4, 32), band(100, 4, 64)]),
+        // Invocation groups of the head (32) x splits each: 2 x 1, 1 x 4, 2 x 2 with 3 splits
+        // (one group folds two, the other one: a count of splits the groups do not divide, as
+        // the H100 defaults' 6 and 12) and 2 x 2, the last with every split working past 96
+        // slots (the block's own grid is the other tests').
+        attention_bands: Some(vec![
+            band(48, 2, 64),
+            band(72, 4, 32),
+            band(88, 3, 64),
+            band(100, 4, 64),
+        ]),
         ..FuseOptions::default()
     };
     let schedule = lower(&program, &opts).unwrap();
-    assert_eq!(schedule.bands(), vec![48, 72, 100]);
+    assert_eq!(schedule.bands(), vec![48, 72, 88, 100]);
     // Tokens from a fixed linear congruential sequence over the vocabulary.
     let vocab = schedule.meta.vocab_size;
     let ids: Vec<u32> = (0..100u32).map(|i| (i * 7919 + 13) % vocab).collect();

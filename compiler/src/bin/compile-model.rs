@@ -59,8 +59,8 @@ struct Args {
     /// values up to f32 rounding; replay records the step once per band and runs each chain of
     /// steps on the band of its last step. A band needs a split block with at least its splits
     /// (else an error). Default by the matvec weights' format, as measured on an H100:
-    /// `128:4x256,256:8x256,512:8x512` for q4_0, `128:4x256,512:8x512` for q8_0, `512:8x512`
-    /// for f16 and bf16 (where the block can take them), none otherwise.
+    /// `256:4x512,384:6x512,512:8x512` for f16 and bf16, the same and `768:12x512` for q8_0
+    /// and q4_0 (where the block can take them), none otherwise.
     #[arg(long, value_name = "BANDS", value_parser = parse_bands)]
     attention_bands: Option<Bands>,
     /// MiB of the next matvec levels' weights to read into the L2 cache beside each level that

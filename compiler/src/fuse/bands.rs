@@ -35,23 +35,25 @@ impl fmt::Display for AttentionBand {
 }
 
 /// The bands for a program whose matvec weights are `dtype`, as measured on an H100 with
-/// Qwen3-0.6B's shape (16 query heads of 128; docs/perf.md, session 19), bounded where a number
-/// of splits covers the context with chunks of the fewest slots a split attends
-/// ([`ATTENTION_MIN_CHUNK`]): q4_0 runs 4 splits of 256 invocations while 4 such chunks cover
-/// it, 8 splits of 256 while 8 do, then 8 splits of 512 while 16 do; q8_0 the first and the
-/// last of those; 16-bit floats the last alone (session 24, once the matvecs summed their dots
-/// transposed: bf16 +1.3%, where the three of q4_0 lost 2.1%; docs/perf.md). f32 weights keep
-/// one grid.
+/// Qwen3-0.6B's shape (16 query heads of 128, the block's own grid 16 splits of 512; docs/perf.md,
+/// session 27): 512 invocations throughout, and as few splits as keep every split's chunk within
+/// two of the fewest slots a split attends ([`ATTENTION_MIN_CHUNK`], 64 slots, half a tile of
+/// this workgroup): 4 splits below 256, 6 below 384, 8 below 512, and for the block formats 12
+/// below 768 (16-bit floats lost 2% there). Fewer splits are fewer partials to combine and fewer
+/// workgroups beside the prefetch; past two minimal chunks a split's walk costs more than they
+/// save. Against session 24's bands (q4_0 `128:4x256,256:8x256,512:8x512`, q8_0
+/// `128:4x256,512:8x512`, 16-bit floats `512:8x512`): GPU time per token at 256 tokens bf16
+/// -0.9%, q8_0 -1.9%, q4_0 -2.8%. f32 weights keep one grid.
 pub fn for_weights(dtype: DType) -> Vec<AttentionBand> {
-    let band = |chunks: u32, splits: usize, workgroup: u32| AttentionBand {
+    let band = |chunks: u32, splits: usize| AttentionBand {
         below: chunks * ATTENTION_MIN_CHUNK as u32,
         splits,
-        workgroup,
+        workgroup: 512,
     };
+    let short = [band(8, 4), band(12, 6), band(16, 8)];
     match dtype {
-        DType::Q4_0 => vec![band(4, 4, 256), band(8, 8, 256), band(16, 8, 512)],
-        DType::Q8_0 => vec![band(4, 4, 256), band(16, 8, 512)],
-        DType::F16 | DType::BF16 => vec![band(16, 8, 512)],
+        DType::Q4_0 | DType::Q8_0 => [&short[..], &[band(24, 12)]].concat(),
+        DType::F16 | DType::BF16 => short.to_vec(),
         DType::F32 | DType::I32 => vec![],
     }
 }
@@ -131,17 +133,15 @@ mod tests {
     fn should_parse_what_it_prints() {
         let bands = for_weights(DType::Q4_0);
         let text: Vec<String> = bands.iter().map(|b| b.to_string()).collect();
-        assert_eq!(text.join(","), "128:4x256,256:8x256,512:8x512");
+        assert_eq!(text.join(","), "256:4x512,384:6x512,512:8x512,768:12x512");
         assert_eq!(parse(&text.join(",")).unwrap(), bands);
         assert_eq!(parse(" none ").unwrap(), vec![]);
-        assert_eq!(
-            for_weights(DType::Q8_0)
-                .iter()
-                .map(|b| b.to_string())
-                .collect::<Vec<_>>(),
-            ["128:4x256", "512:8x512"]
-        );
-        assert_eq!(for_weights(DType::BF16)[0].to_string(), "512:8x512");
+        assert_eq!(for_weights(DType::Q8_0), bands);
+        let floats: Vec<String> = for_weights(DType::BF16)
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
+        assert_eq!(floats, ["256:4x512", "384:6x512", "512:8x512"]);
         assert_eq!(for_weights(DType::BF16), for_weights(DType::F16));
         assert!(for_weights(DType::F32).is_empty());
     }
