@@ -227,7 +227,7 @@ fn banded_combines_match_the_reference() {
         attention_splits: Some(4),
         // Invocation groups of the head (32) x splits each: 2 x 1, 1 x 4, 2 x 2 with 3 splits
         // (one group folds two, the other one: a count of splits the groups do not divide, as
-        // the H100 defaults' 6 and 12) and 2 x 2, the last with every split working past 96
+        // the H100 defaults' 6 does its 4 groups) and 2 x 2, the last with every split working past 96
         // slots (the block's own grid is the other tests').
         attention_bands: Some(vec![
             band(48, 2, 64),
@@ -336,8 +336,9 @@ fn bands_the_block_cannot_take_are_errors_when_asked_for() {
     assert_eq!(with(Some(4), far).unwrap().bands(), vec![16, 600]);
     let own = vec![band(16, 2, 64), band(32, 4, 128)];
     assert_eq!(with(Some(4), own).unwrap().bands(), vec![16]);
-    // By default none at all here: 16-bit float weights have one band (8 splits below 512), which
-    // the fixture's unsplit block cannot take, and a default the block cannot take is left out.
+    // By default none at all here: 16-bit float weights have three bands (4, 6 and 8 splits below
+    // 256, 384 and 512), which the fixture's unsplit block cannot take, and a default the block
+    // cannot take is left out.
     let s = lower(&program, &FuseOptions::default()).unwrap();
     assert!(s.bands().is_empty());
 }

@@ -43,7 +43,7 @@ impl fmt::Display for AttentionBand {
 /// workgroups beside the prefetch; past two minimal chunks a split's walk costs more than they
 /// save. Against session 24's bands (q4_0 `128:4x256,256:8x256,512:8x512`, q8_0
 /// `128:4x256,512:8x512`, 16-bit floats `512:8x512`): GPU time per token at 256 tokens bf16
-/// -0.9%, q8_0 -1.9%, q4_0 -2.8%. f32 weights keep one grid.
+/// -0.8%, q8_0 -1.8%, q4_0 -2.8%. f32 weights keep one grid.
 pub fn for_weights(dtype: DType) -> Vec<AttentionBand> {
     let band = |chunks: u32, splits: usize| AttentionBand {
         below: chunks * ATTENTION_MIN_CHUNK as u32,
