@@ -341,6 +341,18 @@ fn bands_the_block_cannot_take_are_errors_when_asked_for() {
     // cannot take is left out.
     let s = lower(&program, &FuseOptions::default()).unwrap();
     assert!(s.bands().is_empty());
+    // On a block of 8 splits the defaults run the block's own workgroup (128 invocations for
+    // heads of 32) with 4 and 6 splits; the band of 8 is the block's own grid and falls away (a
+    // band of another workgroup would stay).
+    let s = lower(
+        &program,
+        &FuseOptions {
+            attention_splits: Some(8),
+            ..FuseOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(s.bands(), vec![256, 384]);
 }
 
 /// The bands' highest splits wait for the others inside the dispatch, one per head, so the

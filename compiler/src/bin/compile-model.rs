@@ -58,9 +58,10 @@ struct Args {
     /// block's own grid every position past the last) or `none`. Every grid computes the same
     /// values up to f32 rounding; replay records the step once per band and runs each chain of
     /// steps on the band of its last step. A band needs a split block with at least its splits
-    /// (else an error). Default by the matvec weights' format, as measured on an H100:
-    /// `256:4x512,384:6x512,512:8x512` for f16 and bf16, the same and `768:12x512` for q8_0
-    /// and q4_0 (where the block can take them), none otherwise.
+    /// (else an error). Default by the matvec weights' format, as measured on an H100, on the
+    /// block's own workgroup size (here 512): `256:4x512,384:6x512,512:8x512` for f16 and bf16,
+    /// the same and `768:12x512` for q8_0 and q4_0 (where the block can take them), none
+    /// otherwise.
     #[arg(long, value_name = "BANDS", value_parser = parse_bands)]
     attention_bands: Option<Bands>,
     /// MiB of the next matvec levels' weights to read into the L2 cache beside each level that

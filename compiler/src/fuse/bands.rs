@@ -34,21 +34,24 @@ impl fmt::Display for AttentionBand {
     }
 }
 
-/// The bands for a program whose matvec weights are `dtype`, as measured on an H100 with
-/// Qwen3-0.6B's shape (16 query heads of 128, the block's own grid 16 splits of 512; docs/perf.md,
-/// session 27): 512 invocations throughout, and as few splits as keep every split's chunk within
-/// two of the fewest slots a split attends ([`ATTENTION_MIN_CHUNK`], 64 slots, half a tile of
-/// this workgroup): 4 splits below 256, 6 below 384, 8 below 512, and for the block formats 12
-/// below 768 (16-bit floats lost 2% there). Fewer splits are fewer partials to combine and fewer
-/// workgroups beside the prefetch; past two minimal chunks a split's walk costs more than they
-/// save. Against session 24's bands (q4_0 `128:4x256,256:8x256,512:8x512`, q8_0
-/// `128:4x256,512:8x512`, 16-bit floats `512:8x512`): GPU time per token at 256 tokens bf16
-/// -0.8%, q8_0 -1.8%, q4_0 -2.8%. f32 weights keep one grid.
-pub fn for_weights(dtype: DType) -> Vec<AttentionBand> {
+/// The bands for a program whose matvec weights are `dtype` and whose block runs `workgroup`
+/// invocations: that workgroup with as few splits as keep every split's chunk within two of the
+/// fewest slots a split attends ([`ATTENTION_MIN_CHUNK`], 64 slots): 4 splits below position
+/// 256, 6 below 384, 8 below 512, and for the block formats 12 below 768, as measured on an H100
+/// with Qwen3-0.6B's shape (16 query heads of 128, the block's own grid 16 splits of 512;
+/// docs/perf.md, session 27; 16-bit floats lost 2% with the 12). Fewer splits are fewer
+/// partials to combine and fewer workgroups beside the prefetch; past two minimal chunks a
+/// split's walk costs more than they save. Against session 24's bands (q4_0
+/// `128:4x256,256:8x256,512:8x512`, q8_0 `128:4x256,512:8x512`, 16-bit floats `512:8x512`): GPU
+/// time per token at 256 tokens bf16 -0.8%, q8_0 -1.8%, q4_0 -2.8%. The block's own workgroup
+/// keeps the invocations per head element it was chosen with (a 512-wide band cost a 32-wide
+/// head on lavapipe twice the time); bands with the block's splits or more fall away where the
+/// bands are applied. f32 weights keep one grid.
+pub fn for_weights(dtype: DType, workgroup: u32) -> Vec<AttentionBand> {
     let band = |chunks: u32, splits: usize| AttentionBand {
         below: chunks * ATTENTION_MIN_CHUNK as u32,
         splits,
-        workgroup: 512,
+        workgroup,
     };
     let short = [band(8, 4), band(12, 6), band(16, 8)];
     match dtype {
@@ -58,9 +61,10 @@ pub fn for_weights(dtype: DType) -> Vec<AttentionBand> {
     }
 }
 
-/// [`for_weights`] for `program`'s matvec weights ([`prefetch::matvec_dtype`]).
-pub fn for_program(program: &Program) -> Vec<AttentionBand> {
-    for_weights(prefetch::matvec_dtype(program))
+/// [`for_weights`] for `program`'s matvec weights ([`prefetch::matvec_dtype`]) and a block of
+/// `workgroup` invocations.
+pub fn for_program(program: &Program, workgroup: u32) -> Vec<AttentionBand> {
+    for_weights(prefetch::matvec_dtype(program), workgroup)
 }
 
 /// Why a `--attention-bands` text does not parse.
@@ -131,19 +135,20 @@ mod tests {
 
     #[test]
     fn should_parse_what_it_prints() {
-        let bands = for_weights(DType::Q4_0);
+        let bands = for_weights(DType::Q4_0, 512);
         let text: Vec<String> = bands.iter().map(|b| b.to_string()).collect();
         assert_eq!(text.join(","), "256:4x512,384:6x512,512:8x512,768:12x512");
         assert_eq!(parse(&text.join(",")).unwrap(), bands);
         assert_eq!(parse(" none ").unwrap(), vec![]);
-        assert_eq!(for_weights(DType::Q8_0), bands);
-        let floats: Vec<String> = for_weights(DType::BF16)
+        assert_eq!(for_weights(DType::Q8_0, 512), bands);
+        let floats: Vec<String> = for_weights(DType::BF16, 512)
             .iter()
             .map(|b| b.to_string())
             .collect();
         assert_eq!(floats, ["256:4x512", "384:6x512", "512:8x512"]);
-        assert_eq!(for_weights(DType::BF16), for_weights(DType::F16));
-        assert!(for_weights(DType::F32).is_empty());
+        assert_eq!(for_weights(DType::BF16, 512), for_weights(DType::F16, 512));
+        assert_eq!(for_weights(DType::BF16, 128)[0].to_string(), "256:4x128");
+        assert!(for_weights(DType::F32, 512).is_empty());
     }
 
     #[test]

@@ -218,7 +218,7 @@ impl Builder<'_> {
         let given = self.opts.attention_bands.as_ref();
         let bands = match given {
             Some(b) => b.clone(),
-            None => super::bands::for_program(self.p),
+            None => super::bands::for_program(self.p, spec.workgroup),
         };
         let head = spec.head_dim.next_power_of_two() as u32;
         // The bands' highest splits wait for the others inside the dispatch, one per head: sound
