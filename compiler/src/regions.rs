@@ -17,14 +17,10 @@ pub struct Access {
     pub writes: Vec<Slice>,
 }
 
-fn overlap(a: &Slice, b: &Slice) -> bool {
-    a.buffer == b.buffer && a.offset < b.offset + b.size && b.offset < a.offset + a.size
-}
-
 impl Access {
     /// Whether running `self` and `later` without a barrier between them could race.
     pub fn conflicts(&self, later: &Access) -> bool {
-        let hits = |xs: &[Slice], ys: &[Slice]| xs.iter().any(|x| ys.iter().any(|y| overlap(x, y)));
+        let hits = |xs: &[Slice], ys: &[Slice]| xs.iter().any(|x| ys.iter().any(|y| x.overlaps(y)));
         hits(&self.writes, &later.reads)
             || hits(&self.writes, &later.writes)
             || hits(&self.reads, &later.writes)

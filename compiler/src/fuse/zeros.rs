@@ -61,15 +61,10 @@ pub fn reset_token_key(
     token: Slice,
     spirv: &mut SpirvCache,
 ) -> Result<(), FuseError> {
-    let overlaps = |b: &Slice| {
-        b.buffer == token.buffer
-            && b.offset < token.offset + token.size
-            && token.offset < b.offset + b.size
-    };
     let binds_token = |l: &Range<u32>| {
         dispatches[l.start as usize..l.end as usize]
             .iter()
-            .any(|d| d.bindings.iter().any(overlaps))
+            .any(|d| d.bindings.iter().any(|b| b.overlaps(&token)))
     };
     // The key is read in level 0 (the embedding) and written in the last level (the matvec
     // computing the logits) only, with level 1 between them to reset it in.

@@ -92,6 +92,15 @@ pub struct Slice {
     pub size: u64,
 }
 
+impl Slice {
+    /// Whether the two share a byte of one buffer.
+    pub fn overlaps(&self, other: &Slice) -> bool {
+        self.buffer == other.buffer
+            && self.offset < other.offset + other.size
+            && other.offset < self.offset + self.size
+    }
+}
+
 /// One tensor's bytes to copy into a weights buffer at load.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WeightUpload {

@@ -68,10 +68,6 @@ pub fn accesses(schedule: &Schedule) -> Vec<Access> {
         .collect()
 }
 
-fn overlap(a: &Slice, b: &Slice) -> bool {
-    a.buffer == b.buffer && a.offset < b.offset + b.size && b.offset < a.offset + a.size
-}
-
 fn written(access: &Access, j: usize) -> bool {
     j < 64 && access.written & (1 << j) != 0
 }
@@ -139,7 +135,7 @@ fn try_hand(
     touched: &[Slice],
     wrote: &[Slice],
 ) -> bool {
-    let hits = |sl: &Slice, set: &[Slice]| set.iter().any(|x| overlap(x, sl));
+    let hits = |sl: &Slice, set: &[Slice]| set.iter().any(|x| x.overlaps(sl));
     // The consumer: the one dispatch whose role's reads meet what was written.
     let consumers: Vec<usize> = ids
         .iter()

@@ -62,10 +62,6 @@ pub struct PingPongPlan {
     pub kept: Vec<(usize, &'static str)>,
 }
 
-fn overlaps(a: &Slice, b: &Slice) -> bool {
-    a.buffer == b.buffer && a.offset < b.offset + b.size && b.offset < a.offset + a.size
-}
-
 fn is_copy(s: &Schedule, d: usize) -> bool {
     let k = &s.kernels[s.dispatches[d].kernel.index()];
     k.label.starts_with("copy[") && k.bindings == 2
@@ -131,7 +127,7 @@ fn check(
             .bindings
             .iter()
             .enumerate()
-            .filter(|(_, b)| overlaps(b, x))
+            .filter(|(_, b)| b.overlaps(x))
             .map(|(i, b)| (i, b == x))
             .collect()
     };
