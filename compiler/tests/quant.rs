@@ -174,6 +174,18 @@ fn row_layout_is_codes_then_scales_then_padding() {
         if fmt == DType::Q8_0 {
             let codes: Vec<i8> = bytes[..32].iter().map(|b| *b as i8).collect();
             assert_eq!(codes, ggml_q8_0(&x[..32]).1);
+        } else {
+            // ggml's codes, in vkfuse's order: word k of a block holds elements 8k .. 8k + 3
+            // low and 8k + 4 .. 8k + 7 high (a kernel step's 8 consecutive inputs).
+            for b in 0..2 {
+                let codes = ggml_q4_0(&x[32 * b..32 * b + 32]).1;
+                for j in 0..16 {
+                    let e = 8 * (j / 4) + j % 4;
+                    let byte = bytes[16 * b + j];
+                    assert_eq!(byte & 15, codes[e], "block {b} byte {j} low: element {e}");
+                    assert_eq!(byte >> 4, codes[e + 4], "block {b} byte {j} high");
+                }
+            }
         }
     }
     // Qwen3-0.6B's rows need no padding.

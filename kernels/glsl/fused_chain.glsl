@@ -163,8 +163,8 @@ shared vec4 xs4[STAGE4];
 // steps c: as stored, two lanes of every 8 meet in each group, and every load takes two
 // passes. Flipping bit 0 of the vec4s whose bit 3 is set spreads them over all 8 groups: on the
 // H100 bf16's o_proj dots 1.28 -> 0.77 µs, the chain's 1.54 -> 1.28 (docs/perf.md, session 23).
-// The block formats keep their order: the same for q8_0 (the same reads) measured level, and
-// q4_0's (8b + k, 8b + 4 + k for block b = c / 4, k = c % 4) with bit 2 flipped lost 1.4%.
+// The block formats, whose steps read the same vec4s, keep the plain order: the swizzle
+// measured level for q8_0 and cost q4_0 0.7% (docs/perf.md, sessions 23 and 28).
 // Only where whole runs of 16 vec4s are staged, so that an index stays in the array.
 uint xs_at(uint i) {
 #if defined(NO_XS_SWIZZLE) || W_DTYPE == Q8_0 || W_DTYPE == Q4_0
@@ -177,10 +177,9 @@ uint xs_at(uint i) {
 shared float dots_s[NDOTS * KS];
 shared vec4 act4[CB / 4u];
 
-// The vec4s of the input that step c (8 weights of a row) meets: 2c and 2c + 1, or the
-// block formats' order (quant.glsl).
-uvec2 step_x4(uint dt, uint c) {
-    return (dt == Q8_0 || dt == Q4_0) ? q_x4(dt, c) : uvec2(2u * c, 2u * c + 1u);
+// The vec4s of the input that step c (8 weights of a row, in every dtype: quant.glsl) meets.
+uvec2 step_x4(uint c) {
+    return uvec2(2u * c, 2u * c + 1u);
 }
 
 #if W_DTYPE != F32
@@ -380,7 +379,7 @@ void main() {
             for (uint k = 0u; k < PRE_STEPS; k++) {
                 uint c = lane + k * gl_SubgroupSize;
                 if (c < SPK) {
-                    uvec2 xi = step_x4(W_DTYPE, cbase + c);
+                    uvec2 xi = step_x4(cbase + c);
                     for (uint i = 0u; i < DG; i++) {
                         acc[i] += inner_dot(wp[i * PRE_STEPS + k], cbase + c,
                                             xs4[xs_at(xi.x)], xs4[xs_at(xi.y)]);
@@ -391,7 +390,7 @@ void main() {
         }
 #endif
         for (uint c = cbase + c0; c < cbase + SPK; c += gl_SubgroupSize) {
-            uvec2 xi = step_x4(W_DTYPE, c);
+            uvec2 xi = step_x4(c);
             vec4 xa = xs4[xs_at(xi.x)];
             vec4 xb = xs4[xs_at(xi.y)];
             for (uint i = 0u; i < DG; i++) {
@@ -434,10 +433,10 @@ void main() {
         }
         float v = 0.0;
 #if W2_DTYPE == Q4_0
-        // Byte i of the block: input i in its low nibble, i + 16 in its high one.
+        // Word w of the block: inputs 8w .. 8w + 3 in its low nibbles, 8w + 4 .. in its high.
         uvec4 c = pre_c[k];
         for (uint w = 0u; w < 4u; w++) {
-            v += dot(q4_low(c[w]), act4[w]) + dot(q4_high(c[w]), act4[4u + w]);
+            v += dot(q4_low(c[w]), act4[2u * w]) + dot(q4_high(c[w]), act4[2u * w + 1u]);
         }
 #else
         for (uint i = 0u; i < 2u; i++) {

@@ -117,13 +117,12 @@ vec4 nw4_at(uint v) {
 // The input's two vec4s that step c's weights meet, normed (NORM: their squares added to ss
 // when `live`).
 void q_step_x(uint c, bool live, inout float ss, out vec4 xa, out vec4 xb) {
-    uvec2 xi = q_x4(W_DTYPE, c);
-    xa = x4[xi.x];
-    xb = x4[xi.y];
+    xa = x4[2u * c];
+    xb = x4[2u * c + 1u];
 #if NORM
     ss += live ? dot(xa, xa) + dot(xb, xb) : 0.0;
-    xa *= nw4_at(xi.x);
-    xb *= nw4_at(xi.y);
+    xa *= nw4_at(2u * c);
+    xb *= nw4_at(2u * c + 1u);
 #endif
 }
 #endif

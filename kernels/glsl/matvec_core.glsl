@@ -35,9 +35,8 @@ float matvec_rows(uint wrow, uint last, uint xoff) {
 #if DTYPE_1 == Q8_0 || DTYPE_1 == Q4_0
     uint rb = q_row_bytes(DTYPE_1, I);
     for (uint c = t; c < I / 8u; c += gl_WorkGroupSize.x) {
-        uvec2 xi = q_x4(DTYPE_1, c) + xoff / 4u;
-        vec4 xa = x4[xi.x];
-        vec4 xb = x4[xi.y];
+        vec4 xa = x4[xoff / 4u + 2u * c];
+        vec4 xb = x4[xoff / 4u + 2u * c + 1u];
         for (uint r = 0u; r < ROWS; r++) {
             uint at = row[r] * rb;
             acc[r] += Q_SCALE(DTYPE_1, w, at, I, c / 4u) *

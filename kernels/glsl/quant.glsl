@@ -5,8 +5,10 @@
 // f16 scales (one per block of 32 weights), then zeros up to a multiple of 16 bytes, so every
 // row starts 16-byte aligned.
 //   q8_0: code i of the row is the signed byte i; weight i = code · d[i / 32].
-//   q4_0: block b is 16 bytes; byte j holds element 32b + j in its low nibble and
-//         32b + 16 + j in its high nibble (ggml's qs); weight = (nibble - 8) · d[b].
+//   q4_0: block b is 16 bytes; word k of it (bytes 4k .. 4k + 3) holds elements
+//         32b + 8k .. + 3 in its low nibbles and 32b + 8k + 4 .. + 7 in its high ones (ggml's
+//         codes, not in ggml's qs order: quant::blocks::q4_0_stored says why);
+//         weight = (nibble - 8) · d[b].
 // The includer defines the dtype codes (common.glsl) and names the dtype in the macro
 // arguments; `cols` (the row length) is a multiple of 32. Guarded: persistent regions include
 // several matvec bodies in one shader.
@@ -44,22 +46,12 @@ vec4 q4_high(uint w) {
 }
 
 // The matvec loops take 8 weights of a row per invocation and step, as the 16-bit dtypes do
-// (a 1024-wide row is 128 steps: one per invocation of a 128-wide workgroup): step c is two
-// words of q8_0 codes (elements 8c..8c+7) or one word of q4_0 codes (block b = c/4, word
-// k = c%4: elements 32b+4k..+3 in the low nibbles, 32b+16+4k..+3 in the high ones), all of
-// block c/4. Neighbouring invocations read neighbouring words, so a subgroup's loads coalesce.
+// (a 1024-wide row is 128 steps: one per invocation of a 128-wide workgroup): step c is
+// elements 8c .. 8c + 7, two words of q8_0 codes or one word of q4_0 codes (its low nibbles,
+// then its high ones), all of block c/4, and meets the input's vec4s 2c and 2c + 1.
+// Neighbouring invocations read neighbouring words, so a subgroup's loads coalesce.
 // (One uvec4 of codes per step, 16 or 32 weights, measured slower on the H200: a quarter of
 // the invocations per row, each with 4x the arithmetic; docs/perf.md.)
-
-// The vec4s of the input (indices into it as vec4) that step c's weights meet.
-uvec2 q_x4(uint dt, uint c) {
-    if (dt == Q8_0) {
-        return uvec2(2u * c, 2u * c + 1u);
-    }
-    uint b = c / 4u;
-    uint k = c & 3u;
-    return uvec2(8u * b + k, 8u * b + 4u + k);
-}
 
 // The dot of step c's codes (the row's codes start at word `aw` of the uint array A) with
 // the inputs xa, xb, before the block's scale.
@@ -72,9 +64,9 @@ uvec2 q_x4(uint dt, uint c) {
 #define Q_SCALE(dt, A, row_at, cols, b) \
     unpackHalf2x16(A[((row_at) + q_code_bytes(dt, cols)) / 4u + (b) / 2u])[(b) & 1u]
 
-// Byte of the row holding element i's code.
+// Byte of the row holding element i's code (q4_0: the high nibble where i % 8 >= 4).
 uint q_byte(uint dt, uint i) {
-    return dt == Q8_0 ? i : 16u * (i / 32u) + (i & 15u);
+    return dt == Q8_0 ? i : 16u * (i / 32u) + 4u * ((i & 31u) / 8u) + (i & 3u);
 }
 
 // The code of element i from the word holding it, as a float (q4_0: minus 8).
@@ -88,7 +80,7 @@ float q_code(uint dt, uint word, uint byte_in_word, bool high) {
 // Element i of row `row` (A: uint array of rows of `cols`), dequantised.
 #define Q_LOAD(dt, A, row, i, cols) \
     (q_code(dt, A[((row) * q_row_bytes(dt, cols) + q_byte(dt, i)) / 4u], \
-            q_byte(dt, i) & 3u, dt == Q4_0 && ((i) & 31u) >= 16u) * \
+            q_byte(dt, i) & 3u, dt == Q4_0 && ((i) & 4u) != 0u) * \
      Q_SCALE(dt, A, (row) * q_row_bytes(dt, cols), cols, (i) / 32u))
 
 #endif

@@ -709,8 +709,8 @@ fn should_reject_a_newer_version_saying_which() {
 
 #[test]
 fn should_refuse_a_version_1_file_asking_to_recompile() {
-    // Version 1 had no tokenizer in its metadata; this build reads version 8 only.
-    assert_eq!(FORMAT_VERSION, 8);
+    // Version 1 had no tokenizer in its metadata; this build reads version 9 only.
+    assert_eq!(FORMAT_VERSION, 9);
     let (_, mut b) = sample_file("version-1-src");
     b[8..12].copy_from_slice(&1u32.to_le_bytes());
     fix_checksums(&mut b);
@@ -720,7 +720,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
             err,
             ScheduleFileError::UnsupportedVersion {
                 found: 1,
-                supported: 8,
+                supported: 9,
                 ..
             }
         ),
@@ -728,7 +728,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 8)"),
+        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 9)"),
         "{msg}"
     );
     assert!(msg.contains("recompile the model"), "{msg}");
@@ -939,7 +939,7 @@ fn should_dump_every_table_readably() {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     let whole = file.to_string();
-    assert!(whole.contains("vkfuse schedule format 8"), "{whole}");
+    assert!(whole.contains("vkfuse schedule format 9"), "{whole}");
     assert!(whole.contains("tensors in the file (3):"), "{whole}");
     assert!(whole.contains(&text), "{whole}");
 }

@@ -10,10 +10,10 @@
 //! rebuilt from the stored f16.
 //!
 //! Row layout (docs/schedule-format.md): a row of `cols` weights (a multiple of 32) is its
-//! codes (q8_0: one signed byte per weight; q4_0: 16 bytes per block, byte j holding element j
-//! in its low nibble and element 16 + j in its high nibble, ggml's `qs`), then its f16 scales
-//! in block order, then zeros up to [`DType::row_bytes`] (a multiple of 16), so every row of a
-//! matrix starts 16-byte aligned for the kernels' uvec4 loads.
+//! codes (q8_0: one signed byte per weight; q4_0: 16 bytes per block in [`q4_0_stored`]'s
+//! order), then its f16 scales in block order, then zeros up to [`DType::row_bytes`] (a
+//! multiple of 16), so every row of a matrix starts 16-byte aligned for the kernels' uvec4
+//! loads.
 
 use crate::ir::DType;
 use half::{bf16, f16};
@@ -74,6 +74,43 @@ pub fn quantize_q4_0(x: &[f32; BLOCK]) -> BlockQ4_0 {
     }
 }
 
+/// A q4_0 block's 16 code bytes as vkfuse stores them: word k (bytes 4k .. 4k + 3) holds
+/// elements 8k .. 8k + 3 in its low nibbles and 8k + 4 .. 8k + 7 in its high ones, so that a
+/// kernel's step of 8 weights (one word) meets 8 consecutive inputs, as a step of q8_0 or of a
+/// 16-bit float does. In ggml's `qs` order (element j low, j + 16 high) word k meets inputs
+/// 4k .. 4k + 3 and 16 + 4k .. 16 + 4k + 3, so a subgroup's input loads spread over twice the
+/// cache lines, and on an H100 q4_0 decoded 1.1% slower (docs/perf.md, session 28). The same
+/// codes and scale as ggml's: only their order differs.
+pub fn q4_0_stored(b: &BlockQ4_0) -> [u8; BLOCK / 2] {
+    let code = |e: usize| {
+        if e < BLOCK / 2 {
+            b.qs[e] & 15
+        } else {
+            b.qs[e - BLOCK / 2] >> 4
+        }
+    };
+    std::array::from_fn(|j| {
+        let e = 8 * (j / 4) + j % 4;
+        code(e) | (code(e + 4) << 4)
+    })
+}
+
+/// The inverse of [`q4_0_stored`]: ggml's block from the stored codes and scale.
+pub fn q4_0_from_stored(d: f16, stored: &[u8; BLOCK / 2]) -> BlockQ4_0 {
+    let code = |e: usize| {
+        let byte = stored[4 * (e / 8) + e % 4];
+        if e % 8 < 4 {
+            byte & 15
+        } else {
+            byte >> 4
+        }
+    };
+    BlockQ4_0 {
+        d,
+        qs: std::array::from_fn(|j| code(j) | (code(j + BLOCK / 2) << 4)),
+    }
+}
+
 /// ggml's `dequantize_row_q8_0` for one block.
 pub fn dequantize_q8_0(b: &BlockQ8_0) -> [f32; BLOCK] {
     let d = b.d.to_f32();
@@ -120,7 +157,7 @@ fn encode_row(dtype: DType, row: &[f32], out: &mut Vec<u8>) {
             scales.push(b.d);
         } else {
             let b = quantize_q4_0(block);
-            out.extend_from_slice(&b.qs);
+            out.extend_from_slice(&q4_0_stored(&b));
             scales.push(b.d);
         }
     }
@@ -162,8 +199,8 @@ pub fn decode(dtype: DType, bytes: &[u8], cols: usize) -> Vec<f32> {
                         }
                         dequantize_q8_0(&BlockQ8_0 { d, qs })
                     } else {
-                        let qs: [u8; BLOCK / 2] = codes.try_into().expect("16 bytes a block");
-                        dequantize_q4_0(&BlockQ4_0 { d, qs })
+                        let stored: &[u8; BLOCK / 2] = codes.try_into().expect("16 bytes a block");
+                        dequantize_q4_0(&q4_0_from_stored(d, stored))
                     };
                     y.extend_from_slice(&values);
                 }

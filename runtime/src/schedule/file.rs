@@ -33,7 +33,7 @@ pub const MAGIC: [u8; 8] = *b"VKFUSE\0\n";
 /// The last 8 bytes of every schedule file (every version so far).
 pub const END_MAGIC: [u8; 8] = *b"VKFEND\0\n";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 /// Every tensor (and the weights section itself) starts at a multiple of this many bytes.
 pub const WEIGHT_ALIGN: u64 = 4096;
 
