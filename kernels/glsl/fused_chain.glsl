@@ -12,8 +12,10 @@
 // The inner weights: PARTS matrices [J, I] packed row after row (ZIPPED: act row j combines
 // rows k*J + j of every part k), W_DTYPE as in fused_matvec.glsl; x · nw (NORM), else x, is
 // staged once per workgroup in shared memory, and the norm's rsqrt(mean(x²) + EPS) scales the
-// inner dots (they are linear in it): x and nw are loaded together, and the x² sum is
-// exchanged at the barrier the staging needs anyway, with no reduction before the dots.
+// inner dots (they are linear in it): each invocation's first vec4 of nw is loaded before x is
+// waited for (in the staging loop it would start only once x had arrived: on an H100 bf16 and
+// q4_0 +0.3-0.6%, docs/perf.md session 28), and the x² sum is exchanged at the barrier the
+// staging needs anyway, with no reduction before the dots.
 //
 // The outer weights are stored transposed (compile-model lays them out so:
 // compiler/src/import/layout.rs), so that a workgroup's share of them is contiguous:
@@ -121,7 +123,7 @@ layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer X { float x[]; };
 #if NORM
-layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
+#include "norm_weights.glsl"
 #endif
 layout(set = 0, binding = W2_BINDING, std430) readonly buffer W2 { uint w2[]; };
 layout(set = 0, binding = W2_BINDING, std430) readonly buffer W24 { uvec4 w2_4[]; };
@@ -249,6 +251,10 @@ void main() {
 #if INNER_IN
     float pin = t < CB ? IN0(CB * b + t) : 0.0;
 #endif
+#if NORM
+    // This invocation's first vec4 of norm weights, before x is waited for (see the top).
+    vec4 nw_first = t < CH_I / 4u ? nw4_at(t) : vec4(0.0);
+#endif
     uint lane = gl_SubgroupInvocationID;
     // This subgroup's dot group, and its share of the rows' steps: share * SPK .. + SPK. The
     // workgroup must hold at least KS subgroups (see the top).
@@ -323,12 +329,7 @@ void main() {
                      : vec4(x[4u * i], x[4u * i + 1u], x[4u * i + 2u], x[4u * i + 3u]);
         ss += dot(v, v);
 #if NORM
-        vec4 nv;
-        for (uint e = 0u; e < 4u; e++) {
-            float n = LOAD(NW_DTYPE, nw, 4u * i + e);
-            nv[e] = NORM_ZC != 0 ? n + 1.0 : n;
-        }
-        v *= nv;
+        v *= i == t ? nw_first : nw4_at(i);
 #endif
         xs4[xs_at(i)] = v;
     }

@@ -74,9 +74,7 @@ layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer X { float x[]; };
 layout(set = 0, binding = 2, std430) readonly buffer X4 { vec4 x4[]; };
 #if NORM
-layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
-layout(set = 0, binding = 3, std430) readonly buffer NW2 { uvec2 nw2[]; };
-layout(set = 0, binding = 3, std430) readonly buffer NW4 { uvec4 nw4v[]; };
+#include "norm_weights.glsl"
 #endif
 
 #include "matvec_rows.glsl"
@@ -97,20 +95,6 @@ const uint STEPS8 = (I / 8u + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;
 // an H100, docs/perf.md).
 const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
 #define SCALE_SHUFFLE (gl_WorkGroupSize.x == gl_SubgroupSize && SCALE_WORDS <= gl_SubgroupSize)
-#endif
-
-#if NORM
-// Norm weights 4v .. 4v + 3, in one load (eight scalar loads per step, as LOAD reads them,
-// cost q4_0's lm_head 2.5 µs on an H100: docs/perf.md).
-vec4 nw4_at(uint v) {
-#if NW_DTYPE == F32
-    vec4 n = uintBitsToFloat(nw4v[v]);
-#else
-    uvec2 p = nw2[v];
-    vec4 n = vec4(PAIR(NW_DTYPE, p.x), PAIR(NW_DTYPE, p.y));
-#endif
-    return NORM_ZC != 0 ? n + 1.0 : n;
-}
 #endif
 
 #if W_DTYPE == Q8_0 || W_DTYPE == Q4_0

@@ -50,6 +50,10 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("argbest.glsl", include_str!("../glsl/argbest.glsl")),
     ("matvec_core.glsl", include_str!("../glsl/matvec_core.glsl")),
     ("quant.glsl", include_str!("../glsl/quant.glsl")),
+    (
+        "norm_weights.glsl",
+        include_str!("../glsl/norm_weights.glsl"),
+    ),
     ("kv_cache.glsl", include_str!("../glsl/kv_cache.glsl")),
     ("handoff.glsl", include_str!("../glsl/handoff.glsl")),
     ("timeline.glsl", include_str!("../glsl/timeline.glsl")),

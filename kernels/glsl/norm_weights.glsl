@@ -1,0 +1,19 @@
+// An rms-norm prologue's weights (binding 3, NW_DTYPE; NORM_ZC: stored as w - 1) for the fused
+// kernels with a norm prologue (fused_matvec.glsl, fused_chain.glsl): `nw` as words, and four
+// at a time.
+// Eight scalar loads per step, as LOAD reads them, cost q4_0's lm_head 2.5 µs on an H100
+// (docs/perf.md, session 10). The binding starts 16-byte aligned (a weight upload).
+layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
+layout(set = 0, binding = 3, std430) readonly buffer NW2 { uvec2 nw2[]; };
+layout(set = 0, binding = 3, std430) readonly buffer NW4 { uvec4 nw4v[]; };
+
+// Norm weights 4v .. 4v + 3.
+vec4 nw4_at(uint v) {
+#if NW_DTYPE == F32
+    vec4 n = uintBitsToFloat(nw4v[v]);
+#else
+    uvec2 p = nw2[v];
+    vec4 n = vec4(PAIR(NW_DTYPE, p.x), PAIR(NW_DTYPE, p.y));
+#endif
+    return NORM_ZC != 0 ? n + 1.0 : n;
+}
