@@ -149,8 +149,8 @@ vec2 wg_sum2(vec2 v) {
 
 // Element t (< D) of h's q row (x) and of g's fresh k row (y) after the norm and rope, from
 // their raw elements `v` and (QK_NORM) norm weights `wn`, and those of t's rope partner (`pv`,
-// `pwn`: element t +- ROT / 2), which the caller loaded at the start: nothing here waits on
-// memory, one exchange serves both norms, and rope needs none (each invocation scales its
+// `pwn`: element t +- ROT / 2), which the caller loaded: nothing here waits on memory, one
+// exchange serves both norms, and rope needs none (each invocation scales its
 // partner's raw element exactly as the partner does). Every invocation must call it (uniform
 // control flow).
 vec2 prepare(vec2 v, vec2 wn, vec2 pv, vec2 pwn, float angle_pos) {
@@ -648,8 +648,10 @@ void main() {
         }
     }
 #endif
-    // The q, fresh k and v rows and the norm weights depend on nothing this dispatch writes:
-    // all loaded together, so their latencies overlap instead of following one another.
+    // The q, fresh k and v rows depend on nothing this dispatch writes: all polled together,
+    // so their latencies overlap instead of following one another. The norm weights are
+    // loaded after them: loaded before the wait (with the rope's angle) they measured bf16
+    // +0.6% but q8_0 -0.7% and q4_0 -1.0% on an H100 (docs/perf.md, session 28).
     // t's rope partner (itself past the rotary dims).
     uint pt = t < HALF_ROT ? t + HALF_ROT : (t < ROT ? t - HALF_ROT : t);
     vec2 raw = vec2(0.0);
