@@ -77,10 +77,10 @@ pub fn quantize_q4_0(x: &[f32; BLOCK]) -> BlockQ4_0 {
 /// A q4_0 block's 16 code bytes as vkfuse stores them: word k (bytes 4k .. 4k + 3) holds
 /// elements 8k .. 8k + 3 in its low nibbles and 8k + 4 .. 8k + 7 in its high ones, so that a
 /// kernel's step of 8 weights (one word) meets 8 consecutive inputs, as a step of q8_0 or of a
-/// 16-bit float does. In ggml's `qs` order (element j low, j + 16 high) word k meets inputs
-/// 4k .. 4k + 3 and 16 + 4k .. 16 + 4k + 3, so a subgroup's input loads spread over twice the
-/// cache lines, and on an H100 q4_0 decoded 1.1% slower (docs/perf.md, session 28). The same
-/// codes and scale as ggml's: only their order differs.
+/// 16-bit float does (the input's vec4s 2c and 2c + 1 for step c). In ggml's `qs` order
+/// (element j low, j + 16 high) word k meets inputs 4k .. 4k + 3 and 16 + 4k .. 16 + 4k + 3,
+/// and on an H100 q4_0 decoded 1.1% slower so (docs/perf.md, session 28). The same codes and
+/// scale as ggml's: only their order differs.
 pub fn q4_0_stored(b: &BlockQ4_0) -> [u8; BLOCK / 2] {
     let code = |e: usize| {
         if e < BLOCK / 2 {
