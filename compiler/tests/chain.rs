@@ -32,8 +32,13 @@ fn weights(dtype: DType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f
 }
 
 /// y = in0 + W2 · (silu(gate · xn) * (up · xn)), xn = rms_norm(x) * nw: `j` act rows, `i`
-/// inputs, `o` outputs.
+/// inputs, `o` outputs; the norm weights f32.
 fn check(dtype: DType, j: usize, i: usize, o: usize) {
+    check_norm(dtype, j, i, o, DType::F32, false);
+}
+
+/// [`check`] with norm weights of `nw_dtype`, stored as w - 1 where `zero_centered`.
+fn check_norm(dtype: DType, j: usize, i: usize, o: usize, nw_dtype: DType, zero_centered: bool) {
     let spec = ChainSpec {
         inner: MatvecSpec {
             dtype,
@@ -42,8 +47,8 @@ fn check(dtype: DType, j: usize, i: usize, o: usize) {
             zipped: true,
             norm: Some(NormSpec {
                 eps: F32Attr(EPS),
-                zero_centered: false,
-                dtype: DType::F32,
+                zero_centered,
+                dtype: nw_dtype,
             }),
             extras: vec![],
             epi: Epi::Mul(
@@ -66,7 +71,16 @@ fn check(dtype: DType, j: usize, i: usize, o: usize) {
     let (down_b, down) = weights(dtype, o, j, 3);
     let down_t = layout::transpose(&down_b, dtype, o, j).expect("transposed");
     let x: Vec<f32> = (0..i).map(|k| 3.0 * noise(k, 4)).collect();
-    let nw: Vec<f32> = (0..i).map(|k| 1.0 + 0.5 * noise(k, 5)).collect();
+    // The norm weights as stored (w - 1 where zero-centred), then as the kernel applies them.
+    let stored: Vec<f32> = (0..i)
+        .map(|k| 0.5 * noise(k, 5) + if zero_centered { 0.0 } else { 1.0 })
+        .collect();
+    let mut nw_bytes = vec![];
+    blocks::encode(nw_dtype, &stored, i, &mut nw_bytes);
+    let nw: Vec<f32> = blocks::decode(nw_dtype, &nw_bytes, i)
+        .iter()
+        .map(|v| v + if zero_centered { 1.0 } else { 0.0 })
+        .collect();
     let in0: Vec<f32> = (0..o).map(|k| noise(k, 6)).collect();
 
     let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / i as f64;
@@ -102,7 +116,7 @@ fn check(dtype: DType, j: usize, i: usize, o: usize) {
         &vec![0u8; 4 * o],
         &inner,
         bytemuck::cast_slice(&x),
-        bytemuck::cast_slice(&nw),
+        &nw_bytes,
         &down_t,
         bytemuck::cast_slice(&in0),
     ];
@@ -141,6 +155,13 @@ fn q4_0_chain_matches_the_cpu() {
 fn bf16_chain_with_more_steps_than_invocations_matches_the_cpu() {
     // 1025 steps of 4 rows over 1024 invocations: one group, two steps for one of them.
     check(DType::BF16, 64, 40, 4100);
+}
+
+#[test]
+fn q4_0_chain_staging_x_in_two_rounds_with_zero_centred_bf16_norm_weights_matches_the_cpu() {
+    // 4608 inputs: 1152 vec4s staged by 1024 invocations, so some take two (the first vec4's
+    // norm weights are loaded before x is waited for, the second's in the loop).
+    check_norm(DType::Q4_0, 32, 4608, 64, DType::BF16, true);
 }
 
 #[test]

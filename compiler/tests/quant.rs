@@ -194,6 +194,36 @@ fn row_layout_is_codes_then_scales_then_padding() {
 }
 
 #[test]
+fn q4_0_words_hold_eight_consecutive_weights() {
+    // Codes (7e + e / 16) % 16: neighbours, and elements 4, 8 and 16 apart, all differ, so any
+    // other order of the nibbles (ggml's element j / j + 16 among them) changes some byte.
+    let x: [f32; BLOCK] = std::array::from_fn(|e| ((7 * e + e / 16) % 16) as f32 - 8.0);
+    let (_, codes) = ggml_q4_0(&x);
+    assert_eq!(
+        codes[..4],
+        [0, 7, 14, 5],
+        "the block's scale is 1: codes are x + 8"
+    );
+    let mut bytes = vec![];
+    blocks::encode(DType::Q4_0, &x, BLOCK, &mut bytes);
+    for k in 0..4 {
+        let word = &bytes[4 * k..4 * k + 4];
+        let low: Vec<u8> = word.iter().map(|b| b & 15).collect();
+        let high: Vec<u8> = word.iter().map(|b| b >> 4).collect();
+        assert_eq!(
+            low,
+            codes[8 * k..8 * k + 4],
+            "word {k}: elements 8k .. 8k + 3 low"
+        );
+        assert_eq!(
+            high,
+            codes[8 * k + 4..8 * k + 8],
+            "word {k}: 8k + 4 .. 8k + 7 high"
+        );
+    }
+}
+
+#[test]
 fn only_matvec_and_embedding_read_block_quantised_values() {
     use vkfuse_compiler::ir::{OpKind, Program, Shape};
     let mut p = Program::new();

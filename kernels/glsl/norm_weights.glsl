@@ -2,7 +2,8 @@
 // kernels with a norm prologue (fused_matvec.glsl, fused_chain.glsl): `nw` as words, and four
 // at a time.
 // Eight scalar loads per step, as LOAD reads them, cost q4_0's lm_head 2.5 µs on an H100
-// (docs/perf.md, session 10). The binding starts 16-byte aligned (a weight upload).
+// (docs/perf.md, session 10). Every binding starts at a multiple of 256 bytes (the lowering's
+// slices), so the 8- and 16-byte views are aligned.
 layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
 layout(set = 0, binding = 3, std430) readonly buffer NW2 { uvec2 nw2[]; };
 layout(set = 0, binding = 3, std430) readonly buffer NW4 { uvec4 nw4v[]; };
