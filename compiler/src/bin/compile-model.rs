@@ -45,7 +45,9 @@ struct Args {
     /// Workgroups per query head of the fused attention block, each over a chunk of the context
     /// (1: one workgroup walks the whole context). Default: chosen from the shapes and the
     /// device's compute units (`--device-cost`; else an H100's 132): about two workgroups per
-    /// compute unit over all heads.
+    /// compute unit over all heads, or, where a full cache gives each split 128 slots even so,
+    /// one split per 128 slots up to four per compute unit and 32 (Qwen3-0.6B at
+    /// `--max-context 4096`: 32, which the bands below run as 16 below position 2048).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     attention_splits: Option<u32>,
     /// Workgroup size of the fused attention block (a power of two up to 1024, raised to the
@@ -59,9 +61,9 @@ struct Args {
     /// values up to f32 rounding; replay records the step once per band and runs each chain of
     /// steps on the band of its last step. A band needs a split block with at least its splits
     /// (else an error). Default by the matvec weights' format, as measured on an H100, on the
-    /// block's own workgroup size (here 512): `256:4x512,384:6x512,512:8x512` for f16 and bf16,
-    /// the same and `768:12x512` for q8_0 and q4_0 (where the block can take them), none
-    /// otherwise.
+    /// block's own workgroup size (here 512): `256:4x512,384:6x512,512:8x512,2048:16x512` for
+    /// f16 and bf16, the same with `768:12x512` before the last for q8_0 and q4_0 (those the
+    /// block can take: fewer splits than its own), none otherwise.
     #[arg(long, value_name = "BANDS", value_parser = parse_bands)]
     attention_bands: Option<Bands>,
     /// MiB of the next matvec levels' weights to read into the L2 cache beside each level that

@@ -43,7 +43,9 @@ impl fmt::Display for AttentionBand {
 /// partials to combine and fewer workgroups beside the prefetch; past two minimal chunks a
 /// split's walk costs more than they save. Against session 24's bands (q4_0
 /// `128:4x256,256:8x256,512:8x512`, q8_0 `128:4x256,512:8x512`, 16-bit floats `512:8x512`): GPU
-/// time per token at 256 tokens bf16 -0.8%, q8_0 -1.8%, q4_0 -2.8%. The block's own workgroup
+/// time per token at 256 tokens bf16 -0.8%, q8_0 -1.8%, q4_0 -2.8%. Every format also gets 16
+/// splits below 2048, which a block of more splits (a cache of 4096 slots) uses there. The
+/// block's own workgroup
 /// keeps the invocations per head element it was chosen with (a 512-wide band cost a 32-wide
 /// head on lavapipe twice the time); bands with the block's splits or more fall away where the
 /// bands are applied. f32 weights keep one grid.
@@ -54,9 +56,13 @@ pub fn for_weights(dtype: DType, workgroup: u32) -> Vec<AttentionBand> {
         workgroup,
     };
     let short = [band(8, 4), band(12, 6), band(16, 8)];
+    // A block of more than 16 splits (a long cache: codegen::attention_splits) keeps 16 below
+    // position 2048, where their chunks of 64-128 slots were still faster than 32 splits' 32-64
+    // (session 28: bf16 817 against 866 µs per step at 1024-2048, q4_0 710 against 765).
+    let long = band(64, 16);
     match dtype {
-        DType::Q4_0 | DType::Q8_0 => [&short[..], &[band(24, 12)]].concat(),
-        DType::F16 | DType::BF16 => short.to_vec(),
+        DType::Q4_0 | DType::Q8_0 => [&short[..], &[band(24, 12), long]].concat(),
+        DType::F16 | DType::BF16 => [&short[..], &[long]].concat(),
         DType::F32 | DType::I32 => vec![],
     }
 }
@@ -137,7 +143,10 @@ mod tests {
     fn should_parse_what_it_prints() {
         let bands = for_weights(DType::Q4_0, 512);
         let text: Vec<String> = bands.iter().map(|b| b.to_string()).collect();
-        assert_eq!(text.join(","), "256:4x512,384:6x512,512:8x512,768:12x512");
+        assert_eq!(
+            text.join(","),
+            "256:4x512,384:6x512,512:8x512,768:12x512,2048:16x512"
+        );
         assert_eq!(parse(&text.join(",")).unwrap(), bands);
         assert_eq!(parse(" none ").unwrap(), vec![]);
         assert_eq!(for_weights(DType::Q8_0, 512), bands);
@@ -145,7 +154,10 @@ mod tests {
             .iter()
             .map(|b| b.to_string())
             .collect();
-        assert_eq!(floats, ["256:4x512", "384:6x512", "512:8x512"]);
+        assert_eq!(
+            floats,
+            ["256:4x512", "384:6x512", "512:8x512", "2048:16x512"]
+        );
         assert_eq!(for_weights(DType::BF16, 512), for_weights(DType::F16, 512));
         assert_eq!(for_weights(DType::BF16, 128)[0].to_string(), "256:4x128");
         assert!(for_weights(DType::F32, 512).is_empty());
@@ -161,7 +173,7 @@ mod tests {
             ("128:4x256,64:8x256", "ascending"),
             ("0:4x256", "ascending"),
             ("128:1x256", "1 splits"),
-            ("128:17x256", "17 splits"),
+            ("128:33x256", "33 splits"),
             ("128:4x300", "300 is not a power of two"),
             ("128:4x2048", "2048 is not a power of two"),
             ("99999999999:4x256", "too large"),

@@ -22,7 +22,10 @@ pub fn attention_wg(head_dim: usize) -> u32 {
     (8 * head_dim).next_power_of_two().clamp(64, 1024) as u32
 }
 /// Most splits per query head of the attention block ([`attention_splits`]).
-pub const MAX_ATTENTION_SPLITS: usize = 16;
+pub const MAX_ATTENTION_SPLITS: usize = 32;
+/// Slots of a full cache per split past two workgroups per compute unit
+/// ([`attention_splits`]).
+pub const ATTENTION_LONG_CHUNK: usize = 128;
 /// Fewest slots a split of the attention block attends (unless the context is shorter): a
 /// split costs a fixed prologue (norms, rope, a few barriers) and a share of the combine, so
 /// slivers of a few slots cost more than they save.
@@ -36,12 +39,16 @@ pub const ATTENTION_MIN_SPLIT_BYTES: usize = 256 << 10;
 /// Splits per query head of the attention block (flash-decoding): enough that `hq` heads x
 /// splits workgroups are two per compute unit (`compute_units`: the device class's streaming
 /// multiprocessors or compute units, [`super::cost::DeviceCost`]; split workgroups of
-/// [`attention_split_wg`] fit two per SM), at most [`MAX_ATTENTION_SPLITS`], and no more than
-/// the f32 K and V of a full cache (`capacity` slots of `head_dim`) hold
-/// [`ATTENTION_MIN_SPLIT_BYTES`] each. A compile-time choice from the shapes and the device
-/// class the schedule is made for; the kernel adapts the chunk to the position (at short
-/// positions few splits work, the rest exit at once). Qwen3-0.6B at 4096 slots on an H100: 16
-/// (docs/perf.md: 16 x 512 invocations beat 8 x 1024 and 16 x 256 over 256 and 1024 tokens).
+/// [`attention_split_wg`] fit two per SM), at most 16, and no more than the f32 K and V of a
+/// full cache (`capacity` slots of `head_dim`) hold [`ATTENTION_MIN_SPLIT_BYTES`] each; or,
+/// where a full cache gives more splits than that [`ATTENTION_LONG_CHUNK`] slots each, that many,
+/// up to four workgroups per compute unit over all heads and [`MAX_ATTENTION_SPLITS`]. A compile-time choice from the shapes and the device class
+/// the schedule is made for; the kernel adapts the chunk to the position (at short positions few
+/// splits work, the rest exit at once, and the bands run smaller grids: [`super::bands`]).
+/// Qwen3-0.6B at 4096 slots on an H100: 32, which past position 2048 beat 16 by ~5% per step
+/// (bf16 1004 -> 953 µs, q4_0 896 -> 854 at 2048-3072) while 16 stay faster below it (the
+/// bands' 16 below 2048: docs/perf.md, session 28); 16 x 512 invocations beat 8 x 1024 and
+/// 16 x 256 over 256 and 1024 tokens (session 7).
 pub fn attention_splits(
     hq: usize,
     head_dim: usize,
@@ -49,10 +56,15 @@ pub fn attention_splits(
     compute_units: usize,
 ) -> usize {
     let by_bytes = capacity * head_dim * 2 * 4 / ATTENTION_MIN_SPLIT_BYTES;
-    (2 * compute_units / hq.max(1))
-        .clamp(1, MAX_ATTENTION_SPLITS)
-        .min(by_bytes)
-        .max(1)
+    let per_unit = (2 * compute_units / hq.max(1)).clamp(1, 16);
+    let long = (capacity / ATTENTION_LONG_CHUNK)
+        .min(4 * compute_units / hq.max(1))
+        .min(MAX_ATTENTION_SPLITS);
+    if long > per_unit {
+        long
+    } else {
+        per_unit.min(by_bytes).max(1)
+    }
 }
 
 /// Workgroup size of a split attention block: 4 invocations per head element (a 128-slot score
@@ -1306,5 +1318,27 @@ pub fn tail(spec: &TailSpec) -> Generated {
         spec_constants: vec![wg, u(n)],
         workgroups: [u(groups), 1, 1],
         bindings: base + if groups > 1 { 2 } else { 0 },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_splits_follow_the_units_the_cache_and_its_length() {
+        // Qwen3-0.6B's 16 heads of 128 on an H100's 132 units: a split per 128 slots of a full
+        // cache where that is more than two per unit (32 at 4096, the most)...
+        assert_eq!(attention_splits(16, 128, 4096, 132), 32);
+        assert_eq!(attention_splits(16, 128, 8192, 132), MAX_ATTENTION_SPLITS);
+        // ... else two per unit, but no more than 256 KiB of f32 K and V per split.
+        assert_eq!(attention_splits(16, 128, 2048, 132), 8);
+        assert_eq!(attention_splits(16, 128, 1024, 132), 4);
+        assert_eq!(attention_splits(16, 64, 8192, 132), 32);
+        // 32 heads: two per unit is 8; past that at most four per unit, 16.
+        assert_eq!(attention_splits(32, 128, 4096, 132), 16);
+        // The fixtures' small heads over 512 slots stay one workgroup per head.
+        assert_eq!(attention_splits(4, 32, 512, 132), 1);
+        assert_eq!(attention_splits(2, 16, 512, 132), 1);
     }
 }
