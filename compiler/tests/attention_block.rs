@@ -421,6 +421,26 @@ fn should_match_the_reference_split_in_five_with_one_kv_head() {
     );
 }
 
+#[test]
+fn should_match_the_reference_in_thirty_two_splits() {
+    // The most splits (a 4096-slot cache's default on an H100): 8 per invocation group of the
+    // combine, every one working from position 1024 (chunks of 32 slots and more), f16 caches.
+    matches_the_reference_step_after_step(
+        Shape {
+            hq: 2,
+            hkv: 1,
+            d: 128,
+            rot: 128,
+            cap: 1400,
+            splits: codegen::MAX_ATTENTION_SPLITS,
+            min_chunk: 32,
+            wg: 512,
+            f16: true,
+        },
+        &[0, 31, 500, 1023, 1024, 1100, 1399],
+    );
+}
+
 /// head_dim 20 (no early first tile), 64 invocations: 16-slot tiles inside every chunk.
 const UNALIGNED: Shape = Shape {
     hq: 6,
