@@ -23,6 +23,13 @@ use crate::import::layout;
 use crate::ir::{OpId, OpKind, Program, StateKind, ValueId};
 use crate::kernels::{self, KernelError};
 use crate::lower::{self, Meta, SpirvCache, ALIGN};
+
+/// Where the fused schedule's arena slices start: at 4 KiB pages. On an H100 the same schedule
+/// with every arena slice 2 KiB off a page ran q8_0 2.1% slower (bf16 0.9%, q4_0 1.8%): the
+/// attention block's scratch, first in the arena, had left every later slice there, and a
+/// scratch of whole pages (or the arena moved by 2 or 6 KiB) gave the time back, while moves
+/// of whole pages did nothing (docs/perf.md, session 28). Why a page matters was not isolated.
+const ARENA_ALIGN: u64 = 4096;
 use crate::plan::{self, Request};
 use crate::regions::{regions, Access};
 use egg::{Runner, SimpleScheduler};
@@ -844,19 +851,22 @@ pub fn lower_units_planned(
         }
     }
     let plan = if opts.plan_memory {
-        plan::plan(&requests, ALIGN)
+        plan::plan(&requests, ARENA_ALIGN)
     } else {
-        plan::plan_naive(&requests, ALIGN)
+        plan::plan_naive(&requests, ARENA_ALIGN)
     }
     .map_err(FuseError::Plan)?;
-    plan::check(&requests, &plan, ALIGN).map_err(FuseError::Plan)?;
+    plan::check(&requests, &plan, ARENA_ALIGN).map_err(FuseError::Plan)?;
+    // VKFUSE_ARENA_PAD=bytes (rounded down to ALIGN): every arena slice that much further, the
+    // A/B knob of the placement probe (ARENA_ALIGN); read at compile time.
+    let pad = crate::kernels::knob("VKFUSE_ARENA_PAD").map_or(0, |p| u64::from(p) / ALIGN * ALIGN);
     for d in &mut dispatches {
         for b in d.bindings.iter_mut().filter(|b| b.buffer == arena_id) {
             let i = alloc_of(b).expect("checked above");
-            b.offset = plan.offsets[i] + (b.offset - allocs[i].offset);
+            b.offset = pad + plan.offsets[i] + (b.offset - allocs[i].offset);
         }
     }
-    l.bufs[ARENA].size = plan.arena_bytes;
+    l.bufs[ARENA].size = pad + plan.arena_bytes;
 
     let mut levels = regions.levels;
     let weights = BufferId(WEIGHTS as u32);
