@@ -30,41 +30,47 @@ pub const ATTENTION_LONG_CHUNK: usize = 128;
 /// split costs a fixed prologue (norms, rope, a few barriers) and a share of the combine, so
 /// slivers of a few slots cost more than they save.
 pub const ATTENTION_MIN_CHUNK: usize = 32;
-/// Fewest bytes of K and V per split at a full cache: a head whose whole cache is smaller is
-/// one workgroup's short walk, and every split past the first is a workgroup launched for
-/// nothing at short positions (on lavapipe an empty workgroup costs ~75 µs: the fixtures,
-/// heads of 16 and 32 over 512 slots, stay unsplit).
+/// Fewest bytes of f32 K and V per split at a full cache (half of it past 16 splits: see
+/// [`attention_splits`]): a head whose whole cache is smaller is one workgroup's short walk,
+/// and every split past the first is a workgroup launched for nothing at short positions (on
+/// lavapipe an empty workgroup costs ~75 µs: the fixtures, heads of 16 and 32 over 512 slots,
+/// stay unsplit).
 pub const ATTENTION_MIN_SPLIT_BYTES: usize = 256 << 10;
 
 /// Splits per query head of the attention block (flash-decoding): enough that `hq` heads x
 /// splits workgroups are two per compute unit (`compute_units`: the device class's streaming
 /// multiprocessors or compute units, [`super::cost::DeviceCost`]; split workgroups of
 /// [`attention_split_wg`] fit two per SM), at most 16, and no more than the f32 K and V of a
-/// full cache (`capacity` slots of `head_dim`) hold [`ATTENTION_MIN_SPLIT_BYTES`] each; or,
-/// where a full cache gives more splits than that [`ATTENTION_LONG_CHUNK`] slots each, that many,
-/// up to four workgroups per compute unit over all heads and [`MAX_ATTENTION_SPLITS`]. A compile-time choice from the shapes and the device class
-/// the schedule is made for; the kernel adapts the chunk to the position (at short positions few
-/// splits work, the rest exit at once, and the bands run smaller grids: [`super::bands`]).
-/// Qwen3-0.6B at 4096 slots on an H100: 32, which past position 2048 beat 16 by ~5% per step
-/// (bf16 1004 -> 953 µs, q4_0 896 -> 854 at 2048-3072) while 16 stay faster below it (the
-/// bands' 16 below 2048: docs/perf.md, session 28); 16 x 512 invocations beat 8 x 1024 and
-/// 16 x 256 over 256 and 1024 tokens (session 7).
+/// full cache (`capacity` slots of `head_dim`) hold [`ATTENTION_MIN_SPLIT_BYTES`] each. Where
+/// both allow 16 and more, one split per [`ATTENTION_LONG_CHUNK`] slots of a full cache, with
+/// half those bytes each, up to four workgroups per compute unit over all heads and
+/// [`MAX_ATTENTION_SPLITS`]: every other shape keeps the count it had before that was measured.
+/// A compile-time choice from the shapes and the device class the schedule is made for; the
+/// kernel adapts the chunk to the position (at short positions few splits work, the rest exit
+/// at once, and the bands run smaller grids: [`super::bands`]). Qwen3-0.6B at 4096 slots on an
+/// H100: 32, which past position 2048 beat 16 by ~5% per step (bf16 1004 -> 953 µs, q4_0 896
+/// -> 854 at 2048-3072) while 16 stay faster below it (the bands' 16 below 2048: docs/perf.md,
+/// session 28); 16 x 512 invocations beat 8 x 1024 and 16 x 256 over 256 and 1024 tokens
+/// (session 7).
 pub fn attention_splits(
     hq: usize,
     head_dim: usize,
     capacity: usize,
     compute_units: usize,
 ) -> usize {
-    let by_bytes = capacity * head_dim * 2 * 4 / ATTENTION_MIN_SPLIT_BYTES;
-    let per_unit = (2 * compute_units / hq.max(1)).clamp(1, 16);
-    let long = (capacity / ATTENTION_LONG_CHUNK)
-        .min(4 * compute_units / hq.max(1))
-        .min(MAX_ATTENTION_SPLITS);
-    if long > per_unit {
-        long
-    } else {
-        per_unit.min(by_bytes).max(1)
+    let bytes = capacity * head_dim * 2 * 4;
+    let two_per_unit = 2 * compute_units / hq.max(1);
+    let splits = two_per_unit
+        .clamp(1, 16)
+        .min(bytes / ATTENTION_MIN_SPLIT_BYTES)
+        .max(1);
+    if two_per_unit < 16 || splits < 16 {
+        return splits;
     }
+    (capacity / ATTENTION_LONG_CHUNK)
+        .min(4 * compute_units / hq.max(1))
+        .min(2 * bytes / ATTENTION_MIN_SPLIT_BYTES)
+        .clamp(splits, MAX_ATTENTION_SPLITS)
 }
 
 /// Workgroup size of a split attention block: 4 invocations per head element (a 128-slot score
@@ -1335,10 +1341,17 @@ mod tests {
         assert_eq!(attention_splits(16, 128, 2048, 132), 8);
         assert_eq!(attention_splits(16, 128, 1024, 132), 4);
         assert_eq!(attention_splits(16, 64, 8192, 132), 32);
-        // 32 heads: two per unit is 8; past that at most four per unit, 16.
-        assert_eq!(attention_splits(32, 128, 4096, 132), 16);
-        // The fixtures' small heads over 512 slots stay one workgroup per head.
-        assert_eq!(attention_splits(4, 32, 512, 132), 1);
-        assert_eq!(attention_splits(2, 16, 512, 132), 1);
+        // 32 heads: two per unit is 8, and it stays 8.
+        assert_eq!(attention_splits(32, 128, 4096, 132), 8);
+        // The fixtures' small heads stay one workgroup per head (or as few as before) on any
+        // number of units, lavapipe's few included: the bytes per split bound them.
+        for units in [1, 2, 4, 8, 16, 132] {
+            assert_eq!(attention_splits(4, 32, 512, units), 1, "{units} units");
+            assert_eq!(attention_splits(6, 16, 2048, units), 1, "{units} units");
+        }
+        assert_eq!(attention_splits(6, 16, 4096, 132), 2);
+        // Few units: two per unit, however long the cache.
+        assert_eq!(attention_splits(16, 128, 4096, 8), 1);
+        assert_eq!(attention_splits(16, 128, 4096, 64), 8);
     }
 }

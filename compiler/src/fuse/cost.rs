@@ -22,8 +22,8 @@ pub struct DeviceCost {
     /// Positions the KV cache holds in the estimate of attention's traffic.
     pub nominal_context: usize,
     /// Workgroups the device runs side by side (its SMs or compute units): the attention
-    /// block splits the context until its heads x splits cover them
-    /// ([`super::codegen::attention_splits`]).
+    /// block splits the context until its heads x splits cover them twice, and for long
+    /// caches up to four times ([`super::codegen::attention_splits`]).
     pub compute_units: usize,
 }
 
@@ -79,7 +79,7 @@ impl DeviceCost {
         }
         let get = |field: &'static str| obj.get(field).ok_or(DeviceCostError::Missing(field));
         // Ranges far beyond any device, so that no cost overflows the arithmetic it feeds
-        // (a level's price times the levels, the units times two in the attention splits).
+        // (a level's price times the levels, the units times four in the attention splits).
         let number = |field: &'static str, want: &'static str, range: (f64, f64)| {
             let v = get(field)?;
             match v.as_f64() {

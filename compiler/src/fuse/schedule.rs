@@ -23,13 +23,6 @@ use crate::import::layout;
 use crate::ir::{OpId, OpKind, Program, StateKind, ValueId};
 use crate::kernels::{self, KernelError};
 use crate::lower::{self, Meta, SpirvCache, ALIGN};
-
-/// Where the fused schedule's arena slices start: at 4 KiB pages. On an H100 the same schedule
-/// with every arena slice 2 KiB off a page ran q8_0 2.1% slower (bf16 0.9%, q4_0 1.8%): the
-/// attention block's scratch, first in the arena, had left every later slice there, and a
-/// scratch of whole pages (or the arena moved by 2 or 6 KiB) gave the time back, while moves
-/// of whole pages did nothing (docs/perf.md, session 28). Why a page matters was not isolated.
-const ARENA_ALIGN: u64 = 4096;
 use crate::plan::{self, Request};
 use crate::regions::{regions, Access};
 use egg::{Runner, SimpleScheduler};
@@ -40,6 +33,13 @@ use vkfuse_runtime::schedule::{
     Alternative, BufferId, Dispatch, Io, KernelDecl, KernelId, Schedule, Slice, TokenEncoding,
     WeightUpload,
 };
+
+/// Where the fused schedule's arena slices start: at 4 KiB pages. On an H100 the same schedule
+/// with every arena slice 2 KiB off a page ran q8_0 2.1% slower (bf16 0.9%, q4_0 1.8%): the
+/// attention block's scratch, first in the arena, had left every later slice there, and a
+/// scratch of whole pages (or the arena moved by 2 or 6 KiB) gave the time back, while moves
+/// of whole pages did nothing (docs/perf.md, session 28). Why a page matters was not isolated.
+const ARENA_ALIGN: u64 = 4096;
 
 /// Options of the fusion stage.
 #[derive(Clone, Debug)]
