@@ -45,9 +45,10 @@ struct Args {
     /// Workgroups per query head of the fused attention block, each over a chunk of the context
     /// (1: one workgroup walks the whole context). Default: chosen from the shapes and the
     /// device's compute units (`--device-cost`; else an H100's 132): about two workgroups per
-    /// compute unit over all heads, or, where a full cache gives each split 128 slots even so,
-    /// one split per 128 slots up to four per compute unit and 32 (Qwen3-0.6B at
-    /// `--max-context 4096`: 32, which the bands below run as 16 below position 2048).
+    /// compute unit over all heads, at most 16 and at least 256 KiB of f32 K and V per split
+    /// at a full cache; where that gives 16, one split per 128 slots up to four per compute
+    /// unit and 32 (Qwen3-0.6B at `--max-context 4096`: 32, which the bands below run as 16
+    /// below position 2048).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     attention_splits: Option<u32>,
     /// Workgroup size of the fused attention block (a power of two up to 1024, raised to the
