@@ -15,7 +15,8 @@
 //! 3. The bands' combine of several splits, which the fixture's 32 positions never reach (a
 //!    split attends at least 32 slots): 100 positions of a 4-split block with bands of 2, 4
 //!    and 3 splits against the CPU reference interpreter, eager, replay, and replay with handoffs
-//!    (where the bands' splits combine by polling).
+//!    (where the bands' splits combine by polling); and a band of 16 splits (the H100 defaults'
+//!    below position 2048) under a block of 20.
 //! 4. Bands the block cannot take are errors when asked for, and the defaults leave them out.
 //! 5. Bands poll only where the compile's device has more compute units than query heads.
 
@@ -221,8 +222,6 @@ fn lower(
 
 #[test]
 fn banded_combines_match_the_reference() {
-    let (device, log) = validated_device();
-    let (model, program) = program();
     let opts = FuseOptions {
         attention_splits: Some(4),
         // Invocation groups of the head (32) x splits each: 2 x 1, 1 x 4, 2 x 2 with 3 splits
@@ -237,8 +236,29 @@ fn banded_combines_match_the_reference() {
         ]),
         ..FuseOptions::default()
     };
-    let schedule = lower(&program, &opts).unwrap();
-    assert_eq!(schedule.bands(), vec![48, 72, 88, 100]);
+    combines_match_the_reference(&opts, &[48, 72, 88, 100]);
+}
+
+#[test]
+fn a_band_of_sixteen_splits_combines_as_the_reference() {
+    // The H100 defaults' band of 16 below position 2048 (under a block of 32): 16 splits over
+    // the combine's 2 invocation groups (8 each), of which 4 work by position 100.
+    let opts = FuseOptions {
+        attention_splits: Some(20),
+        attention_bands: Some(vec![band(100, 16, 64)]),
+        ..FuseOptions::default()
+    };
+    combines_match_the_reference(&opts, &[100]);
+}
+
+/// 100 positions of `opts`' banded schedule (whose bands end at `bounds`) against the CPU
+/// reference interpreter: eager, replay, and replay with handoffs (the bands' polled combine),
+/// whose counters and polled words are zero again afterwards.
+fn combines_match_the_reference(opts: &FuseOptions, bounds: &[u32]) {
+    let (device, log) = validated_device();
+    let (model, program) = program();
+    let schedule = lower(&program, opts).unwrap();
+    assert_eq!(schedule.bands(), bounds);
     // Tokens from a fixed linear congruential sequence over the vocabulary.
     let vocab = schedule.meta.vocab_size;
     let ids: Vec<u32> = (0..100u32).map(|i| (i * 7919 + 13) % vocab).collect();
