@@ -38,7 +38,7 @@ impl fmt::Display for AttentionBand {
 /// invocations: that workgroup with as few splits as keep every split's chunk within two of the
 /// fewest slots a split attends ([`ATTENTION_MIN_CHUNK`], 64 slots): 4 splits below position
 /// 256, 6 below 384, 8 below 512, and for the block formats 12 below 768, as measured on an H100
-/// with Qwen3-0.6B's shape (16 query heads of 128, the block's own grid 16 splits of 512;
+/// with Qwen3-0.6B's shape (16 query heads of 128, the block's own grid then 16 splits of 512;
 /// docs/perf.md, session 27; 16-bit floats lost 2% with the 12). Fewer splits are fewer
 /// partials to combine and fewer workgroups beside the prefetch; past two minimal chunks a
 /// split's walk costs more than they save. Against session 24's bands (q4_0

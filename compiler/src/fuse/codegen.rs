@@ -21,7 +21,8 @@ pub const ELEMENTWISE_WG: u32 = 128;
 pub fn attention_wg(head_dim: usize) -> u32 {
     (8 * head_dim).next_power_of_two().clamp(64, 1024) as u32
 }
-/// Most splits per query head of the attention block ([`attention_splits`]).
+/// Most splits per query head that the default grid takes ([`attention_splits`]) and that a band
+/// may ask for (`--attention-splits` itself may ask for more: the kernel and its scratch follow).
 pub const MAX_ATTENTION_SPLITS: usize = 32;
 /// Slots of a full cache per split past two workgroups per compute unit
 /// ([`attention_splits`]).
