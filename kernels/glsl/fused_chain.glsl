@@ -14,8 +14,8 @@
 // staged once per workgroup in shared memory, and the norm's rsqrt(mean(x²) + EPS) scales the
 // inner dots (they are linear in it): each invocation's first vec4 of nw is loaded before x is
 // waited for (in the staging loop it would start only once x had arrived: on an H100 bf16 and
-// q4_0 +0.5%, q8_0 -0.1..-0.3%, docs/perf.md session 28), and the x² sum is exchanged at the barrier the
-// staging needs anyway, with no reduction before the dots.
+// q4_0 +0.5%, q8_0 -0.1..-0.3%, docs/perf.md session 28), and the x² sum is exchanged at the
+// barrier the staging needs anyway, with no reduction before the dots.
 //
 // The outer weights are stored transposed (compile-model lays them out so:
 // compiler/src/import/layout.rs), so that a workgroup's share of them is contiguous:

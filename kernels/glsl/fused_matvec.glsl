@@ -97,10 +97,11 @@ const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
 #define SCALE_SHUFFLE (gl_WorkGroupSize.x == gl_SubgroupSize && SCALE_WORDS <= gl_SubgroupSize)
 #endif
 
-#if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
-// The input's two vec4s that step c's weights meet, normed (NORM: their squares added to ss
-// when `live`).
-void q_step_x(uint c, bool live, inout float ss, out vec4 xa, out vec4 xb) {
+#if W_DTYPE != F32
+// The input's two vec4s that step c's 8 weights meet (in every dtype of such steps: 16-bit
+// floats and, in quant.glsl's order, the block formats), normed (NORM: their squares added to
+// ss when `live`).
+void step_x(uint c, bool live, inout float ss, out vec4 xa, out vec4 xb) {
     xa = x4[2u * c];
     xb = x4[2u * c + 1u];
 #if NORM
@@ -170,7 +171,7 @@ void main() {
             bool live = c0 < I / 8u;
             uint c = min(c0, I / 8u - 1u);
             vec4 xa, xb;
-            q_step_x(c, live, ss, xa, xb);
+            step_x(c, live, ss, xa, xb);
             uint b = c / 4u;
             for (uint j = 0u; j < ndots; j++) {
                 float d = unpackHalf2x16(subgroupShuffle(sw[j], b / 2u))[b & 1u];
@@ -185,7 +186,7 @@ void main() {
                 break;
             }
             vec4 xa, xb;
-            q_step_x(c, true, ss, xa, xb);
+            step_x(c, true, ss, xa, xb);
             for (uint j = 0u; j < ndots; j++) {
                 uint at = wrow[j] * rb;
                 acc[j] += Q_SCALE(W_DTYPE, w, at, I, c / 4u) *
@@ -214,13 +215,8 @@ void main() {
             if (c >= n8) {
                 break;
             }
-            vec4 xa = x4[2u * c];
-            vec4 xb = x4[2u * c + 1u];
-#if NORM
-            ss += dot(xa, xa) + dot(xb, xb);
-            xa *= nw4_at(2u * c);
-            xb *= nw4_at(2u * c + 1u);
-#endif
+            vec4 xa, xb;
+            step_x(c, true, ss, xa, xb);
             for (uint j = 0u; j < ndots; j++) {
                 uvec4 wv = w4[wrow[j] * n8 + c];
                 vec2 p0 = PAIR(W_DTYPE, wv.x);

@@ -59,8 +59,9 @@ pub fn attention_splits(
     capacity: usize,
     compute_units: usize,
 ) -> usize {
+    let hq = hq.max(1);
     let bytes = capacity * head_dim * 2 * 4;
-    let two_per_unit = 2 * compute_units / hq.max(1);
+    let two_per_unit = 2 * compute_units / hq;
     let splits = two_per_unit
         .clamp(1, 16)
         .min(bytes / ATTENTION_MIN_SPLIT_BYTES)
@@ -69,7 +70,7 @@ pub fn attention_splits(
         return splits;
     }
     (capacity / ATTENTION_LONG_CHUNK)
-        .min(4 * compute_units / hq.max(1))
+        .min(4 * compute_units / hq)
         .min(2 * bytes / ATTENTION_MIN_SPLIT_BYTES)
         .clamp(splits, MAX_ATTENTION_SPLITS)
 }
