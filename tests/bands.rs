@@ -16,7 +16,8 @@
 //!    split attends at least 32 slots): 100 positions of a 4-split block with bands of 2, 4
 //!    and 3 splits against the CPU reference interpreter, eager, replay, and replay with handoffs
 //!    (where the bands' splits combine by polling); and a band of 16 splits (the H100 defaults'
-//!    below position 2048) under a block of 20.
+//!    below position 2048, which combines by last arrival: `bands::MAX_POLLED_SPLITS`) under a
+//!    block of 20.
 //! 4. Bands the block cannot take are errors when asked for, and the defaults leave them out.
 //! 5. Bands poll only where the compile's device has more compute units than query heads.
 
@@ -378,10 +379,35 @@ fn bands_the_block_cannot_take_are_errors_when_asked_for() {
 /// The bands' highest splits wait for the others inside the dispatch, one per head, so the
 /// compiler emits polling bands only where its device has more compute units than the block has
 /// query heads (4 here): with 4 units the band kernels are the last-arrival ones, with 5 the
-/// polling ones.
+/// polling ones. Only bands of up to `MAX_POLLED_SPLITS` splits poll: one of 16 is the
+/// last-arrival kernel with room too, one of 12 is not.
 #[test]
 fn bands_poll_only_where_the_device_has_room_for_a_waiter_per_head() {
     let (_, program) = program();
+    let kernels = |splits: usize, units: usize| {
+        let mut opts = FuseOptions {
+            attention_splits: Some(20),
+            attention_bands: Some(vec![band(100, splits, 64)]),
+            ..FuseOptions::default()
+        };
+        opts.device.compute_units = units;
+        let s = lower(&program, &opts).unwrap();
+        let spirv: Vec<Vec<u32>> = s
+            .dispatches
+            .iter()
+            .flat_map(|d| &d.alternatives)
+            .map(|a| s.kernels[a.kernel.index()].spirv.clone())
+            .collect();
+        assert!(!spirv.is_empty());
+        spirv
+    };
+    assert_eq!(vkfuse_compiler::fuse::bands::MAX_POLLED_SPLITS, 12);
+    assert_ne!(
+        kernels(12, 4),
+        kernels(12, 132),
+        "12 splits poll where there is room"
+    );
+    assert_eq!(kernels(16, 4), kernels(16, 132), "16 splits never poll");
     let band_kernels = |units: usize| {
         let mut opts = FuseOptions {
             attention_splits: Some(4),
