@@ -384,10 +384,12 @@ fn bands_the_block_cannot_take_are_errors_when_asked_for() {
 #[test]
 fn bands_poll_only_where_the_device_has_room_for_a_waiter_per_head() {
     let (_, program) = program();
-    let kernels = |splits: usize, units: usize| {
+    // The band kernels of a block of `block` splits with one band `b`, compiled for a device
+    // of `units` compute units.
+    let kernels = |block: usize, b: AttentionBand, units: usize| {
         let mut opts = FuseOptions {
-            attention_splits: Some(20),
-            attention_bands: Some(vec![band(100, splits, 64)]),
+            attention_splits: Some(block),
+            attention_bands: Some(vec![b]),
             ..FuseOptions::default()
         };
         opts.device.compute_units = units;
@@ -402,29 +404,14 @@ fn bands_poll_only_where_the_device_has_room_for_a_waiter_per_head() {
         spirv
     };
     assert_eq!(vkfuse_compiler::fuse::bands::MAX_POLLED_SPLITS, 12);
+    let wide = |splits: usize, units: usize| kernels(20, band(100, splits, 64), units);
     assert_ne!(
-        kernels(12, 4),
-        kernels(12, 132),
+        wide(12, 4),
+        wide(12, 132),
         "12 splits poll where there is room"
     );
-    assert_eq!(kernels(16, 4), kernels(16, 132), "16 splits never poll");
-    let band_kernels = |units: usize| {
-        let mut opts = FuseOptions {
-            attention_splits: Some(4),
-            attention_bands: Some(vec![band(48, 2, 64)]),
-            ..FuseOptions::default()
-        };
-        opts.device.compute_units = units;
-        let s = lower(&program, &opts).unwrap();
-        let spirv: Vec<Vec<u32>> = s
-            .dispatches
-            .iter()
-            .flat_map(|d| &d.alternatives)
-            .map(|a| s.kernels[a.kernel.index()].spirv.clone())
-            .collect();
-        assert!(!spirv.is_empty());
-        spirv
-    };
+    assert_eq!(wide(16, 4), wide(16, 132), "16 splits never poll");
+    let band_kernels = |units: usize| kernels(4, band(48, 2, 64), units);
     let (few, enough, many) = (band_kernels(4), band_kernels(5), band_kernels(132));
     assert_ne!(few, enough, "4 units for 4 heads: no polling");
     assert_eq!(enough, many);
