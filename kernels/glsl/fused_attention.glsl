@@ -398,14 +398,6 @@ uint part_poll(uint at) {
                       gl_SemanticsRelaxed);
 }
 
-// The value of word `at` whose first poll gave v, polled again while it is not yet published.
-float part_value(uint at, uint v) {
-    while (v == 0u) {
-        v = part_poll(at);
-    }
-    return uintBitsToFloat(v);
-}
-
 // The partials of splits gg, gg + G, ... of element c (ms, ls, os; invocation group gg of G
 // groups of D, c = t - gg * D; empty entries NEG_BIG, 0, 0) folded under the group's max into
 // part, m_s and l_s, in a fixed order of the sums, so the result does not depend on which split
@@ -494,9 +486,16 @@ void gather(uint h, uint me, uint used, float m, float total, float lsum) {
     [[unroll]] for (uint i = 0u; i < SPG; i++) {
         uint s = gg + i * G;
         if (gg < G && s < used && s != me) {
-            ms[i] = part_value(part_word(h, s, 0u), v[i].x);
-            ls[i] = part_value(part_word(h, s, 1u), v[i].y);
-            os[i] = part_value(part_word(h, s, 2u + c), v[i].z);
+            // The three still empty polled again together (see the q/k/v words in main()).
+            uvec3 w = v[i];
+            while (any(equal(w, uvec3(0u)))) {
+                w = uvec3(w.x != 0u ? w.x : part_poll(part_word(h, s, 0u)),
+                          w.y != 0u ? w.y : part_poll(part_word(h, s, 1u)),
+                          w.z != 0u ? w.z : part_poll(part_word(h, s, 2u + c)));
+            }
+            ms[i] = uintBitsToFloat(w.x);
+            ls[i] = uintBitsToFloat(w.y);
+            os[i] = uintBitsToFloat(w.z);
         } else if (gg < G && s == me) {
             ms[i] = m;
             ls[i] = w_s[0];
@@ -658,16 +657,27 @@ void main() {
     vec2 praw = vec2(0.0);
     float vv = 0.0;
     if (t < D && handoff_reading()) {
-        // All five polled before any is waited on: one round trip (handoff.glsl).
+        // All five polled before any is waited on, and those still empty polled again together
+        // until none is: one round trip after the last lands, where waiting on each in turn
+        // took one more for every word whose first poll had found it empty (on an H100 bf16
+        // +0.7%, q8_0 +0.3%, q4_0 +0.3%, more beside the gather's and o_proj's the same:
+        // docs/perf.md, session 29).
         uvec4 at = uvec4(handoff_at(0u, h * D + t), handoff_at(1u, g * D + t),
                          handoff_at(0u, h * D + pt), handoff_at(1u, g * D + pt));
         uint vat = handoff_at(2u, g * D + t);
         uvec4 got = uvec4(handoff_poll(at.x), handoff_poll(at.y), handoff_poll(at.z),
                           handoff_poll(at.w));
         uint pv = handoff_poll(vat);
-        raw = vec2(handoff_value(at.x, got.x), handoff_value(at.y, got.y));
-        praw = vec2(handoff_value(at.z, got.z), handoff_value(at.w, got.w));
-        vv = handoff_value(vat, pv);
+        while (any(equal(got, uvec4(HANDOFF_EMPTY))) || pv == HANDOFF_EMPTY) {
+            got = uvec4(got.x != HANDOFF_EMPTY ? got.x : handoff_poll(at.x),
+                        got.y != HANDOFF_EMPTY ? got.y : handoff_poll(at.y),
+                        got.z != HANDOFF_EMPTY ? got.z : handoff_poll(at.z),
+                        got.w != HANDOFF_EMPTY ? got.w : handoff_poll(at.w));
+            pv = pv != HANDOFF_EMPTY ? pv : handoff_poll(vat);
+        }
+        raw = uintBitsToFloat(got.xy);
+        praw = uintBitsToFloat(got.zw);
+        vv = uintBitsToFloat(pv);
     } else if (t < D) {
         raw = vec2(q[h * D + t], k_new[g * D + t]);
         praw = vec2(q[h * D + pt], k_new[g * D + pt]);

@@ -63,9 +63,11 @@
 // read from shared memory once per CH_DG rows) that stages x once per workgroup and preloads
 // its weights. Few workgroups read x, so x can be handed over to it: the attention block's
 // output to o_proj.
-// A reader waits first for the last word of every SENTINEL_RUN words (> 0: one per attention
-// head), polled by one subgroup, and only then polls its share of x: while the heads are still
-// running, its 1024 invocations would otherwise poll the same few L2 lines all at once.
+// Its invocations poll their shares of x at once, four words per request (handoff_load4). A
+// gate that had one subgroup wait for a word of each attention head first, so that 1024
+// invocations would not poll the same few L2 lines while the heads ran, paid while each word
+// took a request of its own; with the vec4 polls it cost its round trip (on an H100, without
+// it bf16 +0.9%, q8_0 +1.3%, q4_0 +1.5%: docs/perf.md, session 29).
 // EPILOGUE may read the extra input as `pin` (INNER_IN 1: IN0(row), loaded before the wait).
 // Bindings: 0 = y, 1 = w, 2 = x, 3 = nw when NORM, then in0 when INNER_IN; W2_BINDING is 1 and
 // ADD_IN 0 (no outer weights).
@@ -79,9 +81,6 @@
 #endif
 #ifndef PRE_STEPS
 #define PRE_STEPS 0
-#endif
-#ifndef SENTINEL_RUN
-#define SENTINEL_RUN 0
 #endif
 // Handoffs (handoff.glsl): x, and in0 where it is x again, can be read as handoff words (the
 // runtime hands them over only when they are the same slice: see below). The inner matvec
@@ -280,21 +279,9 @@ void main() {
         }
     }
 #endif
-#if SENTINEL_RUN > 0
-    if (handoff_reading()) {
-        if (gl_SubgroupID == 0u) {
-            const uint run = uint(SENTINEL_RUN);
-            for (uint h = lane; h < CH_I / run; h += gl_SubgroupSize) {
-                handoff_load(0u, h * run + run - 1u);
-            }
-        }
-        barrier();
-    }
-#endif
 #ifdef ABLATE_EMPTY
     // Timing only (compile-model --ablate chain / wide-matvec): no weights loaded; x waited for
-    // (behind the sentinel gate above, as unablated), the outputs written (and published by
-    // the wide matvec).
+    // as unablated, the outputs written (and published by the wide matvec).
     {
         float e = 0.0;
         for (uint i = t; i < CH_I / 4u; i += gl_WorkGroupSize.x) {

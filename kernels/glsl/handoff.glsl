@@ -50,6 +50,8 @@ layout(push_constant) uniform Handoff {
 } handoff;
 
 layout(set = 1, binding = 0, std430) coherent buffer HandoffWords { uint handoff_word[]; };
+// The same words four at a time, for handoff_load4's polls.
+layout(set = 1, binding = 0, std430) coherent volatile buffer HandoffWords4 { uvec4 handoff_word4[]; };
 
 // Whether this dispatch reads its role's bindings as handoff words (uniform). The role is
 // read here so that the module keeps it: glslang drops a specialization constant no code uses.
@@ -62,9 +64,11 @@ uint handoff_at(uint slot, uint i) {
     return (slot == 0u ? handoff.in0_at : slot == 1u ? handoff.in1_at : handoff.in2_at) + i;
 }
 
-// One poll of word `at`. A reader polls all its words before it looks at any (handoff_value):
-// a poll waits on nothing, so they are all in flight at once and the words cost one L2 round
-// trip, where polling each word until it is ready before polling the next costs one per word.
+// One poll of word `at`. A reader polls all its words before it looks at any: a poll waits on
+// nothing, so they are all in flight at once and the words cost one L2 round trip, where
+// polling each word until it is ready before polling the next costs one per word. Those still
+// empty are polled again together (handoff_load4's fallback, the attention block's words),
+// for the same reason.
 uint handoff_poll(uint at) {
     return atomicLoad(handoff_word[at], gl_ScopeDevice, gl_StorageSemanticsBuffer,
                       gl_SemanticsRelaxed);
@@ -84,13 +88,34 @@ float handoff_load(uint slot, uint i) {
     return handoff_value(at, handoff_poll(at));
 }
 
-// Elements 4 i4 .. 4 i4 + 3, their polls in flight together.
+// Elements 4 i4 .. 4 i4 + 3. Where they start on 16 bytes (the runtime's regions start on 64
+// words), all four are polled by one 16-byte volatile load, polled again whole while any is
+// empty: each word carries its own readiness, so a poll that sees some of them published and
+// others not is no harm, and each 4-byte word of the load is read whole (on NVIDIA a volatile
+// vector load is a relaxed access per element; lavapipe's is an aligned SSE load). One request
+// per poll and one round trip after the last word lands, where four atomic loads took four
+// requests and up to four round trips more (the re-poll of each word waits for the one
+// before): on an H100 bf16 +3.5%, q8_0 +3.4%, q4_0 +4.3%; two 64-bit atomic loads gave
+// +2.7 / +2.6 / +3.0%, four volatile loads polled together -0.9 / -5.1 / -4.4% (docs/perf.md,
+// session 29). Elsewhere four atomic loads, the empty ones polled again together.
 vec4 handoff_load4(uint slot, uint i4) {
     uint at = handoff_at(slot, 4u * i4);
+    if ((at & 3u) == 0u) {
+        uvec4 w = handoff_word4[at / 4u];
+        while (any(equal(w, uvec4(HANDOFF_EMPTY)))) {
+            w = handoff_word4[at / 4u];
+        }
+        return uintBitsToFloat(w);
+    }
     uvec4 v = uvec4(handoff_poll(at), handoff_poll(at + 1u), handoff_poll(at + 2u),
                     handoff_poll(at + 3u));
-    return vec4(handoff_value(at, v.x), handoff_value(at + 1u, v.y),
-                handoff_value(at + 2u, v.z), handoff_value(at + 3u, v.w));
+    while (any(equal(v, uvec4(HANDOFF_EMPTY)))) {
+        v = uvec4(v.x != HANDOFF_EMPTY ? v.x : handoff_poll(at),
+                  v.y != HANDOFF_EMPTY ? v.y : handoff_poll(at + 1u),
+                  v.z != HANDOFF_EMPTY ? v.z : handoff_poll(at + 2u),
+                  v.w != HANDOFF_EMPTY ? v.w : handoff_poll(at + 3u));
+    }
+    return uintBitsToFloat(v);
 }
 
 // Publishes element i of binding 0 (when this dispatch publishes).

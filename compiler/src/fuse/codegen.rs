@@ -628,12 +628,6 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
     let wg = (32 * rows as u32).min(1024);
     let DotGroups { dg, ks } = dot_groups(rows, wg, spec.cols, "VKFUSE_WIDE_KS", 4);
     let pre = preload_steps(spec.dtype, spec.cols / ks, dg);
-    // One sentinel word per run (an attention head's output, where the head is 128, 64 or 32
-    // wide): a run of x that divides it at least twice.
-    let run = [128, 64, 32]
-        .into_iter()
-        .find(|r| spec.cols.is_multiple_of(*r) && spec.cols / r >= 2)
-        .unwrap_or(0);
     let mut s = String::from(HEADER);
     let _ = writeln!(
         s,
@@ -644,7 +638,6 @@ fn wide_matvec(spec: &MatvecSpec) -> Option<Generated> {
     let _ = writeln!(s, "#define INNER_ONLY 1");
     let _ = writeln!(s, "#define INNER_IN 1");
     let _ = writeln!(s, "#define PRE_STEPS {pre}");
-    let _ = writeln!(s, "#define SENTINEL_RUN {run}");
     let _ = writeln!(s, "#define W2_DTYPE {}", dtype_code(DType::F32));
     let _ = writeln!(s, "#define W2_BINDING 1");
     let _ = writeln!(s, "#define ADD_IN 0");
