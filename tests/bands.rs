@@ -379,8 +379,8 @@ fn bands_the_block_cannot_take_are_errors_when_asked_for() {
 /// The bands' highest splits wait for the others inside the dispatch, one per head, so the
 /// compiler emits polling bands only where its device has more compute units than the block has
 /// query heads (4 here): with 4 units the band kernels are the last-arrival ones, with 5 the
-/// polling ones. Only bands of up to `MAX_POLLED_SPLITS` splits poll: one of 16 is the
-/// last-arrival kernel with room too, one of 12 is not.
+/// polling ones. Only bands of up to `MAX_POLLED_SPLITS` splits poll: a 16- or 13-split band
+/// compiles to the last-arrival kernel even with room, a 12-split band polls.
 #[test]
 fn bands_poll_only_where_the_device_has_room_for_a_waiter_per_head() {
     let (_, program) = program();
@@ -410,6 +410,7 @@ fn bands_poll_only_where_the_device_has_room_for_a_waiter_per_head() {
         wide(12, 132),
         "12 splits poll where there is room"
     );
+    assert_eq!(wide(13, 4), wide(13, 132), "13 splits never poll");
     assert_eq!(wide(16, 4), wide(16, 132), "16 splits never poll");
     let band_kernels = |units: usize| kernels(4, band(48, 2, 64), units);
     let (few, enough, many) = (band_kernels(4), band_kernels(5), band_kernels(132));

@@ -9,10 +9,17 @@
 // workgroups launch while the producer's last ones still run, issue their weight loads at once,
 // and wait only for the words they read. The producer writes each output element twice, to its
 // binding and, with an atomic store, as a word of the runtime's handoff buffer (set 1); the
-// consumer reads those words with atomic loads until none is HANDOFF_EMPTY (the runtime fills
-// the buffer with it before each step). One word carries both the value and its readiness, so
-// no fence and no counter stand between them. Atomic loads also bypass the compute unit's L1,
-// whose stale lines a pipeline barrier would otherwise have invalidated.
+// consumer reads those words until none is HANDOFF_EMPTY (the runtime fills the buffer with it
+// before each step). One word carries both the value and its readiness, so no fence and no
+// counter stand between them. The reads are atomic loads, or, four words at a time,
+// `coherent volatile` 16-byte loads (handoff_load4); either bypasses the compute unit's L1,
+// whose stale lines a pipeline barrier would otherwise have invalidated. The 16-byte load is
+// not atomic: under the Vulkan memory model it races the producer's atomic stores, and it is
+// correct because the devices handoffs run on read each aligned 4-byte word of it whole
+// (NVIDIA: a volatile vector load is a relaxed load per element; lavapipe: an aligned SSE
+// load). A device that tore a word would need the two 64-bit atomic loads instead (three
+// quarters of the gain on an H100, docs/perf.md session 29). The two views of set 1 binding 0
+// are not decorated Aliased; nothing that reads the words writes them.
 //
 // Sound where the driver launches a dispatch's workgroups only after every workgroup of the
 // dispatches recorded before it (a waiting consumer then waits only on resident producers):
@@ -67,8 +74,7 @@ uint handoff_at(uint slot, uint i) {
 // One poll of word `at`. A reader polls all its words before it looks at any: a poll waits on
 // nothing, so they are all in flight at once and the words cost one L2 round trip, where
 // polling each word until it is ready before polling the next costs one per word. Those still
-// empty are polled again together (handoff_load4's fallback, the attention block's words),
-// for the same reason.
+// empty are polled again together (the attention block's words), for the same reason.
 uint handoff_poll(uint at) {
     return atomicLoad(handoff_word[at], gl_ScopeDevice, gl_StorageSemanticsBuffer,
                       gl_SemanticsRelaxed);
@@ -97,7 +103,7 @@ float handoff_load(uint slot, uint i) {
 // requests and up to four round trips more (the re-poll of each word waits for the one
 // before): on an H100 bf16 +3.5%, q8_0 +3.4%, q4_0 +4.3%; two 64-bit atomic loads gave
 // +2.7 / +2.6 / +3.0%, four volatile loads polled together -0.9 / -5.1 / -4.4% (docs/perf.md,
-// session 29). Elsewhere four atomic loads, the empty ones polled again together.
+// session 29). Elsewhere four single-word loads.
 vec4 handoff_load4(uint slot, uint i4) {
     uint at = handoff_at(slot, 4u * i4);
     if ((at & 3u) == 0u) {
@@ -107,15 +113,10 @@ vec4 handoff_load4(uint slot, uint i4) {
         }
         return uintBitsToFloat(w);
     }
-    uvec4 v = uvec4(handoff_poll(at), handoff_poll(at + 1u), handoff_poll(at + 2u),
-                    handoff_poll(at + 3u));
-    while (any(equal(v, uvec4(HANDOFF_EMPTY)))) {
-        v = uvec4(v.x != HANDOFF_EMPTY ? v.x : handoff_poll(at),
-                  v.y != HANDOFF_EMPTY ? v.y : handoff_poll(at + 1u),
-                  v.z != HANDOFF_EMPTY ? v.z : handoff_poll(at + 2u),
-                  v.w != HANDOFF_EMPTY ? v.w : handoff_poll(at + 3u));
-    }
-    return uintBitsToFloat(v);
+    // Not taken in practice (the runtime's regions start on 64 words, and every reader of four
+    // at a time reads a whole region), so kept to the single-word loads the tests run.
+    return vec4(handoff_load(slot, 4u * i4), handoff_load(slot, 4u * i4 + 1u),
+                handoff_load(slot, 4u * i4 + 2u), handoff_load(slot, 4u * i4 + 3u));
 }
 
 // Publishes element i of binding 0 (when this dispatch publishes).

@@ -39,7 +39,7 @@ impl fmt::Display for AttentionBand {
 /// block's own grid does, the last split to arrive folding the partials. On an H100 (Qwen3-0.6B's
 /// shape) the polled 16-split band cost bf16 830 against 808 µs per step at positions
 /// 1024-2048 and q4_0 712 against 706, while the polled 12-split band of the block formats
-/// saved q4_0 575 against 560 µs per step below position 768 (docs/perf.md, session 29): the
+/// saved q4_0 560 against 575 µs per step below position 768 (docs/perf.md, session 29): the
 /// waiter's polls of fifteen partials cost more than the count they replace.
 pub const MAX_POLLED_SPLITS: usize = 12;
 
