@@ -103,7 +103,7 @@ float handoff_load(uint slot, uint i) {
 // requests and up to four round trips more (the re-poll of each word waits for the one
 // before): on an H100 bf16 +3.5%, q8_0 +3.4%, q4_0 +4.3%; two 64-bit atomic loads gave
 // +2.7 / +2.6 / +3.0%, four volatile loads polled together -0.9 / -5.1 / -4.4% (docs/perf.md,
-// session 29). Elsewhere four single-word loads.
+// session 29). Elsewhere four atomic loads, the empty ones polled again together.
 vec4 handoff_load4(uint slot, uint i4) {
     uint at = handoff_at(slot, 4u * i4);
     if ((at & 3u) == 0u) {
@@ -114,9 +114,18 @@ vec4 handoff_load4(uint slot, uint i4) {
         return uintBitsToFloat(w);
     }
     // Not taken in practice (the runtime's regions start on 64 words, and every reader of four
-    // at a time reads a whole region), so kept to the single-word loads the tests run.
-    return vec4(handoff_load(slot, 4u * i4), handoff_load(slot, 4u * i4 + 1u),
-                handoff_load(slot, 4u * i4 + 2u), handoff_load(slot, 4u * i4 + 3u));
+    // at a time reads a whole region), so no test runs it. Written as four single-word loads
+    // (handoff_load) it cost q4_0 0.3% on an H100 where it never ran (docs/perf.md, session
+    // 29): the four polls in flight, the empty ones polled again together.
+    uvec4 v = uvec4(handoff_poll(at), handoff_poll(at + 1u), handoff_poll(at + 2u),
+                    handoff_poll(at + 3u));
+    while (any(equal(v, uvec4(HANDOFF_EMPTY)))) {
+        v = uvec4(v.x != HANDOFF_EMPTY ? v.x : handoff_poll(at),
+                  v.y != HANDOFF_EMPTY ? v.y : handoff_poll(at + 1u),
+                  v.z != HANDOFF_EMPTY ? v.z : handoff_poll(at + 2u),
+                  v.w != HANDOFF_EMPTY ? v.w : handoff_poll(at + 3u));
+    }
+    return uintBitsToFloat(v);
 }
 
 // Publishes element i of binding 0 (when this dispatch publishes).
