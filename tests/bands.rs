@@ -16,8 +16,8 @@
 //!    split attends at least 32 slots): 100 positions of a 4-split block with bands of 2, 4
 //!    and 3 splits against the CPU reference interpreter, eager, replay, and replay with handoffs
 //!    (where the bands' splits combine by polling); and a band of 16 splits (the H100 defaults'
-//!    below position 2048, which combines by last arrival: `bands::MAX_POLLED_SPLITS`) under a
-//!    block of 20.
+//!    below position 2048, polled with handoffs like every band up to
+//!    `bands::MAX_POLLED_SPLITS`) under a block of 20.
 //! 4. Bands the block cannot take are errors when asked for, and the defaults leave them out.
 //! 5. Bands poll only where the compile's device has more compute units than query heads.
 
@@ -379,8 +379,8 @@ fn bands_the_block_cannot_take_are_errors_when_asked_for() {
 /// The bands' highest splits wait for the others inside the dispatch, one per head, so the
 /// compiler emits polling bands only where its device has more compute units than the block has
 /// query heads (4 here): with 4 units the band kernels are the last-arrival ones, with 5 the
-/// polling ones. Only bands of up to `MAX_POLLED_SPLITS` splits poll: a 16- or 13-split band
-/// compiles to the last-arrival kernel even with room, a 12-split band polls.
+/// polling ones. Only bands of up to `MAX_POLLED_SPLITS` splits poll: a 17-split band compiles
+/// to the last-arrival kernel even with room, a 16-split band polls.
 #[test]
 fn bands_poll_only_where_the_device_has_room_for_a_waiter_per_head() {
     let (_, program) = program();
@@ -403,15 +403,14 @@ fn bands_poll_only_where_the_device_has_room_for_a_waiter_per_head() {
         assert!(!spirv.is_empty());
         spirv
     };
-    assert_eq!(vkfuse_compiler::fuse::bands::MAX_POLLED_SPLITS, 12);
+    assert_eq!(vkfuse_compiler::fuse::bands::MAX_POLLED_SPLITS, 16);
     let wide = |splits: usize, units: usize| kernels(20, band(100, splits, 64), units);
     assert_ne!(
-        wide(12, 4),
-        wide(12, 132),
-        "12 splits poll where there is room"
+        wide(16, 4),
+        wide(16, 132),
+        "16 splits poll where there is room"
     );
-    assert_eq!(wide(13, 4), wide(13, 132), "13 splits never poll");
-    assert_eq!(wide(16, 4), wide(16, 132), "16 splits never poll");
+    assert_eq!(wide(17, 4), wide(17, 132), "17 splits never poll");
     let band_kernels = |units: usize| kernels(4, band(48, 2, 64), units);
     let (few, enough, many) = (band_kernels(4), band_kernels(5), band_kernels(132));
     assert_ne!(few, enough, "4 units for 4 heads: no polling");

@@ -37,11 +37,13 @@ impl fmt::Display for AttentionBand {
 /// The most splits a band combines by polling where it may (handoffs on, a waiter per head
 /// resident: `Builder::attention_bands` in `program.rs`); a band of more splits combines as the
 /// block's own grid does, the last split to arrive folding the partials. On an H100 (Qwen3-0.6B's
-/// shape) the polled 16-split band cost bf16 830 against 808 µs per step at positions
-/// 1024-2048 and q4_0 712 against 706, while the polled 12-split band of the block formats
-/// saved q4_0 560 against 575 µs per step below position 768 (docs/perf.md, session 29): the
-/// waiter's polls of fifteen partials cost more than the count they replace.
-pub const MAX_POLLED_SPLITS: usize = 12;
+/// shape) the polled 16-split band first cost bf16 830 against 808 µs per step at positions
+/// 1024-2048 and q4_0 712 against 706, while the waiter waited on each partial's words in turn;
+/// once it polled those still empty again together, polling won there too (bf16 760 against
+/// 765, q4_0 651 against 663, q4_0 572 against 589 at 768-1024), and the polled 12-split band
+/// of the block formats saves q4_0 560 against 575 below position 768 (docs/perf.md, session
+/// 29). Bands of more splits than 16 were not measured.
+pub const MAX_POLLED_SPLITS: usize = 16;
 
 /// The bands for a program whose matvec weights are `dtype` and whose block runs `workgroup`
 /// invocations: that workgroup with as few splits as keep every split's chunk within two of the
