@@ -74,7 +74,8 @@ uint handoff_at(uint slot, uint i) {
 // One poll of word `at`. A reader polls all its words before it looks at any: a poll waits on
 // nothing, so they are all in flight at once and the words cost one L2 round trip, where
 // polling each word until it is ready before polling the next costs one per word. Those still
-// empty are polled again together (the attention block's words), for the same reason.
+// empty are polled again together (the attention block's words, handoff_load4's unaligned
+// path), for the same reason.
 uint handoff_poll(uint at) {
     return atomicLoad(handoff_word[at], gl_ScopeDevice, gl_StorageSemanticsBuffer,
                       gl_SemanticsRelaxed);

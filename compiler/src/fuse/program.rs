@@ -223,8 +223,8 @@ impl Builder<'_> {
         let head = spec.head_dim.next_power_of_two() as u32;
         // The bands' highest splits wait for the others inside the dispatch, one per head: sound
         // where the device holds more of its workgroups than there are heads, which one per
-        // compute unit at least gives (kernels/glsl/handoff.glsl); faster only for bands of
-        // few splits (bands::MAX_POLLED_SPLITS).
+        // compute unit at least gives (kernels/glsl/handoff.glsl); and only for bands of the
+        // splits where polling was measured faster (bands::MAX_POLLED_SPLITS).
         let room = spec.hq < self.opts.device.compute_units;
         let mut out: Vec<(u32, AttnSpec)> = vec![];
         let mut from = 0u32;
