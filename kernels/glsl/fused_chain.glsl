@@ -82,6 +82,18 @@
 #ifndef PRE_STEPS
 #define PRE_STEPS 0
 #endif
+// The wide matvec's preloaded block-format steps (PRE_HALVES): their codes converted to exact
+// f16 pairs (q8_0's -128..127 and q4_0's -8..7 are whole numbers f16 holds) and their scales to
+// floats while x is awaited, so that after x arrives a step is four unpacks and its multiply-
+// adds, not a mask, permute and subtraction per weight. On an H100: q8_0 +0.65%, q4_0 +1.25%,
+// the same greedy ids; the codes as scaled f32 vec4s instead took 114 registers for 58 and lost
+// 0.5% and 1.3% (docs/perf.md, session 30). Not in the chain: its 1024 invocations have no
+// registers to spare.
+#if INNER_ONLY && PRE_STEPS > 0 && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
+#define PRE_HALVES 1
+#else
+#define PRE_HALVES 0
+#endif
 // Handoffs (handoff.glsl): x, and in0 where it is x again, can be read as handoff words (the
 // runtime hands them over only when they are the same slice: see below). The inner matvec
 // alone publishes y too.
@@ -278,6 +290,20 @@ void main() {
             }
         }
     }
+#if PRE_HALVES
+    // Entry e's codes as f16 pairs (elements 0-1, 2-3 of xa's half, then of xb's) and its scale.
+    uvec4 wh[DG * PRE_STEPS];
+    float wd[DG * PRE_STEPS];
+    for (uint e = 0u; e < DG * PRE_STEPS; e++) {
+        uint c = cbase + min(lane + (e % PRE_STEPS) * gl_SubgroupSize, SPK - 1u);
+        uvec4 v = wp[e];
+        wd[e] = unpackHalf2x16(v.z)[(c / 4u) & 1u];
+        vec4 lo = W_DTYPE == Q8_0 ? q8_codes(v.x) : q4_low(v.x);
+        vec4 hi = W_DTYPE == Q8_0 ? q8_codes(v.y) : q4_high(v.x);
+        wh[e] = uvec4(packHalf2x16(lo.xy), packHalf2x16(lo.zw), packHalf2x16(hi.xy),
+                      packHalf2x16(hi.zw));
+    }
+#endif
 #endif
 #ifdef ABLATE_EMPTY
     // Timing only (compile-model --ablate chain / wide-matvec): no weights loaded; x waited for
@@ -369,8 +395,16 @@ void main() {
                 if (c < SPK) {
                     uvec2 xi = step_x4(cbase + c);
                     for (uint i = 0u; i < DG; i++) {
+#if PRE_HALVES
+                        uvec4 h = wh[i * PRE_STEPS + k];
+                        vec4 wa = vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y));
+                        vec4 wb = vec4(unpackHalf2x16(h.z), unpackHalf2x16(h.w));
+                        acc[i] += wd[i * PRE_STEPS + k] *
+                                  (dot(wa, xs4[xs_at(xi.x)]) + dot(wb, xs4[xs_at(xi.y)]));
+#else
                         acc[i] += inner_dot(wp[i * PRE_STEPS + k], cbase + c,
                                             xs4[xs_at(xi.x)], xs4[xs_at(xi.y)]);
+#endif
                     }
                 }
             }
