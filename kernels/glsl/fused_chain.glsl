@@ -85,10 +85,11 @@
 // The wide matvec's preloaded block-format steps (PRE_HALVES): their codes converted to exact
 // f16 pairs (q8_0's -128..127 and q4_0's -8..7 are whole numbers f16 holds) and their scales to
 // floats while x is awaited, so that after x arrives a step is four unpacks and its multiply-
-// adds, not a mask, permute and subtraction per weight. On an H100: q8_0 +0.65%, q4_0 +1.25%,
-// the same greedy ids; the codes as scaled f32 vec4s instead took 114 registers for 58 and lost
-// 0.5% and 1.3% (docs/perf.md, session 30). Not in the chain: its 1024 invocations have no
-// registers to spare.
+// adds, not a mask, permute and subtraction per weight. On an H100: q8_0 +0.74%, q4_0 +1.25%,
+// the same greedy ids, with 64 registers (56-58 before); the codes as scaled f32 vec4s instead
+// took 114 and lost 0.5% and 1.3% (docs/perf.md, session 30). Steps past the preloaded ones
+// (rows longer than a subgroup's PRE_STEPS cover) dequantise as before. Not in the chain: its
+// 1024 invocations have no registers to spare.
 #if INNER_ONLY && PRE_STEPS > 0 && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
 #define PRE_HALVES 1
 #else
