@@ -33,6 +33,15 @@
 // in increasing index order with each executor running its own in order (lavapipe: each
 // thread takes the next contiguous run of workgroups and runs it to its end).
 //
+// lavapipe ends every loop after 65535 iterations (llvmpipe's loop limiter), so there a reader
+// that polls longer takes the empty word as its value (a NaN). Its handoffs (the tests',
+// `--handoffs on`) hold only while no reader waits that long: across dispatches none waits
+// (lavapipe runs one dispatch after another), and the polled combine's waiter waits on splits
+// of its own head, which its thread's contiguous run has mostly finished before it. A reader
+// made to wait on another thread's workgroup (branch experiment/late-words) read NaNs after
+// exactly 65535 polls. Nested loops would lift the bound to 65535^2 polls; they change every
+// reader's code on NVIDIA too and were not timed there (docs/perf.md, session 30).
+//
 // A kernel declares its role in the default of specialization constant 190, which the runtime
 // reads from the SPIR-V: bit b (b < 16) for each binding b it can read as handoff words (one
 // push-constant slot each, in ascending binding order), bit 31 when it can publish binding 0.
