@@ -28,8 +28,10 @@ pub struct RunOptions {
     /// flagged words in device memory instead: `auto` (the default: on for NVIDIA devices,
     /// where it measured about 25% more tokens/s on the H100 at 256 tokens, docs/perf.md session
     /// 19; off elsewhere, since it relies on the driver launching dispatches in order), `on`
-    /// or `off`. `vkfuse inspect` lists the levels a schedule hands over; `vkfuse bench`
-    /// measures the fused replay rows with and without them.
+    /// or `off`. `on` elsewhere is for tests: on lavapipe a kernel that waits longer than
+    /// 65535 polls goes on with a wrong value (llvmpipe bounds every loop; docs/perf.md session
+    /// 30). `vkfuse inspect` lists the levels a schedule hands over; `vkfuse bench` measures the
+    /// fused replay rows with and without them.
     #[arg(long, default_value = "auto", value_name = "auto|on|off")]
     pub handoffs: Handoffs,
 }
