@@ -96,6 +96,13 @@ const uint STEPS8 = (I / 8u + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;
 const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
 #define SCALE_SHUFFLE (gl_WorkGroupSize.x == gl_SubgroupSize && SCALE_WORDS <= gl_SubgroupSize)
 #endif
+// q4_0's logits (STEP) take the codes in quant.glsl's linear form: each of lm_head's steps
+// meets its rows (8 per workgroup on the H100) with one Σ x, and saves a subtraction per weight.
+#if W_DTYPE == Q4_0 && STEP
+#define LIN4 1
+#else
+#define LIN4 0
+#endif
 
 #if W_DTYPE != F32
 // The input's two vec4s that step c's 8 weights meet (in every dtype of such steps: 16-bit
@@ -173,9 +180,16 @@ void main() {
             vec4 xa, xb;
             step_x(c, live, ss, xa, xb);
             uint b = c / 4u;
+#if LIN4
+            float sx = dot(xa + xb, vec4(1.0));
+#endif
             for (uint j = 0u; j < ndots; j++) {
                 float d = unpackHalf2x16(subgroupShuffle(sw[j], b / 2u))[b & 1u];
+#if LIN4
+                float v = 256.0 * d * Q4_LIN_STEP_DOT(w, wrow[j] * rb / 4u, c, xa, xb, sx);
+#else
                 float v = d * Q_STEP_DOT(W_DTYPE, w, wrow[j] * rb / 4u, c, xa, xb);
+#endif
                 acc[j] += live ? v : 0.0;
             }
         }
@@ -187,10 +201,18 @@ void main() {
             }
             vec4 xa, xb;
             step_x(c, true, ss, xa, xb);
+#if LIN4
+            float sx = dot(xa + xb, vec4(1.0));
+#endif
             for (uint j = 0u; j < ndots; j++) {
                 uint at = wrow[j] * rb;
+#if LIN4
+                acc[j] += 256.0 * Q_SCALE(W_DTYPE, w, at, I, c / 4u) *
+                          Q4_LIN_STEP_DOT(w, at / 4u, c, xa, xb, sx);
+#else
                 acc[j] += Q_SCALE(W_DTYPE, w, at, I, c / 4u) *
                           Q_STEP_DOT(W_DTYPE, w, at / 4u, c, xa, xb);
+#endif
             }
         }
     }

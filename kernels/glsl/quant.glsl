@@ -60,6 +60,21 @@ vec4 q4_high(uint w) {
          ? dot(q8_codes(A[(aw) + 2u * (c)]), xa) + dot(q8_codes(A[(aw) + 2u * (c) + 1u]), xb) \
          : dot(q4_low(A[(aw) + (c)]), xa) + dot(q4_high(A[(aw) + (c)]), xb))
 
+// q4_0's codes in the linear form: each nibble n as f = 0.5 + n / 256 exactly (the byte in bits
+// 16..22 of 0.5's pattern, one permute), so that n - 8 = 256 (f - 17/32) and a weight is one
+// multiply-add with no subtraction: step c's dot is 256 (Σ f·x - 17/32 Σ x), Σ x (sx, the sum of
+// xa and xb) once per step for every row that meets it. Q4_LIN_STEP_DOT is the bracket.
+// lm_head's 8 rows per step share sx: on the H100 +0.75% (docs/perf.md, session 31); with the
+// 2 rows of the chain's dots it lost 0.8% (session 25 found the same before the hops shrank).
+vec4 q_lin_bytes(uint w) {
+    return uintBitsToFloat(uvec4((w << 16) & 0xFF0000u, (w << 8) & 0xFF0000u, w & 0xFF0000u,
+                                 (w >> 8) & 0xFF0000u) |
+                           0x3F000000u);
+}
+#define Q4_LIN_STEP_DOT(A, aw, c, xa, xb, sx) \
+    (dot(q_lin_bytes(A[(aw) + (c)] & 0x0F0F0F0Fu), xa) + \
+     dot(q_lin_bytes((A[(aw) + (c)] >> 4) & 0x0F0F0F0Fu), xb) - 0.53125 * (sx))
+
 // The f16 scale of block b of the row whose codes start at byte `row_at` (A: uint array).
 #define Q_SCALE(dt, A, row_at, cols, b) \
     unpackHalf2x16(A[((row_at) + q_code_bytes(dt, cols)) / 4u + (b) / 2u])[(b) & 1u]
