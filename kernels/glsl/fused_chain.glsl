@@ -95,13 +95,14 @@
 #else
 #define PRE_HALVES 0
 #endif
-// The chain's preloaded block-format steps (PRE_SPLIT) are readied while x is awaited in the
-// registers they already take: q4_0's code word split into its low and its high nibbles, q8_0's
-// two words with their bytes' sign bits flipped (code + 128, as q8_codes does), and the
+// The chain's preloaded block-format steps (PRE_SPLIT) are readied while x is awaited: q8_0's
+// two words with their bytes' sign bits flipped (code + 128, as q8_codes does) in the registers
+// they already take, q4_0's code word split into its low and its high nibbles (one register
+// more a step: the q4_0 chain 48 -> 56 of the 64 a 1024-wide workgroup allows), and the
 // block's scale unpacked to a float; after x arrives a weight is a permute, a subtraction and a
 // multiply-add. On the H100 q4_0 +1.36%, q8_0 +0.66%, the same greedy ids (docs/perf.md,
-// session 31); f16 pairs as PRE_HALVES makes them need 24 registers more for 8 steps (the
-// chain's 1024 invocations have 16 to spare): 4 of them lost 1.1%, all 8 5.5%.
+// session 31). f16 pairs, as PRE_HALVES makes them, took 24 registers more than the raw q4_0
+// steps for 8 steps (16 for q8_0), past what the chain had: 4 of them lost 1.1%, all 8 5.5%.
 #if !INNER_ONLY && PRE_STEPS > 0 && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
 #define PRE_SPLIT 1
 #else

@@ -97,7 +97,9 @@ const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
 #define SCALE_SHUFFLE (gl_WorkGroupSize.x == gl_SubgroupSize && SCALE_WORDS <= gl_SubgroupSize)
 #endif
 // q4_0's logits (STEP) take the codes in quant.glsl's linear form: each of lm_head's steps
-// meets its rows (8 per workgroup on the H100) with one Σ x, and saves a subtraction per weight.
+// meets its rows with one Σ x, and saves a subtraction per weight. Measured with the 8 rows per
+// workgroup of vocabularies of 65536 or more (compiler/src/kernels/select.rs); smaller vocabularies get 4 or
+// 2 rows per workgroup, which share Σ x less (not measured).
 #if W_DTYPE == Q4_0 && STEP
 #define LIN4 1
 #else

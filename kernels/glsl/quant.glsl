@@ -60,12 +60,17 @@ vec4 q4_high(uint w) {
          ? dot(q8_codes(A[(aw) + 2u * (c)]), xa) + dot(q8_codes(A[(aw) + 2u * (c) + 1u]), xb) \
          : dot(q4_low(A[(aw) + (c)]), xa) + dot(q4_high(A[(aw) + (c)]), xb))
 
-// q4_0's codes in the linear form: each nibble n as f = 0.5 + n / 256 exactly (the byte in bits
-// 16..22 of 0.5's pattern, one permute), so that n - 8 = 256 (f - 17/32) and a weight is one
-// multiply-add with no subtraction: step c's dot is 256 (Σ f·x - 17/32 Σ x), Σ x (sx, the sum of
-// xa and xb) once per step for every row that meets it. Q4_LIN_STEP_DOT is the bracket.
-// lm_head's 8 rows per step share sx: on the H100 +0.75% (docs/perf.md, session 31); with the
-// 2 rows of the chain's dots it lost 0.8% (session 25 found the same before the hops shrank).
+// q4_0's codes in the linear form: each nibble n as f = 0.5 + n / 256 exactly (the byte, which
+// must be below 128, in bits 16..22 of 0.5's pattern: one permute), so that n - 8 = 256 (f -
+// 17/32) and a weight is one multiply-add with no subtraction: step c's dot is 256 (Σ f·x -
+// 17/32 Σ x), Σ x (sx, the sum of xa and xb) once per step for every row that meets it.
+// Q4_LIN_STEP_DOT is the bracket. It pays only where many rows share sx: lm_head's 8 rows per
+// step, +0.74% on the H100 (docs/perf.md, session 31); with the 2 rows of the chain's dots it
+// lost 0.8%, in q/k/v 0.46% (session 25 found the same before the hops shrank). It also rounds
+// worse: the bracket's terms are ~0.53 |x| where their difference is ~|n - 8| / 256 |x|, so a
+// row's sum loses ~4 bits to cancellation (a CPU model of lm_head's sums: worst relative error
+// 2e-4 against 8.5e-6), harmless for an argmax but for near-ties; in q/k/v on qwen3-next it
+// missed fused-vs-eager's 1e-4.
 vec4 q_lin_bytes(uint w) {
     return uintBitsToFloat(uvec4((w << 16) & 0xFF0000u, (w << 8) & 0xFF0000u, w & 0xFF0000u,
                                  (w >> 8) & 0xFF0000u) |

@@ -588,7 +588,8 @@ fn wide_rows() -> usize {
 /// Raw 16-byte weight loads an invocation may hold before its input is staged
 /// (`fused_chain.glsl`'s PRE_STEPS times its dots per round). The wide matvec holds block
 /// formats' steps as f16 pairs and a scale instead (PRE_HALVES: five registers a step where
-/// q4_0's raw step takes two), so raising this costs it more registers than the name says.
+/// q4_0's raw step takes two), and the chain q4_0's as two nibble words and a scale (PRE_SPLIT:
+/// three), so raising this costs them more registers than the name says.
 const PRELOAD_WORDS4: usize = 8;
 
 /// Steps of 8 weights (of a row of `cols` of `dtype`) that each lane of a subgroup preloads for
