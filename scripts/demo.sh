@@ -24,3 +24,6 @@ echo "== the CPU reference interpreter on the model directory (the oracle): the 
 "$bin"/vkfuse run "$model" --backend reference --ids 1,2,3 --max-new-tokens 16
 echo "== benchmark: the same 64 tokens, unfused and fused, eager and replay"
 "$bin"/vkfuse bench "$model" --tokens 64
+echo "(Columns: vkfuse bench --help. On lavapipe every kernel runs on the CPU, so these times"
+echo " do not show what fusion and replay save on a GPU, and the reference interpreter, a plain"
+echo " CPU loop over a tiny model, can be the fastest: docs/perf.md has the H100's figures.)"

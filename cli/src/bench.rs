@@ -28,7 +28,8 @@ pub struct BenchArgs {
     /// Greedy tokens to decode per configuration.
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
-    /// The Vulkan device, by index in `vkfuse devices`.
+    /// The Vulkan device, by index in `vkfuse devices` (default: VKFUSE_DEVICE, else the
+    /// first discrete GPU, then integrated, then CPU).
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
     /// Print a JSON array (one object per configuration) as the last stdout line.

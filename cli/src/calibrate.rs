@@ -30,7 +30,8 @@ use vkfuse_runtime::{
 
 #[derive(clap::Args)]
 pub struct CalibrateArgs {
-    /// The Vulkan device, by index in `vkfuse devices`.
+    /// The Vulkan device, by index in `vkfuse devices` (default: VKFUSE_DEVICE, else the
+    /// first discrete GPU, then integrated, then CPU).
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
     /// Write the costs to this file (JSON), for `compile-model --device-cost FILE`; without it
@@ -224,7 +225,7 @@ pub fn measure(device: &Device, out: &mut dyn Write) -> Result<DeviceCost> {
     )?;
     writeln!(
         out,
-        "{:<14} {:>12.0} {:>12.0}  {} MiB in one dispatch of {} workgroups: {:.1} µs",
+        "{:<14} {:>12.1} {:>12.1}  {} MiB in one dispatch of {} workgroups: {:.1} µs",
         "GB/s",
         cost.bytes_per_us / 1e3,
         h100.bytes_per_us / 1e3,

@@ -146,7 +146,8 @@ fn vulkan_engine(
     // Asked for regions that do not run: say why rather than run as `off` in silence.
     if persistence != Persistence::Off && loaded.schedule.levels.len() == levels {
         let why = if regions == 0 {
-            "the schedule offers none (compile-model offers them over runs of matvec levels)"
+            "the schedule offers none (compile-model offers them over runs of matvec levels; \
+             a chained MLP leaves none: compile with --no-chain)"
                 .to_string()
         } else {
             format!(
@@ -407,7 +408,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     } else {
         writeln!(
             std::io::stdout().lock(),
-            "{steps} tokens in {:.3} s: {:.1} tokens/s, host {:.1} us/token, {:.0} dispatches, {:.0} barriers, \
+            "{steps} steps (a token through the model each: the prompt's, then every generated one \
+             but the last) in {:.3} s: {:.1} tokens/s, host {:.1} us/token, {:.0} dispatches, {:.0} barriers, \
              {:.0} descriptor writes per token ({} backend)",
             elapsed.as_secs_f64(),
             report.tokens_per_s,

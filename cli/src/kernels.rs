@@ -13,7 +13,8 @@ use vkfuse_runtime::Statistic;
 pub struct KernelsArgs {
     /// A schedule file (from `compile-model -o`).
     pub file: PathBuf,
-    /// The Vulkan device, by index in `vkfuse devices`.
+    /// The Vulkan device, by index in `vkfuse devices` (default: VKFUSE_DEVICE, else the
+    /// first discrete GPU, then integrated, then CPU).
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
 }

@@ -117,6 +117,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: bool,
     /// KV-cache capacity in tokens (default: the model's max_position_embeddings, at most 4096).
+    /// For a model directory only: a schedule file's is fixed when it is compiled
+    /// (compile-model --max-context).
     #[arg(long, value_name = "N")]
     pub max_context: Option<usize>,
     /// The Vulkan device, by index in `vkfuse devices` (default: VKFUSE_DEVICE, else the

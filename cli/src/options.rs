@@ -36,10 +36,15 @@ pub struct RunOptions {
     pub handoffs: Handoffs,
 }
 
-/// `--ids`' value parser: clap's own for u32 would say "-1 is not in 0..=4294967295".
+/// `--ids`' value parser: clap's own for u32 would say "-1 is not in 0..=4294967295". Spaces
+/// around an id are allowed ("1, 2"); an empty one (`--ids ""`, `1,,2`) is named as such.
 pub fn parse_token_id(text: &str) -> std::result::Result<u32, String> {
-    text.parse()
-        .map_err(|_| format!("token ids are integers from 0 to {}: {text}", u32::MAX))
+    let id = text.trim();
+    if id.is_empty() {
+        return Err("an empty token id: give comma-separated integers, e.g. --ids 1,2,3".into());
+    }
+    id.parse()
+        .map_err(|_| format!("token ids are integers from 0 to {}: {id}", u32::MAX))
 }
 
 /// Opens a schedule file, with a warning where compile-model built it for timing only
@@ -83,5 +88,18 @@ impl RunOptions {
             quant::convert(&mut program, format).context("converting the weights' format")?;
         }
         Ok(program)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_token_id;
+
+    #[test]
+    fn token_ids_allow_spaces_and_name_empty_ones() {
+        assert_eq!(parse_token_id(" 2"), Ok(2));
+        assert!(parse_token_id("").unwrap_err().contains("empty"));
+        assert!(parse_token_id(" ").unwrap_err().contains("empty"));
+        assert!(parse_token_id("-1").unwrap_err().contains("from 0 to"));
     }
 }

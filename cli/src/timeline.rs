@@ -24,7 +24,7 @@ pub struct TimelineArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=TIMELINE_STEPS as i64))]
     pub steps: u32,
     /// Steps per submit.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub tokens_per_submit: u32,
     /// Which timed step to print dispatch by dispatch (default: the middle of the first chain).
     #[arg(long, value_name = "I")]

@@ -48,13 +48,13 @@ struct Args {
     /// compute unit over all heads, at most 16 and at least 256 KiB of f32 K and V per split
     /// at a full cache; where that gives 16, one split per 128 slots up to four per compute
     /// unit and 32 (Qwen3-0.6B at `--max-context 4096`: 32, which the bands below run as 16
-    /// below position 2048).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// below position 2048). 1 to 64.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     attention_splits: Option<u32>,
     /// Workgroup size of the fused attention block (a power of two up to 1024, raised to the
     /// head dim where smaller). Default: 8 invocations per head element (64..1024), 4 when the
     /// block is split. A tuning knob.
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     attention_wg: Option<u32>,
     /// Other grids of the attention block for short positions, as `BELOW:SPLITSxWG,...`
     /// (ascending positions; each band's grid serves the positions below its bound, the
