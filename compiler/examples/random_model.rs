@@ -296,8 +296,10 @@ mod hybrid {
             "max_position_embeddings": 262144,
             "rope_parameters": {"rope_theta": 10000000.0, "rope_type": "default",
                                 "partial_rotary_factor": 0.25},
-            "hidden_act": "silu", "dtype": "bfloat16", "bos_token_id": 151643,
-            "eos_token_id": 151645
+            "hidden_act": "silu", "dtype": "bfloat16",
+            // Qwen's ids where the vocabulary holds them; the tiny shape's last two ids else.
+            "bos_token_id": if s.vocab > 151645 { 151643 } else { s.vocab - 2 },
+            "eos_token_id": if s.vocab > 151645 { 151645 } else { s.vocab - 1 }
         });
         std::fs::write(
             out.join("config.json"),

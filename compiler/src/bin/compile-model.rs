@@ -216,6 +216,14 @@ fn run(args: Args) -> Result<()> {
     if let Some(warning) = trace::past_trained_context(&model, &opts) {
         eprintln!("{warning}");
     }
+    if model.tokenizer.is_none() {
+        eprintln!(
+            "note: {} has no {}: the schedule decodes token ids only (`vkfuse generate --ids`, \
+             not --prompt)",
+            args.model.display(),
+            import::TOKENIZER_FILE
+        );
+    }
     let conversion = match args.weights {
         Some(format) => {
             Some(quant::convert(&mut program, format).context("converting the weights' format")?)

@@ -366,6 +366,20 @@ fn parse(f: Fields<'_>) -> R<ModelConfig> {
         None if explicit_null("eos_token_id") => vec![],
         None => eos_default,
     };
+    // An id past the vocabulary could never be generated (eos) or embedded (bos): a config
+    // that names one does not describe these weights.
+    for (key, id) in bos_token_id
+        .iter()
+        .map(|&id| ("bos_token_id", id))
+        .chain(eos_token_ids.iter().map(|&id| ("eos_token_id", id)))
+    {
+        if id as usize >= vocab_size {
+            return Err(inconsistent(
+                &f,
+                format!("{key} {id} is outside the vocabulary of {vocab_size} (vocab_size)"),
+            ));
+        }
+    }
     let dtype = dtype(&f)?;
 
     let hybrid = match family {
@@ -589,6 +603,25 @@ mod tests {
             matches!(&e, ImportError::Unsupported { field, .. } if field == "dtype"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn token_ids_past_the_vocabulary_are_refused() {
+        let base = r#""architectures": ["Qwen3ForCausalLM"], "vocab_size": 10, "hidden_size": 64,
+            "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "head_dim": 16"#;
+        let ok = parse(&format!("{{{base}, \"eos_token_id\": [3, 9]}}"));
+        assert!(ok.is_ok(), "{:?}", ok.err());
+        for (field, json) in [
+            ("eos_token_id", "\"eos_token_id\": [3, 10]"),
+            ("bos_token_id", "\"bos_token_id\": 12"),
+        ] {
+            let e = parse(&format!("{{{base}, {json}}}")).expect_err(field);
+            assert!(
+                matches!(&e, ImportError::Inconsistent { .. }) && e.to_string().contains(field),
+                "{e}"
+            );
+        }
     }
 
     #[test]
