@@ -292,9 +292,9 @@ pub fn write_fixture_file(name: &str, path: &Path) {
 }
 
 /// Logits of `program` fed `ids` one at a time through its unfused schedule (eager) and its
-/// fused one (eager, with fused replay checked to agree at every step: within `atomics_tol`
-/// where float atomics reassociate), on `device` with `weights`; returns (unfused rows, fused
-/// rows, the fused replay, positioned after `ids`).
+/// fused one (eager, with fused replay, its levels handed over, checked to agree at every step:
+/// within `atomics_tol` where float atomics reassociate), on `device` with `weights`; returns
+/// (unfused rows, fused rows, the fused replay, positioned after `ids`).
 pub fn teacher_forced_rows(
     what: &str,
     atomics_tol: f64,
@@ -310,7 +310,7 @@ pub fn teacher_forced_rows(
 ) {
     use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
     use vkfuse_compiler::lower::{self, Meta};
-    use vkfuse_runtime::session::{Eager, Loaded, Replay};
+    use vkfuse_runtime::session::{Eager, Handoffs, LoadOptions, Loaded, Replay};
     let meta = Meta {
         architecture: architecture.to_string(),
         eos_token_ids: vec![],
@@ -322,11 +322,19 @@ pub fn teacher_forced_rows(
         let (fused, _) = lower_fused(program, &meta, &mut spirv, &FuseOptions::default()).unwrap();
         (unfused, fused)
     };
-    let load = |s| Loaded::new(device.clone(), s, weights).unwrap();
-    let mut unfused = Eager::new(load(unfused)).unwrap();
-    let mut eager = Eager::new(load(fused.clone())).unwrap();
+    let load = |s, handoffs| {
+        let options = LoadOptions {
+            handoffs,
+            ..LoadOptions::default()
+        };
+        Loaded::load(device.clone(), s, weights, options).unwrap()
+    };
+    let mut unfused = Eager::new(load(unfused, Handoffs::Off)).unwrap();
+    let mut eager = Eager::new(load(fused.clone(), Handoffs::Off)).unwrap();
     let atomics = fused.float_atomic_kernel().is_some();
-    let mut replay = Replay::new(load(fused)).unwrap();
+    // Replay hands levels over on every device (Auto would leave them off on lavapipe), so
+    // that the kernels' handoff readers run on the quantised weights' paths too.
+    let mut replay = Replay::new(load(fused, Handoffs::On)).unwrap();
     let mut rows_u = vec![];
     let mut rows_f = vec![];
     for &t in ids {

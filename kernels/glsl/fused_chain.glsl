@@ -304,6 +304,13 @@ void main() {
             }
         }
     }
+#if PRE_HALVES || PRE_SPLIT
+    // x's first polls, issued before the readying below waits for the preloaded weights: a
+    // workgroup that launches after x was published (the chain's last ones begin when o_proj's
+    // and the prefetch's workgroups leave their SMs) then waits for both loads at once, where
+    // polling after the readying waited for the weights first and then for x.
+    uvec4 xw = handoff_reading() && t < CH_I / 4u ? handoff_poll4(0u, t) : uvec4(0u);
+#endif
 #if PRE_HALVES
     // Entry e's codes as f16 pairs (elements 0-1, 2-3 of xa's half, then of xb's) and its scale.
     uvec4 wh[DG * PRE_STEPS];
@@ -361,9 +368,15 @@ void main() {
     // x · nw into shared memory; the x² partials beside it (see the top).
     float ss = 0.0;
     for (uint i = t; i < CH_I / 4u; i += gl_WorkGroupSize.x) {
+#if PRE_HALVES || PRE_SPLIT
+        vec4 v = handoff_reading()
+                     ? (i == t ? handoff_finish4(0u, i, xw) : handoff_load4(0u, i))
+                     : vec4(x[4u * i], x[4u * i + 1u], x[4u * i + 2u], x[4u * i + 3u]);
+#else
         vec4 v = handoff_reading()
                      ? handoff_load4(0u, i)
                      : vec4(x[4u * i], x[4u * i + 1u], x[4u * i + 2u], x[4u * i + 3u]);
+#endif
         ss += dot(v, v);
 #if NORM
         v *= i == t ? nw_first : nw4_at(i);

@@ -114,28 +114,45 @@ float handoff_load(uint slot, uint i) {
 // before): on an H100 bf16 +3.5%, q8_0 +3.4%, q4_0 +4.3%; two 64-bit atomic loads gave
 // +2.7 / +2.6 / +3.0%, four volatile loads polled together -0.9 / -5.1 / -4.4% (docs/perf.md,
 // session 29). Elsewhere four atomic loads, the empty ones polled again together.
-vec4 handoff_load4(uint slot, uint i4) {
+//
+// In two halves, for a reader with work between issuing its polls and waiting on them:
+// handoff_poll4 issues the first poll and waits on nothing, handoff_finish4 polls again while
+// any word it was given is empty, and handoff_load4 is both. The chained and wide kernels
+// poll x before they ready their preloaded weights (fused_chain.glsl), so that a workgroup
+// launching after x was published waits for the two loads at once, not for the weights first
+// and then for x.
+uvec4 handoff_poll4(uint slot, uint i4) {
     uint at = handoff_at(slot, 4u * i4);
     if ((at & 3u) == 0u) {
-        uvec4 w = handoff_word4[at / 4u];
-        while (any(equal(w, uvec4(HANDOFF_EMPTY)))) {
-            w = handoff_word4[at / 4u];
-        }
-        return uintBitsToFloat(w);
+        return handoff_word4[at / 4u];
     }
     // Not taken in practice (the runtime's regions start on 64 words, and every reader of four
     // at a time reads a whole region), so no test runs it. Written as four single-word loads
     // (handoff_load) it cost q4_0 0.3% on an H100 where it never ran (docs/perf.md, session
     // 29): the four polls in flight, the empty ones polled again together.
-    uvec4 v = uvec4(handoff_poll(at), handoff_poll(at + 1u), handoff_poll(at + 2u),
-                    handoff_poll(at + 3u));
-    while (any(equal(v, uvec4(HANDOFF_EMPTY)))) {
-        v = uvec4(v.x != HANDOFF_EMPTY ? v.x : handoff_poll(at),
-                  v.y != HANDOFF_EMPTY ? v.y : handoff_poll(at + 1u),
-                  v.z != HANDOFF_EMPTY ? v.z : handoff_poll(at + 2u),
-                  v.w != HANDOFF_EMPTY ? v.w : handoff_poll(at + 3u));
+    return uvec4(handoff_poll(at), handoff_poll(at + 1u), handoff_poll(at + 2u),
+                 handoff_poll(at + 3u));
+}
+
+vec4 handoff_finish4(uint slot, uint i4, uvec4 w) {
+    uint at = handoff_at(slot, 4u * i4);
+    if ((at & 3u) == 0u) {
+        while (any(equal(w, uvec4(HANDOFF_EMPTY)))) {
+            w = handoff_word4[at / 4u];
+        }
+        return uintBitsToFloat(w);
     }
-    return uintBitsToFloat(v);
+    while (any(equal(w, uvec4(HANDOFF_EMPTY)))) {
+        w = uvec4(w.x != HANDOFF_EMPTY ? w.x : handoff_poll(at),
+                  w.y != HANDOFF_EMPTY ? w.y : handoff_poll(at + 1u),
+                  w.z != HANDOFF_EMPTY ? w.z : handoff_poll(at + 2u),
+                  w.w != HANDOFF_EMPTY ? w.w : handoff_poll(at + 3u));
+    }
+    return uintBitsToFloat(w);
+}
+
+vec4 handoff_load4(uint slot, uint i4) {
+    return handoff_finish4(slot, i4, handoff_poll4(slot, i4));
 }
 
 // Publishes element i of binding 0 (when this dispatch publishes).
