@@ -593,6 +593,19 @@ void combine(uint h, uint split, uint used, float m, float total, float lsum) {
 }
 #endif
 
+// The q and k norm weights of element t (wn) and of its rope partner pt (pwn); 1 without
+// QK_NORM.
+void qk_norm_weights(uint t, uint pt, inout vec2 wn, inout vec2 pwn) {
+#if QK_NORM
+    wn = vec2(LOAD(QN_DTYPE, qn, t), LOAD(KN_DTYPE, kn, t));
+    pwn = vec2(LOAD(QN_DTYPE, qn, pt), LOAD(KN_DTYPE, kn, pt));
+    if (NORM_ZC != 0) {
+        wn += 1.0;
+        pwn += 1.0;
+    }
+#endif
+}
+
 void main() {
     uint wid = group_id();
     if (wid >= HQ * NSPLITS) {
@@ -648,14 +661,15 @@ void main() {
     }
 #endif
     // The q, fresh k and v rows depend on nothing this dispatch writes: all polled together,
-    // so their latencies overlap instead of following one another. The norm weights are
-    // loaded after them: loaded before the wait (with the rope's angle) they measured bf16
-    // +0.6% but q8_0 -0.7% and q4_0 -1.0% on an H100 (docs/perf.md, session 28).
+    // so their latencies overlap instead of following one another; the norm weights after
+    // those first polls.
     // t's rope partner (itself past the rotary dims).
     uint pt = t < HALF_ROT ? t + HALF_ROT : (t < ROT ? t - HALF_ROT : t);
     vec2 raw = vec2(0.0);
     vec2 praw = vec2(0.0);
     float vv = 0.0;
+    vec2 wn = vec2(1.0);
+    vec2 pwn = vec2(1.0);
     if (t < D && handoff_reading()) {
         // All five polled before any is waited on, and those still empty polled again together
         // until none is: one round trip after the last lands, where waiting on each in turn
@@ -668,6 +682,11 @@ void main() {
         uvec4 got = uvec4(handoff_poll(at.x), handoff_poll(at.y), handoff_poll(at.z),
                           handoff_poll(at.w));
         uint pv = handoff_poll(vat);
+        // The norm weights once the first polls are out, so that their round trip overlaps
+        // the wait instead of following it. Loaded before the polls (with the rope's angle)
+        // they delayed them: bf16 +0.6%, q8_0 -0.7%, q4_0 -1.0% on an H100 (docs/perf.md,
+        // session 28).
+        qk_norm_weights(t, pt, wn, pwn);
         while (any(equal(got, uvec4(HANDOFF_EMPTY))) || pv == HANDOFF_EMPTY) {
             got = uvec4(got.x != HANDOFF_EMPTY ? got.x : handoff_poll(at.x),
                         got.y != HANDOFF_EMPTY ? got.y : handoff_poll(at.y),
@@ -682,6 +701,7 @@ void main() {
         raw = vec2(q[h * D + t], k_new[g * D + t]);
         praw = vec2(q[h * D + pt], k_new[g * D + pt]);
         vv = v_new[g * D + t];
+        qk_norm_weights(t, pt, wn, pwn);
     }
     TIMELINE_MARK(0);
 #ifdef ABLATE_EMPTY
@@ -693,18 +713,6 @@ void main() {
         handoff_store(h * D + t, e);
     }
     return;
-#endif
-    vec2 wn = vec2(1.0);
-    vec2 pwn = vec2(1.0);
-#if QK_NORM
-    if (t < D) {
-        wn = vec2(LOAD(QN_DTYPE, qn, t), LOAD(KN_DTYPE, kn, t));
-        pwn = vec2(LOAD(QN_DTYPE, qn, pt), LOAD(KN_DTYPE, kn, pt));
-        if (NORM_ZC != 0) {
-            wn += 1.0;
-            pwn += 1.0;
-        }
-    }
 #endif
     // The fresh K and V rows of the group: written to the caches by the writer, attended to
     // from shared memory by the split holding the fresh slot.
