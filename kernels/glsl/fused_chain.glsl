@@ -14,8 +14,9 @@
 // staged once per workgroup in shared memory, and the norm's rsqrt(mean(x²) + EPS) scales the
 // inner dots (they are linear in it): each invocation's first vec4 of nw is loaded before x is
 // waited for (in the staging loop it would start only once x had arrived: on an H100 bf16 and
-// q4_0 +0.5%, q8_0 -0.1..-0.3%, docs/perf.md session 28), and the x² sum is exchanged at the
-// barrier the staging needs anyway, with no reduction before the dots.
+// q4_0 +0.5%, q8_0 -0.1..-0.3%, docs/perf.md session 28), and the x² partials are exchanged at
+// the barrier the staging needs anyway; the block formats sum them right after it, before the
+// dots (EARLY_SCALE), the others after the dots.
 //
 // The outer weights are stored transposed (compile-model lays them out so:
 // compiler/src/import/layout.rs), so that a workgroup's share of them is contiguous:
@@ -391,8 +392,8 @@ void main() {
 #if NORM && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
     // The norm's scale, read from the x² partials now, before the dots: after them it sat on
     // the act rows' path, which the whole workgroup waits for. On an H100 q4_0 +0.35%, q8_0
-    // +0.16%; 16-bit floats lost 0.56% with it (the register it holds through the dots), so
-    // they read it after the dots as before (docs/perf.md, session 32).
+    // +0.16%; bf16 lost 0.56% with it (the register it holds through the dots), so the float
+    // formats read it after the dots as before (docs/perf.md, session 32).
 #define EARLY_SCALE 1
     float nscale = t < CB ? inversesqrt(wg_published_sum() / float(CH_I) + EPS) : 1.0;
 #else
