@@ -109,6 +109,13 @@
 #else
 #define PRE_SPLIT 0
 #endif
+// x's vec4 i read as handoff words in main()'s staging. Where preloaded weights are readied,
+// the first (i == t) was polled before the readying (main()'s xw).
+#if PRE_HALVES || PRE_SPLIT
+#define X_WORDS4(i) ((i) == t ? handoff_finish4(0u, i, xw) : handoff_load4(0u, i))
+#else
+#define X_WORDS4(i) handoff_load4(0u, i)
+#endif
 // Handoffs (handoff.glsl): x, and in0 where it is x again, can be read as handoff words (the
 // runtime hands them over only when they are the same slice: see below). The inner matvec
 // alone publishes y too.
@@ -228,7 +235,7 @@ uvec4 inner_raw(uint row, uint c) {
 float inner_dot(uvec4 v, uint c, vec4 xa, vec4 xb) {
 #if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
     // Block c / 4's f16 scale: half (c / 4) & 1 of its word (as Q_SCALE reads it).
-    float d = unpackHalf2x16(v.z)[(c / 4u) & 1u];
+    float d = Q_SCALE_HALF(v.z, c / 4u);
     return W_DTYPE == Q8_0 ? d * (dot(q8_codes(v.x), xa) + dot(q8_codes(v.y), xb))
                            : d * (dot(q4_low(v.x), xa) + dot(q4_high(v.x), xb));
 #else
@@ -319,21 +326,22 @@ void main() {
     for (uint e = 0u; e < DG * PRE_STEPS; e++) {
         uint c = cbase + min(lane + (e % PRE_STEPS) * gl_SubgroupSize, SPK - 1u);
         uvec4 v = wp[e];
-        wd[e] = unpackHalf2x16(v.z)[(c / 4u) & 1u];
+        wd[e] = Q_SCALE_HALF(v.z, c / 4u);
         vec4 lo = W_DTYPE == Q8_0 ? q8_codes(v.x) : q4_low(v.x);
         vec4 hi = W_DTYPE == Q8_0 ? q8_codes(v.y) : q4_high(v.x);
         wh[e] = uvec4(packHalf2x16(lo.xy), packHalf2x16(lo.zw), packHalf2x16(hi.xy),
                       packHalf2x16(hi.zw));
     }
 #elif PRE_SPLIT
-    // Entry e as (codes of xa's half, codes of xb's half, scale) in quant.glsl's magic bytes.
+    // Entry e as (codes of xa's half, codes of xb's half, scale), the codes readied for
+    // quant.glsl's q_magic_bytes (q8_codes and q4_low / q4_high in two halves).
     for (uint e = 0u; e < DG * PRE_STEPS; e++) {
         uint c = cbase + min(lane + (e % PRE_STEPS) * gl_SubgroupSize, SPK - 1u);
         uvec4 v = wp[e];
-        float d = unpackHalf2x16(v.z)[(c / 4u) & 1u];
+        float d = Q_SCALE_HALF(v.z, c / 4u);
         wp[e] = W_DTYPE == Q8_0
-                    ? uvec4(v.x ^ 0x80808080u, v.y ^ 0x80808080u, floatBitsToUint(d), 0u)
-                    : uvec4(v.x & 0x0F0F0F0Fu, (v.x >> 4) & 0x0F0F0F0Fu, floatBitsToUint(d), 0u);
+                    ? uvec4(Q8_READY(v.x), Q8_READY(v.y), floatBitsToUint(d), 0u)
+                    : uvec4(Q4_LOW_BYTES(v.x), Q4_HIGH_BYTES(v.x), floatBitsToUint(d), 0u);
     }
 #endif
 #endif
@@ -369,15 +377,9 @@ void main() {
     // x · nw into shared memory; the x² partials beside it (see the top).
     float ss = 0.0;
     for (uint i = t; i < CH_I / 4u; i += gl_WorkGroupSize.x) {
-#if PRE_HALVES || PRE_SPLIT
         vec4 v = handoff_reading()
-                     ? (i == t ? handoff_finish4(0u, i, xw) : handoff_load4(0u, i))
+                     ? X_WORDS4(i)
                      : vec4(x[4u * i], x[4u * i + 1u], x[4u * i + 2u], x[4u * i + 3u]);
-#else
-        vec4 v = handoff_reading()
-                     ? handoff_load4(0u, i)
-                     : vec4(x[4u * i], x[4u * i + 1u], x[4u * i + 2u], x[4u * i + 3u]);
-#endif
         ss += dot(v, v);
 #if NORM
         v *= i == t ? nw_first : nw4_at(i);
@@ -450,7 +452,7 @@ void main() {
                         acc[i] += wd[i * PRE_STEPS + k] *
                                   (dot(wa, xs4[xs_at(xi.x)]) + dot(wb, xs4[xs_at(xi.y)]));
 #elif PRE_SPLIT
-                        const float off = W_DTYPE == Q8_0 ? 8388736.0 : 8388616.0;
+                        const float off = W_DTYPE == Q8_0 ? Q8_MAGIC_OFF : Q4_MAGIC_OFF;
                         uvec4 v = wp[i * PRE_STEPS + k];
                         acc[i] += uintBitsToFloat(v.z) *
                                   (dot(q_magic_bytes(v.x) - off, xs4[xs_at(xi.x)]) +
@@ -524,7 +526,7 @@ void main() {
             }
         }
 #endif
-        add_row(r, b, v * unpackHalf2x16(pre_s[k])[r & 1u]);
+        add_row(r, b, v * Q_SCALE_HALF(pre_s[k], r));
     }
 #else
     // Each group's partial sums, then their total.

@@ -186,7 +186,7 @@ void main() {
             float sx = dot(xa + xb, vec4(1.0));
 #endif
             for (uint j = 0u; j < ndots; j++) {
-                float d = unpackHalf2x16(subgroupShuffle(sw[j], b / 2u))[b & 1u];
+                float d = Q_SCALE_HALF(subgroupShuffle(sw[j], b / 2u), b);
 #if LIN4
                 float v = 256.0 * d * Q4_LIN_STEP_DOT(w, wrow[j] * rb / 4u, c, xa, xb, sx);
 #else

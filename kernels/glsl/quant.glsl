@@ -32,17 +32,28 @@ vec4 q_magic_bytes(uint w) {
                            0x4B000000u);
 }
 
-// The four signed bytes of a word, as floats (byte 0 first): byte ^ 0x80 is code + 128.
+// A code word readied for q_magic_bytes (Q8_READY: byte ^ 0x80 is code + 128; Q4_LOW_BYTES,
+// Q4_HIGH_BYTES: a q4_0 word's low and high nibbles as bytes), and what is then subtracted to
+// leave the codes: 2^23 + 128 and 2^23 + 8. In two halves so that a kernel can ready its words
+// before its input arrives and subtract after (fused_chain.glsl's PRE_SPLIT); macros, so that
+// the code is the same as written out.
+#define Q8_READY(w) ((w) ^ 0x80808080u)
+#define Q4_LOW_BYTES(w) ((w) & 0x0F0F0F0Fu)
+#define Q4_HIGH_BYTES(w) (((w) >> 4) & 0x0F0F0F0Fu)
+#define Q8_MAGIC_OFF 8388736.0
+#define Q4_MAGIC_OFF 8388616.0
+
+// The four signed bytes of a word, as floats (byte 0 first).
 vec4 q8_codes(uint w) {
-    return q_magic_bytes(w ^ 0x80808080u) - 8388736.0;
+    return q_magic_bytes(Q8_READY(w)) - Q8_MAGIC_OFF;
 }
 
 // Low and high nibbles of the four bytes of a word, minus 8.
 vec4 q4_low(uint w) {
-    return q_magic_bytes(w & 0x0F0F0F0Fu) - 8388616.0;
+    return q_magic_bytes(Q4_LOW_BYTES(w)) - Q4_MAGIC_OFF;
 }
 vec4 q4_high(uint w) {
-    return q_magic_bytes((w >> 4) & 0x0F0F0F0Fu) - 8388616.0;
+    return q_magic_bytes(Q4_HIGH_BYTES(w)) - Q4_MAGIC_OFF;
 }
 
 // The matvec loops take 8 weights of a row per invocation and step, as the 16-bit dtypes do
@@ -77,12 +88,15 @@ vec4 q_lin_bytes(uint w) {
                            0x3F000000u);
 }
 #define Q4_LIN_STEP_DOT(A, aw, c, xa, xb, sx) \
-    (dot(q_lin_bytes(A[(aw) + (c)] & 0x0F0F0F0Fu), xa) + \
-     dot(q_lin_bytes((A[(aw) + (c)] >> 4) & 0x0F0F0F0Fu), xb) - 0.53125 * (sx))
+    (dot(q_lin_bytes(Q4_LOW_BYTES(A[(aw) + (c)])), xa) + \
+     dot(q_lin_bytes(Q4_HIGH_BYTES(A[(aw) + (c)])), xb) - 0.53125 * (sx))
 
+// Scale b from the word that holds the f16 scales b & ~1 and b | 1 (two blocks of a row, or
+// the transposed layout's blocks of two rows).
+#define Q_SCALE_HALF(word, b) unpackHalf2x16(word)[(b) & 1u]
 // The f16 scale of block b of the row whose codes start at byte `row_at` (A: uint array).
 #define Q_SCALE(dt, A, row_at, cols, b) \
-    unpackHalf2x16(A[((row_at) + q_code_bytes(dt, cols)) / 4u + (b) / 2u])[(b) & 1u]
+    Q_SCALE_HALF(A[((row_at) + q_code_bytes(dt, cols)) / 4u + (b) / 2u], b)
 
 // Byte of the row holding element i's code (q4_0: the high nibble where i % 8 >= 4).
 uint q_byte(uint dt, uint i) {
