@@ -3,8 +3,8 @@
 //!
 //! 1. Compiled: every attention dispatch of a split block carries the asked bands, ascending,
 //!    as kernels of those splits and workgroup sizes, and the schedule still matches
-//!    transformers (teacher forcing through every band, eager and replay; greedy tokens with
-//!    chains of 8 that cross the bounds), validation clean.
+//!    transformers (teacher forcing through every band, eager, replay and replay with
+//!    handoffs; greedy tokens with chains of 8 that cross the bounds), validation clean.
 //! 2. Which grid runs where: the same schedule with the block's own kernel made wrong (another
 //!    attention scale) and a right copy as the alternative below position 16. Positions below
 //!    16 must match transformers (so the alternative ran there) and the later ones must not
@@ -99,11 +99,26 @@ fn banded_grids_match_transformers() {
     let mut eager = Eager::new(load(schedule.clone())).unwrap();
     let rows = teacher_rows(&want, |t| eager.step(Some(t)).unwrap().logits);
     assert_rows_close("banded eager", &rows, &want.teacher_logits, TOL);
-    let mut replay = Replay::new(load(schedule)).unwrap();
+    let mut replay = Replay::new(load(schedule.clone())).unwrap();
     let rows = teacher_rows(&want, |t| replay.step(Some(t)).unwrap().logits);
     assert_rows_close("banded replay", &rows, &want.teacher_logits, TOL);
     let ids = replay_greedy_ids(&mut replay, &want);
     assert_eq!(ids, want.greedy_ids, "banded replay's greedy tokens");
+    // With handoffs too (Auto leaves them off on lavapipe): each step's band grid reads q/k/v
+    // as words and publishes y, against transformers' logits and ids as well.
+    let options = LoadOptions {
+        handoffs: Handoffs::On,
+        ..LoadOptions::default()
+    };
+    let handed = Loaded::load(device.clone(), schedule, &model.tensors, options).unwrap();
+    let mut replay = Replay::new(handed).unwrap();
+    let rows = teacher_rows(&want, |t| replay.step(Some(t)).unwrap().logits);
+    assert_rows_close("banded replay, handoffs", &rows, &want.teacher_logits, TOL);
+    let ids = replay_greedy_ids(&mut replay, &want);
+    assert_eq!(
+        ids, want.greedy_ids,
+        "banded replay's greedy tokens, handoffs"
+    );
     assert!(log.is_clean(), "validation errors:\n{}", log.report());
 }
 
