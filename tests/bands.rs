@@ -27,11 +27,11 @@ use vkfuse_compiler::lower::Meta;
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::{Alternative, KernelDecl, Schedule};
-use vkfuse_runtime::session::{Eager, Handoffs, LoadOptions, Loaded, Replay};
+use vkfuse_runtime::session::{Eager, Handoffs, Loaded, Replay};
 use vkfuse_runtime::HandoffPush;
 use vkfuse_tests::{
-    as_array, assert_rows_close, expected, fixture_dir, fused_schedule_with, rel_l2,
-    replay_greedy_ids, validated_device, Expected,
+    as_array, assert_rows_close, expected, fixture_dir, fused_schedule_with, loaded_with_handoffs,
+    rel_l2, replay_greedy_ids, validated_device, Expected,
 };
 
 const NAME: &str = "qwen3-tied";
@@ -106,11 +106,7 @@ fn banded_grids_match_transformers() {
     assert_eq!(ids, want.greedy_ids, "banded replay's greedy tokens");
     // With handoffs too (Auto leaves them off on lavapipe): each step's band grid reads q/k/v
     // as words and publishes y, against transformers' logits and ids as well.
-    let options = LoadOptions {
-        handoffs: Handoffs::On,
-        ..LoadOptions::default()
-    };
-    let handed = Loaded::load(device.clone(), schedule, &model.tensors, options).unwrap();
+    let handed = loaded_with_handoffs(&device, schedule, &model.tensors, Handoffs::On);
     let mut replay = Replay::new(handed).unwrap();
     let rows = teacher_rows(&want, |t| replay.step(Some(t)).unwrap().logits);
     assert_rows_close("banded replay, handoffs", &rows, &want.teacher_logits, TOL);
@@ -300,11 +296,7 @@ fn combines_match_the_reference(opts: &FuseOptions, bounds: &[u32]) {
     // With handoffs, the bands' highest working split waits for the others' partials as
     // flagged words and sets them back to zero (fused_attention.glsl's polled()): a word left
     // set would hand the next layer's waiter this layer's partial.
-    let options = LoadOptions {
-        handoffs: Handoffs::On,
-        ..LoadOptions::default()
-    };
-    let handed = Loaded::load(device.clone(), schedule.clone(), &model.tensors, options).unwrap();
+    let handed = loaded_with_handoffs(&device, schedule.clone(), &model.tensors, Handoffs::On);
     // The block's dispatches publish their output, which is what turns the polling on.
     let plan = handed.handoff_plan();
     for (i, d) in schedule.dispatches.iter().enumerate() {

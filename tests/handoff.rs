@@ -13,11 +13,11 @@
 //! transformers'. `bench/h100 tests` runs it on the H100, where the consumers really wait.
 
 use vkfuse_compiler::fuse::FuseOptions;
-use vkfuse_runtime::session::{Eager, Handoffs, LoadOptions, Loaded, Replay};
+use vkfuse_runtime::session::{Eager, Handoffs, Replay};
 use vkfuse_runtime::HANDOFF_EMPTY;
 use vkfuse_tests::{
-    expected, fused_schedule_with, replay_greedy_ids, same_kernels_agree_within, validated_device,
-    ATOMICS_TOL, FIXTURES,
+    expected, fused_schedule_with, loaded_with_handoffs, replay_greedy_ids,
+    same_kernels_agree_within, validated_device, ATOMICS_TOL, FIXTURES,
 };
 
 /// The planned words after a step: all empty again, for the next step's consumers (on lavapipe
@@ -35,19 +35,6 @@ fn assert_words_empty(what: &str, replay: &Replay) {
     );
 }
 
-fn load(
-    device: &vkfuse_runtime::Device,
-    schedule: &vkfuse_runtime::schedule::Schedule,
-    model: &vkfuse_compiler::import::Model,
-    handoffs: Handoffs,
-) -> Loaded {
-    let options = LoadOptions {
-        handoffs,
-        ..LoadOptions::default()
-    };
-    Loaded::load(device.clone(), schedule.clone(), &model.tensors, options).unwrap()
-}
-
 fn check(name: &str, splits: Option<usize>) {
     let opts = FuseOptions {
         attention_splits: splits,
@@ -56,7 +43,7 @@ fn check(name: &str, splits: Option<usize>) {
     let (model, schedule, _) = fused_schedule_with(name, &opts);
     let what = format!("{name} (attention splits {splits:?})");
     let (device, log) = validated_device();
-    let load = |handoffs| load(&device, &schedule, &model, handoffs);
+    let load = |handoffs| loaded_with_handoffs(&device, schedule.clone(), &model.tensors, handoffs);
     // Auto leaves them off on lavapipe (it relies on in-order launches: measured on NVIDIA).
     if !device.info().name.contains("NVIDIA") {
         assert_eq!(
@@ -161,7 +148,7 @@ fn should_hand_q_k_v_to_every_split_at_longer_positions() {
     };
     let (model, schedule, _) = fused_schedule_with(name, &opts);
     let (device, log) = validated_device();
-    let load = |handoffs| load(&device, &schedule, &model, handoffs);
+    let load = |handoffs| loaded_with_handoffs(&device, schedule.clone(), &model.tensors, handoffs);
     let mut eager = Eager::new(load(Handoffs::Off)).unwrap();
     let mut replay = Replay::new(load(Handoffs::On)).unwrap();
     assert!(replay.handed_levels() > 0);
@@ -208,7 +195,13 @@ fn should_run_every_ablation_with_handoffs_and_change_the_tokens() {
         if marked > 0 {
             assert!(schedule.persistent.is_empty());
         }
-        let mut replay = Replay::new(load(&device, &schedule, &model, Handoffs::On)).unwrap();
+        let mut replay = Replay::new(loaded_with_handoffs(
+            &device,
+            schedule.clone(),
+            &model.tensors,
+            Handoffs::On,
+        ))
+        .unwrap();
         assert!(replay.handed_levels() > 0);
         let mut ids = vec![replay.step(Some(1)).unwrap().next_token];
         ids.extend(replay.greedy_tokens(None, 39, 8).unwrap());

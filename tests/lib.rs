@@ -213,6 +213,22 @@ pub fn loaded_fixture(
     vkfuse_runtime::session::Loaded::new(device, schedule, &model.tensors).unwrap()
 }
 
+/// `schedule` loaded on `device` with `weights`, its levels handed over as `handoffs` says
+/// (`Handoffs::On` runs the kernels' handoff readers on lavapipe too, where `Auto` leaves them
+/// off).
+pub fn loaded_with_handoffs(
+    device: &vkfuse_runtime::Device,
+    schedule: vkfuse_runtime::schedule::Schedule,
+    weights: &dyn vkfuse_runtime::session::TensorBytes,
+    handoffs: vkfuse_runtime::session::Handoffs,
+) -> vkfuse_runtime::session::Loaded {
+    let options = vkfuse_runtime::session::LoadOptions {
+        handoffs,
+        ..Default::default()
+    };
+    vkfuse_runtime::session::Loaded::load(device.clone(), schedule, weights, options).unwrap()
+}
+
 /// The fixture `name` lowered with fusion: the model (its tensors feed the weights), the
 /// schedule and the fusion report.
 pub fn fused_schedule(
@@ -310,7 +326,7 @@ pub fn teacher_forced_rows(
 ) {
     use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
     use vkfuse_compiler::lower::{self, Meta};
-    use vkfuse_runtime::session::{Eager, Handoffs, LoadOptions, Loaded, Replay};
+    use vkfuse_runtime::session::{Eager, Handoffs, Replay};
     let meta = Meta {
         architecture: architecture.to_string(),
         eos_token_ids: vec![],
@@ -322,13 +338,7 @@ pub fn teacher_forced_rows(
         let (fused, _) = lower_fused(program, &meta, &mut spirv, &FuseOptions::default()).unwrap();
         (unfused, fused)
     };
-    let load = |s, handoffs| {
-        let options = LoadOptions {
-            handoffs,
-            ..LoadOptions::default()
-        };
-        Loaded::load(device.clone(), s, weights, options).unwrap()
-    };
+    let load = |s, handoffs| loaded_with_handoffs(device, s, weights, handoffs);
     let mut unfused = Eager::new(load(unfused, Handoffs::Off)).unwrap();
     let mut eager = Eager::new(load(fused.clone(), Handoffs::Off)).unwrap();
     let atomics = fused.float_atomic_kernel().is_some();

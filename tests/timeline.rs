@@ -19,8 +19,8 @@ use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
 use vkfuse_compiler::lower::{Meta, SpirvCache};
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::session::timeline::{DispatchRun, TIMELINE_STEPS};
-use vkfuse_runtime::session::{Handoffs, LoadOptions, Loaded, Replay};
-use vkfuse_tests::{expected, fixture_dir, fused_schedule, validated_device};
+use vkfuse_runtime::session::{Handoffs, Loaded, Replay};
+use vkfuse_tests::{expected, fixture_dir, fused_schedule, loaded_with_handoffs, validated_device};
 
 const NAME: &str = "qwen3-tied";
 
@@ -35,12 +35,13 @@ fn timed_replay(device: &vkfuse_runtime::Device, handoffs: Handoffs, opts: &Fuse
     )
     .unwrap();
     assert!(schedule.kernels.iter().all(|k| k.records_timeline()));
-    let options = LoadOptions {
+    Replay::new(loaded_with_handoffs(
+        device,
+        schedule,
+        &model.tensors,
         handoffs,
-        ..LoadOptions::default()
-    };
-    let loaded = Loaded::load(device.clone(), schedule, &model.tensors, options).unwrap();
-    Replay::new(loaded).unwrap()
+    ))
+    .unwrap()
 }
 
 /// Checks 2 above on `runs` of `steps` steps of `replay`'s schedule; `barriers` where no level
