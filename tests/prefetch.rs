@@ -2,7 +2,8 @@
 //! its size floor lifted (their weights are far below the default 1 MiB): every attention
 //! level (and, with these tiny tables, the embedding's) gets one prefetch dispatch reading
 //! exactly the weight slices of the (at most three) matvec or chained levels after it, in
-//! order (a chain's gate/up left out where the choice says so), cut to the budget, never beside
+//! order (a chain's gate/up left out where the choice says so), cut to the budget (norm weights
+//! read past it), never beside
 //! a level that streams weights itself; the levels stay as they were, and the schedule still
 //! matches transformers within 5e-3 relative L2 with the same greedy tokens, validation clean.
 
@@ -23,7 +24,7 @@ fn streams(label: &str) -> bool {
 
 /// The weight slices (binding 1's buffer) of the weight-streaming dispatches of the three
 /// levels after `level` (a chain's binding 1 only with `chain_inner`), up to the first level
-/// holding something else, the last cut to the budget.
+/// holding something else, the last matrix cut to the budget, norm weights past it.
 fn next_weights(s: &Schedule, level: usize, budget: u64, chain_inner: bool) -> Vec<Slice> {
     let mut out = vec![];
     let mut left = budget;
@@ -39,12 +40,19 @@ fn next_weights(s: &Schedule, level: usize, budget: u64, chain_inner: bool) -> V
                 .filter(|b| b.buffer == weights)
                 .skip(skip)
             {
-                if left == 0 {
+                if out.len() == 8 {
                     break 'levels;
                 }
-                let size = w.size.min(left) / 32 * 32;
-                out.push(Slice { size, ..*w });
-                left -= size;
+                // A vector beside the matrices (a norm weight: a sixteenth of the first matrix
+                // or less) is read past the budget and not counted.
+                let norm = w.size * 16 <= d.bindings[1].size;
+                let size = if norm { w.size } else { w.size.min(left) } / 32 * 32;
+                if size > 0 {
+                    out.push(Slice { size, ..*w });
+                    if !norm {
+                        left -= size;
+                    }
+                }
             }
         }
     }
