@@ -73,7 +73,8 @@ struct Args {
     /// attention bands (a layer's o_proj, MLP and the next q/k/v's first part), else 12; 12
     /// for q4_0 (all of those); 14 for f16/bf16 (o_proj, the MLP's down and half the next
     /// q/k/v, leaving out the gate/up that the chained MLP kernel loads itself); 8 for f32.
-    /// More slows the attention block beside it.
+    /// More slows the attention block beside it. The norm weights of those levels are read
+    /// past it (unless it is 0).
     #[arg(long, value_name = "MIB")]
     prefetch_mib: Option<u64>,
     /// Keep a matvec fed by another matvec kernel (SwiGLU's down after gate/up) in a level of

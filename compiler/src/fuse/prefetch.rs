@@ -201,8 +201,8 @@ pub fn plan(
 
 /// Whether weight slice `w` of a streaming kernel whose first matrix is `first` is a norm
 /// weight (or another vector beside its matrices): a sixteenth of that matrix or less, where a
-/// vector is one row against the matrix's rows and the chained kernel's down projection is a
-/// third of its gate/up.
+/// vector is one row against the matrix's rows and the chained kernel's down projection is half
+/// its gate/up.
 pub fn is_norm_weight(w: &Slice, first: &Slice) -> bool {
     w.size.saturating_mul(16) <= first.size
 }
