@@ -357,6 +357,18 @@ pub fn teacher_forced_rows(
     (rows_u, rows_f, replay)
 }
 
+/// Logits of `program` fed `ids` one at a time through the CPU reference over `weights`.
+pub fn reference_rows(
+    program: &vkfuse_compiler::ir::Program,
+    weights: &dyn vkfuse_compiler::reference::WeightSource,
+    ids: &[u32],
+) -> Vec<Vec<f32>> {
+    let mut r = vkfuse_compiler::reference::Reference::new(program, weights);
+    ids.iter()
+        .map(|&t| r.step(Some(t)).unwrap().logits)
+        .collect()
+}
+
 /// Rows as one [`Array2`].
 pub fn as_array(rows: &[Vec<f32>]) -> Array2 {
     Array2 {

@@ -3,7 +3,7 @@
 
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
-use vkfuse_tests::{assert_rows_close, expected, fixture_dir, FIXTURES};
+use vkfuse_tests::{assert_rows_close, expected, fixture_dir, reference_rows, FIXTURES};
 
 fn check(name: &str) {
     let model = import::load(&fixture_dir(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -11,12 +11,7 @@ fn check(name: &str) {
     let want = expected(name);
 
     // Teacher forcing: one row per fed token.
-    let mut r = Reference::new(&program, &model.tensors);
-    let rows: Vec<Vec<f32>> = want
-        .teacher_ids
-        .iter()
-        .map(|&t| r.step(Some(t)).unwrap().logits)
-        .collect();
+    let rows = reference_rows(&program, &model.tensors, &want.teacher_ids);
     let worst = assert_rows_close(
         &format!("{name} teacher"),
         &rows,

@@ -77,6 +77,7 @@ impl Shape {
             eps: F32Attr(EPS),
             zero_centered: false,
             dtype: DType::F32,
+            ones: false,
         };
         AttnSpec {
             kv_dtype: self.cache_dtype(),

@@ -49,6 +49,7 @@ fn check_norm(dtype: DType, j: usize, i: usize, o: usize, nw_dtype: DType, zero_
                 eps: F32Attr(EPS),
                 zero_centered,
                 dtype: nw_dtype,
+                ones: false,
             }),
             extras: vec![],
             epi: Epi::Mul(

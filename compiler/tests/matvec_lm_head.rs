@@ -34,6 +34,7 @@ fn check_at(dtype: DType, rows: usize, cols: usize, wg: Option<u32>) {
             eps: F32Attr(EPS),
             zero_centered: false,
             dtype: DType::F32,
+            ones: false,
         }),
         extras: vec![],
         epi: Epi::Acc,

@@ -12,7 +12,9 @@ const uint PER_ROW = 1u;
 
 // The norm weight of element i (1 without a norm).
 float nw_at(uint i) {
-#if NORM
+#if NORM && NW_ONES
+    return 1.0;
+#elif NORM
     float v = LOAD(NW_DTYPE, nw, i);
     return NORM_ZC != 0 ? v + 1.0 : v;
 #else

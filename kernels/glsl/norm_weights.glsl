@@ -8,8 +8,18 @@ layout(set = 0, binding = 3, std430) readonly buffer NW { uint nw[]; };
 layout(set = 0, binding = 3, std430) readonly buffer NW2 { uvec2 nw2[]; };
 layout(set = 0, binding = 3, std430) readonly buffer NW4 { uvec4 nw4v[]; };
 
+// NW_ONES (1: the weight is ones, folded into the matrices after the norm at compile time:
+// compile-model --fold-norms) reads nothing. On an H200 q/k/v without its norm weights' loads
+// and multiplies was q8_0 +3.6%, q4_0 +0.9% (docs/perf.md, session 35).
+#ifndef NW_ONES
+#define NW_ONES 0
+#endif
+
 // Norm weights 4v .. 4v + 3.
 vec4 nw4_at(uint v) {
+#if NW_ONES
+    return vec4(1.0);
+#else
 #if NW_DTYPE == F32
     vec4 n = uintBitsToFloat(nw4v[v]);
 #else
@@ -17,4 +27,5 @@ vec4 nw4_at(uint v) {
     vec4 n = vec4(PAIR(NW_DTYPE, p.x), PAIR(NW_DTYPE, p.y));
 #endif
     return NORM_ZC != 0 ? n + 1.0 : n;
+#endif
 }

@@ -36,6 +36,13 @@ struct Args {
     /// f16's rounding between the two).
     #[arg(long, value_name = "TYPE", default_value = "f16")]
     kv_cache: trace::KvCache,
+    /// Fold each dense layer's attention norm weight into the q, k and v matrices at compile
+    /// time (`W · diag(w)`, rounded to the weights' dtype or quantised after the fold), so that
+    /// the fused q/k/v kernel loads no norm weight. Off by default until measured on the H100
+    /// (an H200 ran the kernels it gives q8_0 +3.6%, q4_0 +0.9%, bf16 +0.5%: docs/perf.md,
+    /// session 35). Llama and Qwen3 only.
+    #[arg(long)]
+    fold_norms: bool,
     /// Write the unfused schedule: one dispatch per op (the eager baseline).
     #[arg(long)]
     no_fuse: bool,
@@ -210,12 +217,19 @@ fn run(args: Args) -> Result<()> {
     let opts = trace::TraceOptions {
         max_context: args.max_context,
         kv_cache: args.kv_cache,
+        fold_norms: args.fold_norms,
     };
     let mut program = st.run("trace", || {
         trace::trace(&model, &opts).context("tracing the decode step")
     })?;
     if let Some(warning) = trace::past_trained_context(&model, &opts) {
         eprintln!("{warning}");
+    }
+    if args.fold_norms && model.config.family == import::Family::Qwen3Next {
+        eprintln!(
+            "note: --fold-norms folds Llama and Qwen3 models only: this {} is traced unfolded",
+            model.config.architecture
+        );
     }
     if model.tokenizer.is_none() {
         eprintln!(

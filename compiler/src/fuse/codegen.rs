@@ -92,6 +92,9 @@ pub struct NormSpec {
     pub zero_centered: bool,
     /// The norm weight's dtype.
     pub dtype: DType,
+    /// The weight is ones (folded into the matrices after it: `TraceOptions::fold_norms`), so
+    /// the kernel reads none (`NW_ONES`).
+    pub ones: bool,
 }
 
 /// An epilogue expression over the row's accumulators and extra inputs.
@@ -867,12 +870,19 @@ fn matvec_defines(s: &mut String, spec: &MatvecSpec) {
         "#define NORM_ZC {}",
         u8::from(norm.is_some_and(|n| n.zero_centered))
     );
+    let _ = writeln!(
+        s,
+        "#define NW_ONES {}",
+        u8::from(norm.is_some_and(|n| n.ones && !n.zero_centered))
+    );
     let _ = writeln!(s, "#define PARTS {}u", spec.part_rows.len());
     let _ = writeln!(s, "#define ZIPPED {}", u8::from(spec.zipped));
 }
 
 /// The names [`matvec_defines`] and a member's own lines define, undefined after a member.
-const MATVEC_DEFINES: &[&str] = &["W_DTYPE", "NORM", "NW_DTYPE", "NORM_ZC", "PARTS", "ZIPPED"];
+const MATVEC_DEFINES: &[&str] = &[
+    "W_DTYPE", "NORM", "NW_DTYPE", "NORM_ZC", "NW_ONES", "PARTS", "ZIPPED",
+];
 
 /// fused_matvec.glsl's specialization constants by constant_id (0 is the workgroup size) that
 /// persistent_matvec.glsl reads too, folded into its source.

@@ -382,6 +382,22 @@ impl Builder<'_> {
         })
     }
 
+    /// Whether class `c` is a weight of ones (`import::layout::ones`: a norm weight folded into
+    /// the matrices after it). Judged on the representative instance: the trace folds every
+    /// layer's norm or none (`TraceOptions::fold_norms`), so the unit's instances agree.
+    fn is_ones(&self, c: Id) -> Result<bool, ProgramError> {
+        let FuseLang::Leaf(s) = self.node(c)? else {
+            return Ok(false);
+        };
+        let Some(&LeafRef::Def { offset }) = self.unit.leaves.get(s) else {
+            return Ok(false);
+        };
+        Ok(matches!(
+            &self.p.ops[self.unit.ops.start + offset].kind,
+            OpKind::Weight { name } if crate::import::layout::ones_of(name).is_some()
+        ))
+    }
+
     /// The norm prologue a `norm`/`nonorm` class describes, with its weight's value.
     fn prologue(&mut self, c: Id) -> Result<Option<(NormSpec, usize)>, ProgramError> {
         match self.node(c)?.clone() {
@@ -391,12 +407,14 @@ impl Builder<'_> {
                     return Err(self.err("a norm without its eps"));
                 };
                 let dtype = self.ty(w)?.dtype;
+                let ones = self.is_ones(w)?;
                 let v = self.value(w)?;
                 Ok(Some((
                     NormSpec {
                         eps,
                         zero_centered,
                         dtype,
+                        ones,
                     },
                     v,
                 )))

@@ -23,6 +23,78 @@ pub fn transposed_of(name: &str) -> Option<&str> {
     name.strip_suffix(TRANSPOSED)
 }
 
+/// What a folded matrix's name adds to its matrix's, before the norm weight's name.
+const FOLDED: &str = "#times:";
+/// What a norm weight of ones adds to the norm weight's name.
+const ONES: &str = "#ones";
+
+/// The name of matrix `tensor` with its columns multiplied by the norm weight `norm`
+/// (`TraceOptions::fold_norms`): `W · diag(norm)`, so that `W (norm ⊙ x̂) = folded x̂`.
+pub fn folded(tensor: &str, norm: &str) -> String {
+    format!("{tensor}{FOLDED}{norm}")
+}
+
+/// The matrix and the norm weight a derived name folds, if it is one.
+pub fn folded_of(name: &str) -> Option<(&str, &str)> {
+    name.split_once(FOLDED)
+}
+
+/// The name of a vector of ones shaped and typed as norm weight `norm` (what a norm whose
+/// weight was folded into its matrices is left with).
+pub fn ones(norm: &str) -> String {
+    format!("{norm}{ONES}")
+}
+
+/// The norm weight a derived vector of ones stands for, if it is one.
+pub fn ones_of(name: &str) -> Option<&str> {
+    name.strip_suffix(ONES)
+}
+
+/// Row-major `[rows, cols]` matrix `bytes` of element dtype `dtype` with column c multiplied
+/// by `scale[c]`, rounded back to `dtype`; or why not (the block formats are encoded from the
+/// folded values later, as any converted weight is).
+pub fn fold_columns(
+    bytes: &[u8],
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    scale: &[f32],
+) -> Result<Vec<u8>, String> {
+    if dtype.is_quantized() || dtype == DType::I32 {
+        return Err(format!(
+            "a {dtype} matrix cannot be folded (float matrices only)"
+        ));
+    }
+    if scale.len() != cols
+        || rows
+            .checked_mul(cols)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            != Some(bytes.len())
+    {
+        return Err(format!(
+            "{} bytes of {dtype} and {} scales are no [{rows}, {cols}] matrix and its columns' norm",
+            bytes.len(),
+            scale.len()
+        ));
+    }
+    let mut values = crate::quant::blocks::decode(dtype, bytes, cols);
+    for row in values.chunks_exact_mut(cols) {
+        for (v, s) in row.iter_mut().zip(scale) {
+            *v *= s;
+        }
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    crate::quant::blocks::encode(dtype, &values, cols, &mut out);
+    Ok(out)
+}
+
+/// Bytes of `n` ones of element dtype `dtype`.
+pub fn ones_bytes(dtype: DType, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * dtype.size());
+    crate::quant::blocks::encode(dtype, &vec![1.0; n], n.max(1), &mut out);
+    out
+}
+
 /// Bytes of matrix `[rows, cols]` of `dtype` transposed: the same elements; for the block
 /// formats [`transpose`]'s rows of blocks, padded as rows are.
 pub fn transposed_bytes(dtype: DType, rows: usize, cols: usize) -> usize {
@@ -114,6 +186,67 @@ impl Derived {
     }
 }
 
+/// A matrix's fold: the norm weight it was folded with, and its bytes or why not.
+type Fold = (String, Result<Vec<u8>, String>);
+
+/// Folded matrices and vectors of ones ([`folded`], [`ones`]), each computed once on first use:
+/// a cell per matrix (a matrix is folded with at most one norm weight) and per vector.
+#[derive(Default)]
+pub struct Folds {
+    matrices: HashMap<String, OnceLock<Fold>>,
+    ones: HashMap<String, OnceLock<Vec<u8>>>,
+}
+
+impl Folds {
+    /// Room for a fold of each of `matrices` and the ones of each of `vectors`.
+    pub fn new<'a>(
+        matrices: impl IntoIterator<Item = &'a str>,
+        vectors: impl IntoIterator<Item = &'a str>,
+    ) -> Folds {
+        Folds {
+            matrices: matrices
+                .into_iter()
+                .map(|s| (s.to_string(), OnceLock::new()))
+                .collect(),
+            ones: vectors
+                .into_iter()
+                .map(|s| (s.to_string(), OnceLock::new()))
+                .collect(),
+        }
+    }
+
+    /// Matrix `of` folded with norm weight `norm`, computed by `make` the first time; None
+    /// where `of` is not one of the matrices, an error where it was folded with another norm.
+    pub fn folded(
+        &self,
+        of: &str,
+        norm: &str,
+        make: impl FnOnce() -> Result<Vec<u8>, String>,
+    ) -> Option<Result<&[u8], String>> {
+        let cell = self.matrices.get(of)?;
+        let (with, made) = cell.get_or_init(|| (norm.to_string(), make()));
+        if with != norm {
+            return Some(Err(format!(
+                "tensor \"{of}\" is folded with \"{with}\" already, not also with \"{norm}\""
+            )));
+        }
+        Some(made.as_deref().map_err(Clone::clone))
+    }
+
+    /// The ones standing for vector `of`, made by `make` the first time; None where `of` is not
+    /// one of the vectors.
+    pub fn ones(&self, of: &str, make: impl FnOnce() -> Vec<u8>) -> Option<&[u8]> {
+        Some(self.ones.get(of)?.get_or_init(make))
+    }
+}
+
+impl std::fmt::Debug for Folds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let made = self.matrices.values().filter(|c| c.get().is_some()).count();
+        write!(f, "Folds({made} of {} matrices made)", self.matrices.len())
+    }
+}
+
 impl std::fmt::Debug for Derived {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let made = self.cells.values().filter(|c| c.get().is_some()).count();
@@ -134,6 +267,43 @@ mod tests {
             Some("model.layers.0.mlp.down_proj.weight")
         );
         assert_eq!(transposed_of("model.layers.0.mlp.down_proj.weight"), None);
+        let (q, norm) = (
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.input_layernorm.weight",
+        );
+        assert_eq!(folded_of(&folded(q, norm)), Some((q, norm)));
+        assert_eq!(folded_of(q), None);
+        assert_eq!(ones_of(&ones(norm)), Some(norm));
+        assert_eq!(ones_of(norm), None);
+    }
+
+    #[test]
+    fn fold_columns_scales_each_column_and_refuses_what_it_cannot_fold() {
+        // [[1, 2, 3], [4, 5, 6]] · diag(10, 100, 1000), in f32 (exact).
+        let m: Vec<u8> = [1f32, 2., 3., 4., 5., 6.]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let got = fold_columns(&m, DType::F32, 2, 3, &[10., 100., 1000.]).unwrap();
+        let got: Vec<f32> = got
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(got, [10., 200., 3000., 40., 500., 6000.]);
+        // bf16 rounds the products back to bf16.
+        let m: Vec<u8> = [1f32, 1.]
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        let got = fold_columns(&m, DType::BF16, 1, 2, &[1.0 / 3.0, 3.0]).unwrap();
+        assert_eq!(got[..2], half::bf16::from_f32(1.0 / 3.0).to_le_bytes());
+        assert!(fold_columns(&m, DType::BF16, 1, 2, &[1.0]).is_err());
+        assert!(fold_columns(&m, DType::BF16, 2, 2, &[1.0, 1.0]).is_err());
+        assert!(fold_columns(&[0; 36], DType::Q8_0, 1, 32, &[1.0; 32]).is_err());
+        assert_eq!(
+            ones_bytes(DType::F32, 2),
+            [1f32.to_le_bytes(), 1f32.to_le_bytes()].concat()
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use super::error::ImportError;
 use super::fields::show;
-use super::layout::{self, Derived};
+use super::layout::{self, Derived, Folds};
 use crate::ir::DType;
 
 type R<T> = Result<T, ImportError>;
@@ -74,6 +74,9 @@ pub struct TensorStore {
     index: BTreeMap<String, Entry>,
     /// Matrices in other layouts, made on first use ([`super::layout`]).
     derived: Derived,
+    /// Matrices with a norm weight folded into their columns, and that weight's ones
+    /// ([`layout::folded`], [`layout::ones`]), made on first use.
+    folds: Folds,
 }
 
 impl std::fmt::Debug for TensorStore {
@@ -243,6 +246,7 @@ impl TensorStore {
             shards: Vec::with_capacity(files.len()),
             index: BTreeMap::new(),
             derived: Derived::default(),
+            folds: Folds::default(),
         };
         for path in files {
             let map = map_file(path)?;
@@ -283,13 +287,21 @@ impl TensorStore {
                 map,
             });
         }
-        let matrices: Vec<String> = store
-            .index
-            .iter()
-            .filter(|(_, e)| matches!(&e.kind, EntryKind::Readable(i) if i.shape.len() == 2))
-            .map(|(n, _)| n.clone())
-            .collect();
+        // The readable tensors of `rank` dimensions.
+        let of_rank = |rank: usize| -> Vec<String> {
+            store
+                .index
+                .iter()
+                .filter(|(_, e)| matches!(&e.kind, EntryKind::Readable(i) if i.shape.len() == rank))
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
+        let (matrices, vectors) = (of_rank(2), of_rank(1));
         store.derived = Derived::new(matrices.iter().map(String::as_str));
+        store.folds = Folds::new(
+            matrices.iter().map(String::as_str),
+            vectors.iter().map(String::as_str),
+        );
         Ok(store)
     }
 
@@ -318,6 +330,9 @@ impl TensorStore {
 
     /// The tensor's description; `None` if it is absent or of an unreadable dtype.
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        if !self.index.contains_key(name) {
+            return self.entry(name).ok().map(|(_, info)| info);
+        }
         match &self.index.get(name)?.kind {
             EntryKind::Readable(info) => Some(info),
             EntryKind::Unreadable { .. } => None,
@@ -331,6 +346,28 @@ impl TensorStore {
 
     /// The entry and its readable info, or the error that names why not.
     fn entry(&self, name: &str) -> R<(&Entry, &TensorInfo)> {
+        // A folded matrix is its matrix's shape and dtype, checked against its norm weight's;
+        // ones are their norm weight's (their bytes: `bytes`).
+        if !self.index.contains_key(name) {
+            if let Some((matrix, norm)) = layout::folded_of(name) {
+                let (entry, info) = self.entry(matrix)?;
+                let (_, n) = self.entry(norm)?;
+                if info.shape.len() != 2 || n.shape != [info.shape[1]] || info.dtype.is_quantized()
+                {
+                    return Err(ImportError::Inconsistent {
+                        file: info.file.clone(),
+                        message: format!(
+                            "tensor \"{matrix}\" {} of {:?} cannot fold norm weight \"{norm}\" of {:?}",
+                            info.dtype, info.shape, n.shape
+                        ),
+                    });
+                }
+                return Ok((entry, info));
+            }
+            if let Some(norm) = layout::ones_of(name) {
+                return self.entry(norm);
+            }
+        }
         let Some(entry) = self.index.get(name) else {
             return Err(ImportError::MissingTensor {
                 file: self.source.clone(),
@@ -368,6 +405,23 @@ impl TensorStore {
             if let Some(of) = layout::transposed_of(name) {
                 return self.transposed(of);
             }
+            if let Some((matrix, norm)) = layout::folded_of(name) {
+                return self.folded(matrix, norm);
+            }
+            if let Some(norm) = layout::ones_of(name) {
+                let (_, info) = self.entry(norm)?;
+                let make = || layout::ones_bytes(info.dtype, info.numel());
+                return self
+                    .folds
+                    .ones(norm, make)
+                    .ok_or_else(|| ImportError::Inconsistent {
+                        file: info.file.clone(),
+                        message: format!(
+                            "tensor \"{norm}\" of shape {:?} is no vector",
+                            info.shape
+                        ),
+                    });
+            }
         }
         let (entry, info) = self.entry(name)?;
         self.shards[entry.shard]
@@ -377,6 +431,29 @@ impl TensorStore {
                 file: info.file.clone(),
                 message: format!("tensor \"{name}\" lies outside the file"),
             })
+    }
+
+    /// Matrix `matrix`'s bytes with norm weight `norm` folded into its columns
+    /// ([`layout::folded`]).
+    fn folded(&self, matrix: &str, norm: &str) -> R<&[u8]> {
+        let (_, info) = self.entry(&layout::folded(matrix, norm))?;
+        let make = || {
+            let scale = self.to_f32(norm).map_err(|e| e.to_string())?;
+            let bytes = self.bytes(matrix).map_err(|e| e.to_string())?;
+            layout::fold_columns(bytes, info.dtype, info.shape[0], info.shape[1], &scale)
+        };
+        let inconsistent = |message| ImportError::Inconsistent {
+            file: info.file.clone(),
+            message,
+        };
+        match self.folds.folded(matrix, norm, make) {
+            Some(made) => {
+                made.map_err(|m| inconsistent(format!("tensor \"{matrix}\" folded: {m}")))
+            }
+            None => Err(inconsistent(format!(
+                "tensor \"{matrix}\" is no matrix to fold"
+            ))),
+        }
     }
 
     /// Matrix `of`'s bytes transposed ([`super::layout`]).

@@ -12,6 +12,8 @@ pub struct Tracer<'m> {
     /// The KV caches' element type (f32 or f16).
     pub kv_dtype: DType,
     pub pos: Option<ValueId>,
+    /// Fold the attention norm's weight into q/k/v ([`super::TraceOptions::fold_norms`]).
+    pub fold_norms: bool,
     /// Values of weights already emitted, by tensor name (a tied lm_head reuses the embedding).
     weights: Vec<(String, ValueId)>,
 }
@@ -26,6 +28,7 @@ impl<'m> Tracer<'m> {
             capacity,
             kv_dtype: DType::F32,
             pos: None,
+            fold_norms: false,
             weights: vec![],
         }
     }
@@ -106,8 +109,26 @@ impl<'m> Tracer<'m> {
 
     /// `W·x (+ b)` for the linear layer `prefix` (`prefix.weight`, optional `prefix.bias`).
     pub fn linear(&mut self, prefix: &str, x: ValueId, out: usize, bias: bool) -> R<ValueId> {
+        self.linear_folded(prefix, x, out, bias, None)
+    }
+
+    /// [`Self::linear`] with `W` replaced, where `norm` names a norm weight, by `W` with that
+    /// weight folded into its columns ([`crate::import::layout::folded`]).
+    pub fn linear_folded(
+        &mut self,
+        prefix: &str,
+        x: ValueId,
+        out: usize,
+        bias: bool,
+        norm: Option<&str>,
+    ) -> R<ValueId> {
         let inp = self.p.ty(x).shape.numel();
-        let w = self.weight(&format!("{prefix}.weight"), &[out, inp])?;
+        let name = format!("{prefix}.weight");
+        let name = match norm {
+            Some(norm) => crate::import::layout::folded(&name, norm),
+            None => name,
+        };
+        let w = self.weight(&name, &[out, inp])?;
         let y = self.op(OpKind::Matvec, &[w, x])?;
         if bias {
             let b = self.weight(&format!("{prefix}.bias"), &[out])?;

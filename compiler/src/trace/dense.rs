@@ -24,24 +24,34 @@ pub fn trace(t: &mut Tracer<'_>) -> Result<(), TraceError> {
     let mut h = t.head()?;
     for layer in 0..c.num_layers {
         let pre = format!("model.layers.{layer}");
-        let x = t.rms_norm(h, &format!("{pre}.input_layernorm.weight"), false)?;
-        let q = t.linear(
+        let norm = format!("{pre}.input_layernorm.weight");
+        // Folded (TraceOptions::fold_norms): the norm keeps a weight of ones, q/k/v take its
+        // weight in their columns.
+        let fold = t.fold_norms.then_some(norm.as_str());
+        let x = match fold {
+            Some(norm) => t.rms_norm(h, &crate::import::layout::ones(norm), false)?,
+            None => t.rms_norm(h, &norm, false)?,
+        };
+        let q = t.linear_folded(
             &format!("{pre}.self_attn.q_proj"),
             x,
             hq * d,
             c.attention_bias,
+            fold,
         )?;
-        let k = t.linear(
+        let k = t.linear_folded(
             &format!("{pre}.self_attn.k_proj"),
             x,
             hkv * d,
             c.attention_bias,
+            fold,
         )?;
-        let v = t.linear(
+        let v = t.linear_folded(
             &format!("{pre}.self_attn.v_proj"),
             x,
             hkv * d,
             c.attention_bias,
+            fold,
         )?;
         let mut q = t.reshape(q, &[hq, d])?;
         let mut k = t.reshape(k, &[hkv, d])?;

@@ -21,6 +21,14 @@ pub struct TraceOptions {
     /// The KV caches' element type: f16 (the default: half the memory, and faster on an H100
     /// at every context length measured) or f32 (keys and values kept unrounded).
     pub kv_cache: KvCache,
+    /// Fold each dense layer's attention norm weight into the columns of the q, k and v
+    /// matrices it feeds (`W (w ⊙ x̂) = (W · diag(w)) x̂`, computed at compile time), leaving
+    /// the norm a weight of ones that the fused kernels do not load (`import::layout::folded`).
+    /// On an H200 the kernels this gives were q8_0 +3.6%, q4_0 +0.9%, bf16 +0.5% (docs/perf.md,
+    /// session 35, `PROBE_NO_NW_ALL` less lm_head's share). Off by default until measured
+    /// on the H100. The folded matrix is rounded to its dtype once more (bf16: as transformers
+    /// rounds w ⊙ x̂).
+    pub fold_norms: bool,
 }
 
 /// The KV caches' element type ([`TraceOptions::kv_cache`]).
@@ -105,6 +113,7 @@ pub fn trace(model: &Model, opts: &TraceOptions) -> Result<Program, TraceError> 
     let capacity = max_context(model, opts)?;
     let mut t = Tracer::new(model, capacity);
     t.kv_dtype = opts.kv_cache.dtype();
+    t.fold_norms = opts.fold_norms;
     match model.config.family {
         Family::Llama | Family::Qwen3 => dense::trace(&mut t)?,
         Family::Qwen3Next => hybrid::trace(&mut t)?,
