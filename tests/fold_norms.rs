@@ -8,18 +8,21 @@
 //!   bf16 fixtures' q/k/v once more: up to 6e-3 where the unfolded reference keeps within 1e-3)
 //!   (the fixtures' norm weights are 1 + N(0, 0.1): a fold along the wrong axis, or a norm
 //!   left unfolded with its weight dropped, misses by far more);
+//! - the same inside persistent regions, whose matvec bodies read the norm weight element by
+//!   element;
 //! - quantised to q8_0 after the fold, within q8_0's bound of quant_vs_transformers;
 //! - a folded name whose norm weight is missing or of another length is an error that names it.
 
-use vkfuse_compiler::fuse::{self, FuseOptions};
+use vkfuse_compiler::fuse::{self, lower_fused, FuseOptions};
 use vkfuse_compiler::import::{self, layout, ImportError};
 use vkfuse_compiler::ir::{OpKind, Program};
+use vkfuse_compiler::lower::Meta;
 use vkfuse_compiler::quant::{self, EncodedWeights, WeightFormat};
 use vkfuse_compiler::trace::{self, TraceOptions};
-use vkfuse_runtime::session::TensorBytes;
+use vkfuse_runtime::session::{LoadOptions, Loaded, Persistence, Replay, TensorBytes};
 use vkfuse_tests::{
-    assert_rows_close, expected, fixture_dir, reference_rows, replay_greedy_ids,
-    teacher_forced_rows, validated_device, ATOMICS_TOL,
+    assert_rows_close, expected, fixture_dir, reference_rows, replay_greedy_ids, replay_rows,
+    spirv_cache, teacher_forced_rows, validated_device, ATOMICS_TOL,
 };
 
 const DENSE: &[&str] = &["qwen3-tied", "qwen3-untied", "llama-gqa"];
@@ -171,6 +174,43 @@ fn folded_qwen3_untied_matches_transformers() {
 #[test]
 fn folded_llama_gqa_matches_transformers() {
     check("llama-gqa", None, FOLDED_TOL, true);
+}
+
+/// The folded q/k/v inside persistent regions (`fuse::persistent`), whose matvec bodies read
+/// the norm weight element by element (`nw_at`, not `nw4_at`): compiled without chains, which
+/// would leave no run of matvec levels for a region; one workgroup per region on lavapipe.
+#[test]
+fn folded_persistent_regions_match_transformers() {
+    for name in DENSE {
+        let want = expected(name);
+        let (model, program) = traced(name, true);
+        let opts = FuseOptions {
+            chain: false,
+            ..FuseOptions::default()
+        };
+        let (schedule, _) =
+            lower_fused(&program, &Meta::of(&model), &mut spirv_cache(), &opts).unwrap();
+        assert!(!schedule.persistent.is_empty(), "{name}: no region offered");
+        let (device, log) = validated_device();
+        let persistence = match device.info().compute_units {
+            Some(_) => Persistence::Units,
+            None => Persistence::Groups(1),
+        };
+        let options = LoadOptions {
+            persistence,
+            ..LoadOptions::default()
+        };
+        let loaded = Loaded::load(device, schedule, &model.tensors, options).unwrap();
+        let mut replay = Replay::new(loaded).unwrap();
+        let rows = replay_rows(&mut replay, &want.teacher_ids);
+        assert_rows_close(
+            &format!("{name} folded, persistent"),
+            &rows,
+            &want.teacher_logits,
+            FOLDED_TOL,
+        );
+        assert!(log.is_clean(), "{name}: validation:\n{}", log.report());
+    }
 }
 
 #[test]

@@ -369,6 +369,13 @@ pub fn reference_rows(
         .collect()
 }
 
+/// Logits of `replay` fed `ids` one at a time by the host.
+pub fn replay_rows(replay: &mut vkfuse_runtime::session::Replay, ids: &[u32]) -> Vec<Vec<f32>> {
+    ids.iter()
+        .map(|&t| replay.step(Some(t)).unwrap().logits)
+        .collect()
+}
+
 /// Rows as one [`Array2`].
 pub fn as_array(rows: &[Vec<f32>]) -> Array2 {
     Array2 {

@@ -13,7 +13,7 @@ use vkfuse_runtime::schedule::{Schedule, Slice};
 use vkfuse_runtime::session::{Loaded, Replay};
 use vkfuse_tests::{
     assert_rows_close, expected, fused_schedule, fused_schedule_with, replay_greedy_ids,
-    validated_device,
+    replay_rows, validated_device,
 };
 
 /// Dispatches that stream weights from binding 1: matvecs, and chained matvecs (binding 1 is
@@ -101,11 +101,7 @@ fn check(name: &str, budget: u64, chain_inner: bool) {
     );
 
     let mut replay = Replay::new(Loaded::new(device, schedule, &model.tensors).unwrap()).unwrap();
-    let rows: Vec<Vec<f32>> = want
-        .teacher_ids
-        .iter()
-        .map(|&t| replay.step(Some(t)).unwrap().logits)
-        .collect();
+    let rows = replay_rows(&mut replay, &want.teacher_ids);
     assert_rows_close(
         &format!("{name} with prefetch"),
         &rows,

@@ -276,7 +276,11 @@ impl MatvecSpec {
     pub fn describe(&self) -> String {
         let mut s = String::new();
         if let Some(n) = &self.norm {
-            s += if n.zero_centered { "norm1p " } else { "norm " };
+            s += match (n.zero_centered, n.ones) {
+                (true, _) => "norm1p ",
+                (false, true) => "norm (weight folded) ",
+                (false, false) => "norm ",
+            };
         }
         let parts = self.part_rows.len();
         let rows: Vec<String> = self.part_rows.iter().map(usize::to_string).collect();

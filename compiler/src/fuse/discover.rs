@@ -62,6 +62,11 @@ pub struct Segmentation {
 fn op_signature(p: &Program, i: usize, start: usize) -> String {
     let op = &p.ops[i];
     let mut s = match &op.kind {
+        // A norm weight folded away (`import::layout::ones`) is another op: the fused kernels
+        // over it read none (`NW_ONES`), so it must not share a unit with a real one.
+        OpKind::Weight { name } if crate::import::layout::ones_of(name).is_some() => {
+            "weight ones".to_string()
+        }
         OpKind::Weight { .. } => "weight".to_string(),
         OpKind::WeightStack { count, .. } => format!("weight_stack count={count}"),
         OpKind::ReadState { state } | OpKind::WriteState { state } | OpKind::KvWrite { state } => {

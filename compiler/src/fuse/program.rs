@@ -383,8 +383,9 @@ impl Builder<'_> {
     }
 
     /// Whether class `c` is a weight of ones (`import::layout::ones`: a norm weight folded into
-    /// the matrices after it). Judged on the representative instance: the trace folds every
-    /// layer's norm or none (`TraceOptions::fold_norms`), so the unit's instances agree.
+    /// the matrices after it). Judged on the representative instance: discovery's signatures
+    /// tell a ones weight from another (`discover::op_signature`), so the unit's instances
+    /// agree.
     fn is_ones(&self, c: Id) -> Result<bool, ProgramError> {
         let FuseLang::Leaf(s) = self.node(c)? else {
             return Ok(false);

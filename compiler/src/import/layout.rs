@@ -77,15 +77,28 @@ pub fn fold_columns(
             scale.len()
         ));
     }
+    if bytes.is_empty() {
+        return Ok(vec![]);
+    }
     let mut values = crate::quant::blocks::decode(dtype, bytes, cols);
-    for row in values.chunks_exact_mut(cols) {
+    fold_values(&mut values, scale);
+    let mut out = Vec::with_capacity(bytes.len());
+    crate::quant::blocks::encode(dtype, &values, cols, &mut out);
+    Ok(out)
+}
+
+/// Row-major `values` (rows of `scale.len()`) with column c multiplied by `scale[c]`, in f32:
+/// what a folded matrix converted to another format is encoded from, rounded once
+/// (`quant::EncodedWeights`).
+pub fn fold_values(values: &mut [f32], scale: &[f32]) {
+    if scale.is_empty() {
+        return;
+    }
+    for row in values.chunks_exact_mut(scale.len()) {
         for (v, s) in row.iter_mut().zip(scale) {
             *v *= s;
         }
     }
-    let mut out = Vec::with_capacity(bytes.len());
-    crate::quant::blocks::encode(dtype, &values, cols, &mut out);
-    Ok(out)
 }
 
 /// Bytes of `n` ones of element dtype `dtype`.
@@ -300,6 +313,9 @@ mod tests {
         assert!(fold_columns(&m, DType::BF16, 1, 2, &[1.0]).is_err());
         assert!(fold_columns(&m, DType::BF16, 2, 2, &[1.0, 1.0]).is_err());
         assert!(fold_columns(&[0; 36], DType::Q8_0, 1, 32, &[1.0; 32]).is_err());
+        // A matrix of no columns (or rows) folds to itself.
+        assert_eq!(fold_columns(&[], DType::F32, 3, 0, &[]), Ok(vec![]));
+        assert_eq!(fold_columns(&[], DType::F32, 0, 2, &[1.0, 2.0]), Ok(vec![]));
         assert_eq!(
             ones_bytes(DType::F32, 2),
             [1f32.to_le_bytes(), 1f32.to_le_bytes()].concat()

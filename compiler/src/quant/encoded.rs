@@ -46,7 +46,16 @@ impl<S: Borrow<TensorStore>> EncodedWeights<S> {
             if stored == ty.dtype || converted.contains_key(name) {
                 continue;
             }
-            let values = tensors.to_f32(name)?;
+            // A folded matrix from its f32 products, not from the store's bytes (rounded to
+            // the checkpoint's dtype): one rounding, the conversion's.
+            let values = match layout::folded_of(name) {
+                Some((matrix, norm)) => {
+                    let mut values = tensors.to_f32(matrix)?;
+                    layout::fold_values(&mut values, &tensors.to_f32(norm)?);
+                    values
+                }
+                None => tensors.to_f32(name)?,
+            };
             let mut bytes = Vec::with_capacity(ty.bytes());
             blocks::encode(ty.dtype, &values, ty.shape.last(), &mut bytes);
             debug_assert_eq!(bytes.len(), ty.bytes());
