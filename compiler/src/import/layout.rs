@@ -170,15 +170,23 @@ pub fn transpose(bytes: &[u8], dtype: DType, rows: usize, cols: usize) -> Result
 }
 
 /// Derived tensors of a fixed set of sources, each computed once on first use (errors too:
-/// they are the same every time).
-#[derive(Default)]
-pub struct Derived {
-    cells: HashMap<String, OnceLock<Result<Vec<u8>, String>>>,
+/// they are the same every time). A cell holds `T`: by default the bytes or why not (the
+/// transposed layouts), or what another kind of derived tensor keeps (`TensorStore`'s folds).
+pub struct Derived<T = Result<Vec<u8>, String>> {
+    cells: HashMap<String, OnceLock<T>>,
 }
 
-impl Derived {
-    /// Room for the transposed layout of each of `sources`.
-    pub fn new<'a>(sources: impl IntoIterator<Item = &'a str>) -> Derived {
+impl<T> Default for Derived<T> {
+    fn default() -> Self {
+        Derived {
+            cells: HashMap::new(),
+        }
+    }
+}
+
+impl<T> Derived<T> {
+    /// Room for one derived tensor of each of `sources`.
+    pub fn new<'a>(sources: impl IntoIterator<Item = &'a str>) -> Self {
         Derived {
             cells: sources
                 .into_iter()
@@ -187,6 +195,14 @@ impl Derived {
         }
     }
 
+    /// Source `of`'s cell, filled by `make` the first time; None where `of` is not one of the
+    /// sources.
+    pub fn made(&self, of: &str, make: impl FnOnce() -> T) -> Option<&T> {
+        Some(self.cells.get(of)?.get_or_init(make))
+    }
+}
+
+impl Derived {
     /// Source `of`'s transposed bytes, computed by `make` the first time; None where `of` is
     /// not one of the sources.
     pub fn transposed(
@@ -194,73 +210,11 @@ impl Derived {
         of: &str,
         make: impl FnOnce() -> Result<Vec<u8>, String>,
     ) -> Option<Result<&[u8], String>> {
-        let cell = self.cells.get(of)?;
-        Some(cell.get_or_init(make).as_deref().map_err(Clone::clone))
+        Some(self.made(of, make)?.as_deref().map_err(Clone::clone))
     }
 }
 
-/// A matrix's fold: the norm weight it was folded with, and its bytes or why not.
-type Fold = (String, Result<Vec<u8>, String>);
-
-/// Folded matrices and vectors of ones ([`folded`], [`ones`]), each computed once on first use:
-/// a cell per matrix (a matrix is folded with at most one norm weight) and per vector.
-#[derive(Default)]
-pub struct Folds {
-    matrices: HashMap<String, OnceLock<Fold>>,
-    ones: HashMap<String, OnceLock<Vec<u8>>>,
-}
-
-impl Folds {
-    /// Room for a fold of each of `matrices` and the ones of each of `vectors`.
-    pub fn new<'a>(
-        matrices: impl IntoIterator<Item = &'a str>,
-        vectors: impl IntoIterator<Item = &'a str>,
-    ) -> Folds {
-        Folds {
-            matrices: matrices
-                .into_iter()
-                .map(|s| (s.to_string(), OnceLock::new()))
-                .collect(),
-            ones: vectors
-                .into_iter()
-                .map(|s| (s.to_string(), OnceLock::new()))
-                .collect(),
-        }
-    }
-
-    /// Matrix `of` folded with norm weight `norm`, computed by `make` the first time; None
-    /// where `of` is not one of the matrices, an error where it was folded with another norm.
-    pub fn folded(
-        &self,
-        of: &str,
-        norm: &str,
-        make: impl FnOnce() -> Result<Vec<u8>, String>,
-    ) -> Option<Result<&[u8], String>> {
-        let cell = self.matrices.get(of)?;
-        let (with, made) = cell.get_or_init(|| (norm.to_string(), make()));
-        if with != norm {
-            return Some(Err(format!(
-                "tensor \"{of}\" is folded with \"{with}\" already, not also with \"{norm}\""
-            )));
-        }
-        Some(made.as_deref().map_err(Clone::clone))
-    }
-
-    /// The ones standing for vector `of`, made by `make` the first time; None where `of` is not
-    /// one of the vectors.
-    pub fn ones(&self, of: &str, make: impl FnOnce() -> Vec<u8>) -> Option<&[u8]> {
-        Some(self.ones.get(of)?.get_or_init(make))
-    }
-}
-
-impl std::fmt::Debug for Folds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let made = self.matrices.values().filter(|c| c.get().is_some()).count();
-        write!(f, "Folds({made} of {} matrices made)", self.matrices.len())
-    }
-}
-
-impl std::fmt::Debug for Derived {
+impl<T> std::fmt::Debug for Derived<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let made = self.cells.values().filter(|c| c.get().is_some()).count();
         write!(f, "Derived({made} of {} made)", self.cells.len())

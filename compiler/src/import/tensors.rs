@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use super::error::ImportError;
 use super::fields::show;
-use super::layout::{self, Derived, Folds};
+use super::layout::{self, Derived};
 use crate::ir::DType;
 
 type R<T> = Result<T, ImportError>;
@@ -74,9 +74,11 @@ pub struct TensorStore {
     index: BTreeMap<String, Entry>,
     /// Matrices in other layouts, made on first use ([`super::layout`]).
     derived: Derived,
-    /// Matrices with a norm weight folded into their columns, and that weight's ones
-    /// ([`layout::folded`], [`layout::ones`]), made on first use.
-    folds: Folds,
+    /// Matrices with a norm weight folded into their columns ([`layout::folded`]), made on
+    /// first use: a cell per matrix, which is folded with one norm weight (named in its cell).
+    folded: Derived<(String, Result<Vec<u8>, String>)>,
+    /// Norm weights' ones ([`layout::ones`]), made on first use.
+    ones: Derived<Vec<u8>>,
 }
 
 impl std::fmt::Debug for TensorStore {
@@ -246,7 +248,8 @@ impl TensorStore {
             shards: Vec::with_capacity(files.len()),
             index: BTreeMap::new(),
             derived: Derived::default(),
-            folds: Folds::default(),
+            folded: Derived::default(),
+            ones: Derived::default(),
         };
         for path in files {
             let map = map_file(path)?;
@@ -298,10 +301,8 @@ impl TensorStore {
         };
         let (matrices, vectors) = (of_rank(2), of_rank(1));
         store.derived = Derived::new(matrices.iter().map(String::as_str));
-        store.folds = Folds::new(
-            matrices.iter().map(String::as_str),
-            vectors.iter().map(String::as_str),
-        );
+        store.folded = Derived::new(matrices.iter().map(String::as_str));
+        store.ones = Derived::new(vectors.iter().map(String::as_str));
         Ok(store)
     }
 
@@ -330,13 +331,7 @@ impl TensorStore {
 
     /// The tensor's description; `None` if it is absent or of an unreadable dtype.
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {
-        if !self.index.contains_key(name) {
-            return self.entry(name).ok().map(|(_, info)| info);
-        }
-        match &self.index.get(name)?.kind {
-            EntryKind::Readable(info) => Some(info),
-            EntryKind::Unreadable { .. } => None,
-        }
+        self.entry(name).ok().map(|(_, info)| info)
     }
 
     /// Whether the checkpoint has a tensor of this name (of any dtype).
@@ -406,14 +401,15 @@ impl TensorStore {
                 return self.transposed(of);
             }
             if let Some((matrix, norm)) = layout::folded_of(name) {
-                return self.folded(matrix, norm);
+                return self.fold(name, matrix, norm);
             }
             if let Some(norm) = layout::ones_of(name) {
                 let (_, info) = self.entry(norm)?;
                 let make = || layout::ones_bytes(info.dtype, info.numel());
                 return self
-                    .folds
-                    .ones(norm, make)
+                    .ones
+                    .made(norm, make)
+                    .map(Vec::as_slice)
                     .ok_or_else(|| ImportError::Inconsistent {
                         file: info.file.clone(),
                         message: format!(
@@ -433,10 +429,10 @@ impl TensorStore {
             })
     }
 
-    /// Matrix `matrix`'s bytes with norm weight `norm` folded into its columns
+    /// The bytes of `name`, matrix `matrix` with norm weight `norm` folded into its columns
     /// ([`layout::folded`]).
-    fn folded(&self, matrix: &str, norm: &str) -> R<&[u8]> {
-        let (_, info) = self.entry(&layout::folded(matrix, norm))?;
+    fn fold(&self, name: &str, matrix: &str, norm: &str) -> R<&[u8]> {
+        let (_, info) = self.entry(name)?;
         let make = || {
             let scale = self.to_f32(norm).map_err(|e| e.to_string())?;
             let bytes = self.bytes(matrix).map_err(|e| e.to_string())?;
@@ -446,10 +442,13 @@ impl TensorStore {
             file: info.file.clone(),
             message,
         };
-        match self.folds.folded(matrix, norm, make) {
-            Some(made) => {
-                made.map_err(|m| inconsistent(format!("tensor \"{matrix}\" folded: {m}")))
-            }
+        match self.folded.made(matrix, || (norm.to_string(), make())) {
+            Some((with, _)) if with != norm => Err(inconsistent(format!(
+                "tensor \"{matrix}\" is folded with \"{with}\" already, not also with \"{norm}\""
+            ))),
+            Some((_, made)) => made
+                .as_deref()
+                .map_err(|m| inconsistent(format!("tensor \"{matrix}\" folded: {m}"))),
             None => Err(inconsistent(format!(
                 "tensor \"{matrix}\" is no matrix to fold"
             ))),
