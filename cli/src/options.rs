@@ -78,8 +78,15 @@ impl RunOptions {
     }
 
     /// A model directory's decode step, traced with `opts` (a warning where `--max-context`
-    /// passes the positions the model was trained on), its weights stored as `--weights` asks.
+    /// passes the positions the model was trained on), its weights stored as `--weights` asks
+    /// (norm weights folded into the matrices where that format folds them, as compile-model's
+    /// default does).
     pub fn program(&self, model: &Model, opts: &trace::TraceOptions) -> Result<Program> {
+        let opts = &trace::TraceOptions {
+            fold_norms: opts.fold_norms
+                || self.weights.is_some_and(quant::WeightFormat::folds_norms),
+            ..opts.clone()
+        };
         let mut program = trace::trace(model, opts).context("tracing the decode step")?;
         if let Some(warning) = trace::past_trained_context(model, opts) {
             eprintln!("{warning}");

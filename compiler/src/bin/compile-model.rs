@@ -36,13 +36,17 @@ struct Args {
     /// f16's rounding between the two).
     #[arg(long, value_name = "TYPE", default_value = "f16")]
     kv_cache: trace::KvCache,
-    /// Fold each dense layer's attention norm weight into the q, k and v matrices at compile
-    /// time (`W · diag(w)`, rounded to the weights' dtype or quantised after the fold), so that
-    /// the fused q/k/v kernel loads no norm weight. Off by default until measured on the H100
-    /// (an H200 ran the kernels it gives q8_0 +3.6%, q4_0 +0.9%, bf16 +0.5%: docs/perf.md,
-    /// session 35). Llama and Qwen3 only.
-    #[arg(long)]
-    fold_norms: bool,
+    /// Fold each RMSNorm weight of a dense model into the columns of the matrices that read
+    /// its output (the attention norm into q/k/v, the MLP's into gate/up, the final norm into
+    /// lm_head: `W · diag(w)`, rounded to the weights' dtype or quantised after the fold), so
+    /// that no fused matvec loads a norm weight. auto (the default) folds where the weights are
+    /// q8_0 or q4_0, whose own rounding dwarfs the fold's (an H200: q8_0 +3.9%, q4_0 +1.2%,
+    /// bf16 +0.8%, docs/perf.md session 36); float weights keep their checkpoint's values, as
+    /// the fold rounds them once more (bf16 fixtures: up to 6e-3 relative L2 of the logits).
+    /// `--fold-norms` alone is `--fold-norms=on`. Llama and Qwen3 only.
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = FoldNorms::Auto,
+          num_args = 0..=1, require_equals = true, default_missing_value = "on")]
+    fold_norms: FoldNorms,
     /// Write the unfused schedule: one dispatch per op (the eager baseline).
     #[arg(long)]
     no_fuse: bool,
@@ -139,6 +143,25 @@ struct Args {
     weights: Option<quant::WeightFormat>,
 }
 
+/// When `--fold-norms` folds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum FoldNorms {
+    /// Where the matvec weights are q8_0 or q4_0.
+    Auto,
+    On,
+    Off,
+}
+
+impl FoldNorms {
+    fn folds(self, weights: Option<quant::WeightFormat>) -> bool {
+        match self {
+            FoldNorms::Auto => weights.is_some_and(quant::WeightFormat::folds_norms),
+            FoldNorms::On => true,
+            FoldNorms::Off => false,
+        }
+    }
+}
+
 /// The device costs of `--device-cost FILE`, else the H100's.
 fn device_cost(path: Option<&std::path::Path>) -> Result<fuse::cost::DeviceCost> {
     let Some(path) = path else {
@@ -217,7 +240,7 @@ fn run(args: Args) -> Result<()> {
     let opts = trace::TraceOptions {
         max_context: args.max_context,
         kv_cache: args.kv_cache,
-        fold_norms: args.fold_norms,
+        fold_norms: args.fold_norms.folds(args.weights),
     };
     let mut program = st.run("trace", || {
         trace::trace(&model, &opts).context("tracing the decode step")
@@ -225,7 +248,7 @@ fn run(args: Args) -> Result<()> {
     if let Some(warning) = trace::past_trained_context(&model, &opts) {
         eprintln!("{warning}");
     }
-    if args.fold_norms && model.config.family == import::Family::Qwen3Next {
+    if args.fold_norms == FoldNorms::On && model.config.family == import::Family::Qwen3Next {
         eprintln!(
             "note: --fold-norms folds Llama and Qwen3 models only: this {} is traced unfolded",
             model.config.architecture

@@ -12,7 +12,8 @@ pub struct Tracer<'m> {
     /// The KV caches' element type (f32 or f16).
     pub kv_dtype: DType,
     pub pos: Option<ValueId>,
-    /// Fold the attention norm's weight into q/k/v ([`super::TraceOptions::fold_norms`]).
+    /// Fold the norm weights before matvecs into those matvecs' columns
+    /// ([`super::TraceOptions::fold_norms`]; [`Self::pre_norm`]).
     pub fold_norms: bool,
     /// Values of weights already emitted, by tensor name (a tied lm_head reuses the embedding).
     weights: Vec<(String, ValueId)>,
@@ -107,6 +108,18 @@ impl<'m> Tracer<'m> {
         self.op(OpKind::RmsNorm { eps, zero_centered }, &[x, w])
     }
 
+    /// The rms norm of `h` by weight `norm` (not zero-centred) where only matvecs read its
+    /// result, and the norm weight those matvecs fold into their columns: where
+    /// [`Self::fold_norms`], the norm keeps a weight of ones and this returns `Some(norm)`
+    /// for [`Self::linear_folded`].
+    pub fn pre_norm<'n>(&mut self, h: ValueId, norm: &'n str) -> R<(ValueId, Option<&'n str>)> {
+        if self.fold_norms {
+            let x = self.rms_norm(h, &crate::import::layout::ones(norm), false)?;
+            return Ok((x, Some(norm)));
+        }
+        Ok((self.rms_norm(h, norm, false)?, None))
+    }
+
     /// `W·x (+ b)` for the linear layer `prefix` (`prefix.weight`, optional `prefix.bias`).
     pub fn linear(&mut self, prefix: &str, x: ValueId, out: usize, bias: bool) -> R<ValueId> {
         self.linear_folded(prefix, x, out, bias, None)
@@ -137,11 +150,19 @@ impl<'m> Tracer<'m> {
         Ok(y)
     }
 
-    /// `down(silu(gate(x)) * up(x))`.
-    pub fn swiglu_mlp(&mut self, prefix: &str, x: ValueId, inter: usize, bias: bool) -> R<ValueId> {
+    /// `down(silu(gate(x)) * up(x))`; gate and up with norm weight `norm` folded into their
+    /// columns where one is named ([`Self::pre_norm`]).
+    pub fn swiglu_mlp(
+        &mut self,
+        prefix: &str,
+        x: ValueId,
+        inter: usize,
+        bias: bool,
+        norm: Option<&str>,
+    ) -> R<ValueId> {
         let hidden = self.p.ty(x).shape.numel();
-        let g = self.linear(&format!("{prefix}.gate_proj"), x, inter, bias)?;
-        let u = self.linear(&format!("{prefix}.up_proj"), x, inter, bias)?;
+        let g = self.linear_folded(&format!("{prefix}.gate_proj"), x, inter, bias, norm)?;
+        let u = self.linear_folded(&format!("{prefix}.up_proj"), x, inter, bias, norm)?;
         let g = self.op(OpKind::Silu, &[g])?;
         let m = self.op(OpKind::Mul, &[g, u])?;
         self.linear(&format!("{prefix}.down_proj"), m, hidden, bias)
@@ -167,13 +188,25 @@ impl<'m> Tracer<'m> {
     pub fn tail(&mut self, h: ValueId, zero_centered: bool) -> R<()> {
         let c = &self.model.config;
         let (vocab, hidden, tied) = (c.vocab_size, c.hidden_size, c.tie_word_embeddings);
-        let x = self.rms_norm(h, "model.norm.weight", zero_centered)?;
-        let lm = if tied && !self.model.tensors.contains("lm_head.weight") {
+        let shared = tied && !self.model.tensors.contains("lm_head.weight");
+        // A table shared with the embedding stays unfolded: folded, lm_head would be a second
+        // copy of it (the Qwen3-0.6B shape in q4_0: +311 MB of bf16 embedding beside the q4_0
+        // lm_head, for +0.6% on an H200: docs/perf.md session 36).
+        let (x, fold) = if zero_centered || shared {
+            (self.rms_norm(h, "model.norm.weight", zero_centered)?, None)
+        } else {
+            self.pre_norm(h, "model.norm.weight")?
+        };
+        let lm = if shared {
             "model.embed_tokens.weight"
         } else {
             "lm_head.weight"
         };
-        let w = self.weight(lm, &[vocab, hidden])?;
+        let lm = match fold {
+            Some(norm) => crate::import::layout::folded(lm, norm),
+            None => lm.to_string(),
+        };
+        let w = self.weight(&lm, &[vocab, hidden])?;
         let logits = self.op(OpKind::Matvec, &[w, x])?;
         let next = self.op(OpKind::Argmax, &[logits])?;
         let token = self

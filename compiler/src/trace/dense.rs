@@ -25,13 +25,7 @@ pub fn trace(t: &mut Tracer<'_>) -> Result<(), TraceError> {
     for layer in 0..c.num_layers {
         let pre = format!("model.layers.{layer}");
         let norm = format!("{pre}.input_layernorm.weight");
-        // Folded (TraceOptions::fold_norms): the norm keeps a weight of ones, q/k/v take its
-        // weight in their columns.
-        let fold = t.fold_norms.then_some(norm.as_str());
-        let x = match fold {
-            Some(norm) => t.rms_norm(h, &crate::import::layout::ones(norm), false)?,
-            None => t.rms_norm(h, &norm, false)?,
-        };
+        let (x, fold) = t.pre_norm(h, &norm)?;
         let q = t.linear_folded(
             &format!("{pre}.self_attn.q_proj"),
             x,
@@ -71,8 +65,15 @@ pub fn trace(t: &mut Tracer<'_>) -> Result<(), TraceError> {
             c.attention_bias,
         )?;
         h = t.add(h, o)?;
-        let x = t.rms_norm(h, &format!("{pre}.post_attention_layernorm.weight"), false)?;
-        let m = t.swiglu_mlp(&format!("{pre}.mlp"), x, c.intermediate_size, c.mlp_bias)?;
+        let norm = format!("{pre}.post_attention_layernorm.weight");
+        let (x, fold) = t.pre_norm(h, &norm)?;
+        let m = t.swiglu_mlp(
+            &format!("{pre}.mlp"),
+            x,
+            c.intermediate_size,
+            c.mlp_bias,
+            fold,
+        )?;
         h = t.op(OpKind::Add, &[h, m])?;
     }
     t.tail(h, false)

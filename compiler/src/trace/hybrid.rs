@@ -31,7 +31,7 @@ pub fn trace(t: &mut Tracer<'_>) -> R<()> {
         let m = if hy.is_moe_layer(layer) {
             sparse_moe(t, &hy, &format!("{pre}.mlp"), x)?
         } else {
-            t.swiglu_mlp(&format!("{pre}.mlp"), x, c.intermediate_size, false)?
+            t.swiglu_mlp(&format!("{pre}.mlp"), x, c.intermediate_size, false, None)?
         };
         h = t.add(h, m)?;
     }
@@ -213,6 +213,7 @@ fn sparse_moe(t: &mut Tracer<'_>, hy: &HybridConfig, pre: &str, x: ValueId) -> R
         x,
         hy.shared_expert_intermediate_size,
         false,
+        None,
     )?;
     let sg = t.linear(&format!("{pre}.shared_expert_gate"), x, 1, false)?;
     let sg = t.op(OpKind::Sigmoid, &[sg])?;

@@ -21,13 +21,14 @@ pub struct TraceOptions {
     /// The KV caches' element type: f16 (the default: half the memory, and faster on an H100
     /// at every context length measured) or f32 (keys and values kept unrounded).
     pub kv_cache: KvCache,
-    /// Fold each dense layer's attention norm weight into the columns of the q, k and v
-    /// matrices it feeds (`W (w ⊙ x̂) = (W · diag(w)) x̂`, computed at compile time), leaving
-    /// the norm a weight of ones that the fused kernels do not load (`import::layout::folded`).
-    /// On an H200 the kernels this gives were q8_0 +3.6%, q4_0 +0.9%, bf16 +0.5% (docs/perf.md,
-    /// session 35, `PROBE_NO_NW_ALL` less lm_head's share). Off by default until measured
-    /// on the H100. The folded matrix is rounded to its dtype once more (bf16: as transformers
-    /// rounds w ⊙ x̂).
+    /// Fold each RMSNorm weight of a dense model into the columns of the matrices that read the
+    /// norm's output (`W (w ⊙ x̂) = (W · diag(w)) x̂`, computed at compile time): the attention
+    /// norm into q/k/v, the MLP's into gate/up, the final norm into an lm_head of its own (one
+    /// shared with the embedding stays unfolded, not to store the table twice). Each norm is
+    /// left a weight of ones that the fused kernels do not load (`import::layout::folded`).
+    /// On an H200: q8_0 +3.9%, q4_0 +1.2%, bf16 +0.8% (docs/perf.md, session 36). The folded
+    /// matrix is rounded to its dtype once more (bf16: as transformers rounds w ⊙ x̂), so
+    /// `compile-model` folds by default only where the weights are then quantised.
     pub fold_norms: bool,
 }
 
@@ -113,7 +114,8 @@ pub fn trace(model: &Model, opts: &TraceOptions) -> Result<Program, TraceError> 
     let capacity = max_context(model, opts)?;
     let mut t = Tracer::new(model, capacity);
     t.kv_dtype = opts.kv_cache.dtype();
-    t.fold_norms = opts.fold_norms;
+    // Qwen3-Next's norms are zero-centred (1 + w) and its matvecs partly experts': unfolded.
+    t.fold_norms = opts.fold_norms && model.config.family != Family::Qwen3Next;
     match model.config.family {
         Family::Llama | Family::Qwen3 => dense::trace(&mut t)?,
         Family::Qwen3Next => hybrid::trace(&mut t)?,
