@@ -38,11 +38,12 @@ struct Args {
     kv_cache: trace::KvCache,
     /// Fold each RMSNorm weight of a dense model into the columns of the matrices that read
     /// its output (the attention norm into q/k/v, the MLP's into gate/up, the final norm into
-    /// lm_head: `W · diag(w)`, rounded to the weights' dtype or quantised after the fold), so
-    /// that no fused matvec loads a norm weight. auto (the default) folds where the weights are
-    /// q8_0 or q4_0, whose own rounding dwarfs the fold's (an H200: q8_0 +3.9%, q4_0 +1.2%,
-    /// bf16 +0.8%, docs/perf.md session 36); float weights keep their checkpoint's values, as
-    /// the fold rounds them once more (bf16 fixtures: up to 6e-3 relative L2 of the logits).
+    /// an lm_head not shared with the embedding: `W · diag(w)`, rounded to the weights' dtype
+    /// or quantised after the fold), so that those fused matvecs load no norm weight. auto (the
+    /// default) folds where the weights are q8_0 or q4_0, whose own rounding dwarfs the fold's
+    /// (an H200, the Qwen3-0.6B shape: q8_0 +3.8%, q4_0 +1.0%; bf16 +0.7% with `on`:
+    /// docs/perf.md session 36); float weights keep their checkpoint's values, as the fold
+    /// rounds them once more (bf16 fixtures: up to 8e-3 relative L2 of the logits).
     /// `--fold-norms` alone is `--fold-norms=on`. Llama and Qwen3 only.
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = FoldNorms::Auto,
           num_args = 0..=1, require_equals = true, default_missing_value = "on")]
