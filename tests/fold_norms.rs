@@ -13,8 +13,9 @@
 //!   left unfolded with its weight dropped, misses by far more);
 //! - the same inside persistent regions, whose matvec bodies read the norm weight element by
 //!   element;
-//! - quantised to q8_0 or q4_0 after the fold (compile-model's default for those formats),
-//!   within their bounds of quant_vs_transformers;
+//! - quantised to q8_0 or q4_0 after the fold (compile-model's default for those formats): the
+//!   kernels within 1.5e-4 of the CPU reference on the same bytes, and that reference as close
+//!   to transformers as the unfolded quantised one (within a quarter);
 //! - a folded name whose norm weight is missing or of another length is an error that names it.
 
 use vkfuse_compiler::fuse::{self, lower_fused, FuseOptions};
@@ -25,8 +26,8 @@ use vkfuse_compiler::quant::{self, EncodedWeights, WeightFormat};
 use vkfuse_compiler::trace::{self, TraceOptions};
 use vkfuse_runtime::session::{LoadOptions, Loaded, Persistence, Replay, TensorBytes};
 use vkfuse_tests::{
-    assert_rows_close, expected, fixture_dir, reference_rows, replay_greedy_ids, replay_rows,
-    spirv_cache, teacher_forced_rows, validated_device, ATOMICS_TOL,
+    as_array, assert_rows_close, expected, fixture_dir, reference_rows, rel_l2, replay_greedy_ids,
+    replay_rows, spirv_cache, teacher_forced_rows, validated_device, ATOMICS_TOL,
 };
 
 const DENSE: &[&str] = &["qwen3-tied", "qwen3-untied", "llama-gqa"];
@@ -141,37 +142,26 @@ fn the_folded_kernels_load_no_norm_weight_but_the_shared_lm_head() {
 
 /// The folded fixture `name` teacher-forced through the CPU reference, then through its unfused
 /// and fused schedules (eager, and fused replay with its levels handed over, checked to agree),
-/// each within `tol` of transformers' logits with `weights` (None: the checkpoint's), and the
-/// fused replay's greedy tokens transformers' where `greedy`.
-fn check(name: &str, format: Option<WeightFormat>, tol: f64, greedy: bool) {
+/// each within `FOLDED_TOL` of transformers' logits, and the fused replay's greedy tokens
+/// transformers'.
+fn check(name: &str) {
     let want = expected(name);
-    let (model, mut program) = traced(name, true);
-    let encoded;
-    let weights: &dyn TensorBytes = match format {
-        Some(f) => {
-            quant::convert(&mut program, f).unwrap();
-            encoded = EncodedWeights::new(&model.tensors, &program).unwrap();
-            &encoded
-        }
-        None => &model.tensors,
-    };
-    if format.is_none() {
-        let rows = reference_rows(&program, &model.tensors, &want.teacher_ids);
-        let worst = assert_rows_close(
-            &format!("{name} folded, reference"),
-            &rows,
-            &want.teacher_logits,
-            tol,
-        );
-        eprintln!("{name} folded: reference worst relative L2 {worst:.3e}");
-    }
+    let (model, program) = traced(name, true);
+    let rows = reference_rows(&program, &model.tensors, &want.teacher_ids);
+    let worst = assert_rows_close(
+        &format!("{name} folded, reference"),
+        &rows,
+        &want.teacher_logits,
+        FOLDED_TOL,
+    );
+    eprintln!("{name} folded: reference worst relative L2 {worst:.3e}");
     let (device, log) = validated_device();
     let (unfused, fused, mut replay) = teacher_forced_rows(
         name,
         ATOMICS_TOL,
         &program,
         &model.config.architecture,
-        weights,
+        &model.tensors,
         &device,
         &want.teacher_ids,
     );
@@ -180,30 +170,89 @@ fn check(name: &str, format: Option<WeightFormat>, tol: f64, greedy: bool) {
             &format!("{name} folded, {what}"),
             &rows,
             &want.teacher_logits,
-            tol,
+            FOLDED_TOL,
         );
         eprintln!("{name} folded: {what} worst relative L2 {worst:.3e}");
     }
-    if greedy {
-        let ids = replay_greedy_ids(&mut replay, &want);
-        assert_eq!(ids, want.greedy_ids, "{name}: folded greedy tokens");
+    let ids = replay_greedy_ids(&mut replay, &want);
+    assert_eq!(ids, want.greedy_ids, "{name}: folded greedy tokens");
+    assert!(log.is_clean(), "{name}: validation:\n{}", log.report());
+}
+
+/// Relative L2 to transformers' logits (worst, mean over positions).
+fn errors(rows: &[Vec<f32>], want: &vkfuse_compiler::npy::Array2) -> (f64, f64) {
+    let e: Vec<f64> = rows
+        .iter()
+        .enumerate()
+        .map(|(r, row)| rel_l2(row, want.row(r)))
+        .collect();
+    let worst = e.iter().cloned().fold(0.0, f64::max);
+    (worst, e.iter().sum::<f64>() / e.len() as f64)
+}
+
+/// Fixture `name` folded, then quantised to `format` (compile-model's default for the block
+/// formats): its unfused and fused schedules within 1.5e-4 of the CPU reference on the same
+/// bytes (quant_vs_transformers' bound), and that reference as close to transformers as the
+/// unfolded quantised one, within a quarter (the fold moves each matrix's rounding, not its
+/// size; a fold that loses the norm weight misses llama-gqa's q4_0 by half again: 0.29
+/// against 0.19).
+fn check_quantised(name: &str, format: WeightFormat) {
+    let want = expected(name);
+    let quantised = |fold: bool| {
+        let (model, mut program) = traced(name, fold);
+        quant::convert(&mut program, format).unwrap();
+        let architecture = model.config.architecture.clone();
+        let weights = EncodedWeights::new(model.tensors, &program).unwrap();
+        let rows = reference_rows(&program, &weights, &want.teacher_ids);
+        (architecture, program, weights, rows)
+    };
+    let (_, _, _, plain) = quantised(false);
+    let (architecture, program, weights, folded) = quantised(true);
+    let (pw, pm) = errors(&plain, &want.teacher_logits);
+    let (fw, fm) = errors(&folded, &want.teacher_logits);
+    eprintln!(
+        "{name} {format}: relative L2 to transformers, folded worst {fw:.3e} mean {fm:.3e}, \
+         unfolded worst {pw:.3e} mean {pm:.3e}"
+    );
+    assert!(
+        fw <= 1.25 * pw && fm <= 1.25 * pm,
+        "{name} {format}: folded worst {fw:.3e} mean {fm:.3e} against unfolded {pw:.3e} {pm:.3e}"
+    );
+    let (device, log) = validated_device();
+    let (unfused, fused, _) = teacher_forced_rows(
+        name,
+        ATOMICS_TOL,
+        &program,
+        &architecture,
+        &weights,
+        &device,
+        &want.teacher_ids,
+    );
+    let oracle = as_array(&folded);
+    for (what, rows) in [("unfused", unfused), ("fused", fused)] {
+        assert_rows_close(
+            &format!("{name} {format} folded, {what}"),
+            &rows,
+            &oracle,
+            1.5e-4,
+        );
     }
     assert!(log.is_clean(), "{name}: validation:\n{}", log.report());
 }
 
 #[test]
 fn folded_qwen3_tied_matches_transformers() {
-    check("qwen3-tied", None, FOLDED_TOL, true);
+    check("qwen3-tied");
 }
 
 #[test]
 fn folded_qwen3_untied_matches_transformers() {
-    check("qwen3-untied", None, FOLDED_TOL, true);
+    check("qwen3-untied");
 }
 
 #[test]
 fn folded_llama_gqa_matches_transformers() {
-    check("llama-gqa", None, FOLDED_TOL, true);
+    check("llama-gqa");
 }
 
 /// The folded q/k/v inside persistent regions (`fuse::persistent`), whose matvec bodies read
@@ -244,16 +293,13 @@ fn folded_persistent_regions_match_transformers() {
 }
 
 #[test]
-fn q8_0_after_the_fold_stays_within_its_bound() {
-    // quant_vs_transformers' q8_0 bound for dense fixtures (worst position); its greedy tokens
-    // may part from transformers' as the unfolded q8_0 ones may.
-    check("qwen3-untied", Some(WeightFormat::Q8_0), 5e-2, false);
+fn q8_0_after_the_fold_is_as_close_as_unfolded() {
+    check_quantised("qwen3-untied", WeightFormat::Q8_0);
 }
 
 #[test]
-fn q4_0_after_the_fold_stays_within_its_bound() {
-    // compile-model folds q8_0 and q4_0 by default: quant_vs_transformers' q4_0 bound.
-    check("llama-gqa", Some(WeightFormat::Q4_0), 1.0, false);
+fn q4_0_after_the_fold_is_as_close_as_unfolded() {
+    check_quantised("llama-gqa", WeightFormat::Q4_0);
 }
 
 #[test]

@@ -12,9 +12,15 @@ use vkfuse_runtime::{Handoffs, Persistence};
 pub struct RunOptions {
     /// For a model directory: store the matvec weights as f16, bf16, q8_0 or q4_0 (as
     /// `compile-model --weights` does; q8_0/q4_0 keep matrices whose input size is not a
-    /// multiple of 32 and expert stacks as stored). Default: the checkpoint's dtypes.
+    /// multiple of 32 and expert stacks as stored, and fold the norm weights by default:
+    /// `--fold-norms`). Default: the checkpoint's dtypes.
     #[arg(long, value_name = "FORMAT")]
     pub weights: Option<WeightFormat>,
+    /// For a model directory: fold the RMSNorm weights into the matrices after them, as
+    /// `compile-model --fold-norms` does: `auto` (the default: where those matrices are stored
+    /// as q8_0 or q4_0), `on` (`--fold-norms` alone) or `off`.
+    #[arg(long, value_name = "WHEN", value_enum, num_args = 0..=1, default_missing_value = "on")]
+    pub fold_norms: Option<trace::FoldNorms>,
     /// Persistent regions (one dispatch for a run of matvec levels, grid barriers in device
     /// memory between them): `off` (the default: they measured slower on the H100), `units`
     /// (one workgroup per compute unit where the device reports them) or a workgroup count
@@ -74,17 +80,23 @@ impl RunOptions {
         if self.weights.is_some() {
             bail!("--weights is fixed when the schedule is compiled (compile-model --weights)");
         }
+        if self.fold_norms.is_some() {
+            bail!(
+                "--fold-norms is fixed when the schedule is compiled (compile-model --fold-norms)"
+            );
+        }
         Ok(())
     }
 
     /// A model directory's decode step, traced with `opts` (a warning where `--max-context`
     /// passes the positions the model was trained on), its weights stored as `--weights` asks
-    /// (norm weights folded into the matrices where that format folds them, as compile-model's
-    /// default does).
+    /// and its norm weights folded as `--fold-norms` does.
     pub fn program(&self, model: &Model, opts: &trace::TraceOptions) -> Result<Program> {
         let opts = &trace::TraceOptions {
-            fold_norms: opts.fold_norms
-                || self.weights.is_some_and(quant::WeightFormat::folds_norms),
+            fold_norms: self
+                .fold_norms
+                .unwrap_or_default()
+                .folds(model, self.weights),
             ..opts.clone()
         };
         let mut program = trace::trace(model, opts).context("tracing the decode step")?;

@@ -116,10 +116,72 @@ fn replay_feeds_the_last_prompt_token_to_its_first_chain_and_reproduces_transfor
         let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
         assert_eq!(json_ids(&json), want.greedy_ids, "{args:?}");
     }
+    // What compile-model fixed is not asked again.
+    let out = vkfuse(&[
+        "run",
+        path.to_str().unwrap(),
+        "--fold-norms",
+        "off",
+        "--ids",
+        "1",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--fold-norms is fixed"), "{stderr}");
     std::fs::remove_file(&path).ok();
     // Runs keep their pipeline cache beside the schedule.
     std::fs::remove_file(path.with_extension("vkf.pipelines")).ok();
     std::fs::remove_file(&out_path).ok();
+}
+
+/// A model directory's logits through the CPU reference with `args`.
+fn reference_logits(args: &[&str]) -> Vec<u8> {
+    let dir = fixture_dir("llama-gqa");
+    let path = std::env::temp_dir().join(format!(
+        "vkfuse-fold-{}-{}.npy",
+        std::process::id(),
+        args.join("_").replace(['-', '='], "")
+    ));
+    let mut all = vec![
+        "run",
+        dir.to_str().unwrap(),
+        "--backend",
+        "reference",
+        "--ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "0",
+        "--logits-out",
+        path.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    vkfuse_ok(&all);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    bytes
+}
+
+#[test]
+fn a_model_directory_in_a_block_format_is_folded_as_compile_model_folds_it() {
+    // auto folds q8_0 (the same logits as `on`, other ones than `off`); bf16 it does not.
+    let auto = reference_logits(&["--weights", "q8_0"]);
+    assert_eq!(
+        auto,
+        reference_logits(&["--weights", "q8_0", "--fold-norms"])
+    );
+    assert_ne!(
+        auto,
+        reference_logits(&["--weights", "q8_0", "--fold-norms=off"])
+    );
+    let bf16 = reference_logits(&["--weights", "bf16"]);
+    assert_eq!(
+        bf16,
+        reference_logits(&["--weights", "bf16", "--fold-norms", "off"])
+    );
+    assert_ne!(
+        bf16,
+        reference_logits(&["--weights", "bf16", "--fold-norms", "on"])
+    );
 }
 
 #[test]
@@ -205,6 +267,7 @@ fn bad_arguments_are_refused_before_decoding() {
             "token ids are integers from 0",
         ),
         (&["bench", d, "--profile-steps", "0"][..], "--profile-steps"),
+        (&["run", d, "--fold-norms=maybe"][..], "--fold-norms"),
     ] {
         let out = vkfuse(args);
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -188,3 +188,67 @@ fn device_cost_file_sets_the_costs_and_bad_ones_are_named() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Whether `compile-model FIXTURE --emit-trace ARGS` reads a folded matrix (`#times:`).
+fn traces_folded(name: &str, args: &[&str]) -> bool {
+    let f = fixture(name);
+    let mut all = vec![f.as_str(), "--emit-trace"];
+    all.extend_from_slice(args);
+    let out = compile_model(&all);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().contains("#times:")
+}
+
+#[test]
+fn fold_norms_folds_the_block_formats_by_default_and_on_request() {
+    // auto: the block formats fold, float weights and the checkpoint's own do not.
+    assert!(traces_folded("llama-gqa", &["--weights", "q8_0"]));
+    assert!(traces_folded("llama-gqa", &["--weights", "q4_0"]));
+    assert!(!traces_folded("llama-gqa", &["--weights", "bf16"]));
+    assert!(!traces_folded("llama-gqa", &[]));
+    // Asked for: `--fold-norms` alone is `on`, a value with or without `=`.
+    assert!(traces_folded("llama-gqa", &["--fold-norms"]));
+    assert!(traces_folded(
+        "llama-gqa",
+        &["--weights", "bf16", "--fold-norms", "on"]
+    ));
+    assert!(!traces_folded(
+        "llama-gqa",
+        &["--weights", "q4_0", "--fold-norms=off"]
+    ));
+    // Qwen3-Next never folds (zero-centred norms).
+    assert!(!traces_folded(
+        "qwen3-next",
+        &["--weights", "q8_0", "--fold-norms=on"]
+    ));
+}
+
+#[test]
+fn the_report_says_what_was_folded() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("vkfuse-fold-{}.vkf", std::process::id()));
+    let path = path.to_str().unwrap();
+    for (name, weights, needle) in [
+        (
+            "qwen3-tied",
+            "q8_0",
+            "norms:       4 folded into the matrices after them (lm_head shares",
+        ),
+        (
+            "qwen3-untied",
+            "q4_0",
+            "norms:       7 folded into the matrices after them\n",
+        ),
+        ("qwen3-untied", "bf16", "norms:       not folded"),
+    ] {
+        let out = compile_model(&[&fixture(name), "-o", path, "--weights", weights]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name} {weights}: {stdout}");
+        assert!(stdout.contains(needle), "{name} {weights}: {stdout}");
+    }
+    std::fs::remove_file(path).ok();
+}

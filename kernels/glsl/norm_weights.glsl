@@ -9,8 +9,8 @@ layout(set = 0, binding = 3, std430) readonly buffer NW2 { uvec2 nw2[]; };
 layout(set = 0, binding = 3, std430) readonly buffer NW4 { uvec4 nw4v[]; };
 
 // NW_ONES (1: the weight is ones, folded into the matrices after the norm at compile time:
-// compile-model --fold-norms) reads nothing. On an H200 q/k/v without its norm weights' loads
-// and multiplies was q8_0 +3.6%, q4_0 +0.9% (docs/perf.md, session 35).
+// compile-model --fold-norms, the default for q8_0 and q4_0) reads nothing. On an H200 the
+// folded q/k/v and gate/up were q8_0 +3.8%, q4_0 +1.0% (docs/perf.md, session 36).
 #ifndef NW_ONES
 #define NW_ONES 0
 #endif

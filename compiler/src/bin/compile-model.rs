@@ -36,18 +36,20 @@ struct Args {
     /// f16's rounding between the two).
     #[arg(long, value_name = "TYPE", default_value = "f16")]
     kv_cache: trace::KvCache,
-    /// Fold each RMSNorm weight of a dense model into the columns of the matrices that read
-    /// its output (the attention norm into q/k/v, the MLP's into gate/up, the final norm into
-    /// an lm_head not shared with the embedding: `W · diag(w)`, rounded to the weights' dtype
-    /// or quantised after the fold), so that those fused matvecs load no norm weight. auto (the
-    /// default) folds where the weights are q8_0 or q4_0, whose own rounding dwarfs the fold's
-    /// (an H200, the Qwen3-0.6B shape: q8_0 +3.8%, q4_0 +1.0%; bf16 +0.7% with `on`:
-    /// docs/perf.md session 36); float weights keep their checkpoint's values, as the fold
-    /// rounds them once more (bf16 fixtures: up to 8e-3 relative L2 of the logits).
-    /// `--fold-norms` alone is `--fold-norms=on`. Llama and Qwen3 only.
-    #[arg(long, value_name = "WHEN", value_enum, default_value_t = FoldNorms::Auto,
-          num_args = 0..=1, require_equals = true, default_missing_value = "on")]
-    fold_norms: FoldNorms,
+    /// Fold the RMSNorm weight before each group of matvecs into those matrices' columns at
+    /// compile time (`W · diag(w)`, rounded to the weights' dtype or quantised after the fold):
+    /// the attention norm into q/k/v, the MLP's into gate/up, the final norm into an lm_head
+    /// not shared with the embedding table, so that those fused matvecs load no norm weight
+    /// (Qwen3's q_norm/k_norm come after their matvecs: not folded). `auto` (the default)
+    /// folds where those matrices are then stored as q8_0 or q4_0, whose own rounding dwarfs
+    /// the fold's (an H200, the Qwen3-0.6B shape: q8_0 +3.8%, q4_0 +1.0%, docs/perf.md session
+    /// 36); float matrices keep their checkpoint's values unless `on` (bf16 +0.7% there, and
+    /// up to 8e-3 relative L2 of the logits on the bf16 fixtures; and the folded float
+    /// matrices are held in memory while compiling, beside the checkpoint's). `--fold-norms`
+    /// alone is `on`. Llama and Qwen3; a Qwen3-Next model is never folded.
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = trace::FoldNorms::Auto,
+          num_args = 0..=1, default_missing_value = "on")]
+    fold_norms: trace::FoldNorms,
     /// Write the unfused schedule: one dispatch per op (the eager baseline).
     #[arg(long)]
     no_fuse: bool,
@@ -137,30 +139,12 @@ struct Args {
     /// Store the matvec weights (projections, lm_head; the embedding table when lm_head shares
     /// it) as f16, bf16, or ggml's block formats q8_0 / q4_0 (32 weights and an f16 scale per
     /// block, quantised here, dequantised in the matvec's inner loop). Norm weights and other
-    /// vectors stay as stored; so do, for q8_0/q4_0, matrices whose input size is not a
-    /// multiple of 32, and Qwen3-Next's expert stacks in every format (the expert kernels read
-    /// f32/f16/bf16 only). Default: the checkpoint's dtypes.
+    /// vectors stay as stored (q8_0/q4_0 fold the norm weights into the matrices by default:
+    /// `--fold-norms`); so do, for q8_0/q4_0, matrices whose input size is not a multiple of
+    /// 32, and Qwen3-Next's expert stacks in every format (the expert kernels read f32/f16/bf16
+    /// only). Default: the checkpoint's dtypes.
     #[arg(long, value_name = "FORMAT")]
     weights: Option<quant::WeightFormat>,
-}
-
-/// When `--fold-norms` folds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum FoldNorms {
-    /// Where the matvec weights are q8_0 or q4_0.
-    Auto,
-    On,
-    Off,
-}
-
-impl FoldNorms {
-    fn folds(self, weights: Option<quant::WeightFormat>) -> bool {
-        match self {
-            FoldNorms::Auto => weights.is_some_and(quant::WeightFormat::folds_norms),
-            FoldNorms::On => true,
-            FoldNorms::Off => false,
-        }
-    }
 }
 
 /// The device costs of `--device-cost FILE`, else the H100's.
@@ -241,15 +225,26 @@ fn run(args: Args) -> Result<()> {
     let opts = trace::TraceOptions {
         max_context: args.max_context,
         kv_cache: args.kv_cache,
-        fold_norms: args.fold_norms.folds(args.weights),
+        fold_norms: args.fold_norms.folds(&model, args.weights),
     };
     let mut program = st.run("trace", || {
         trace::trace(&model, &opts).context("tracing the decode step")
     })?;
+    let folded = trace::fold::summary(&program).unwrap_or_else(|| {
+        let why = if model.config.family == import::Family::Qwen3Next {
+            "Qwen3-Next's norms are zero-centred"
+        } else if args.fold_norms == trace::FoldNorms::Off {
+            "--fold-norms=off"
+        } else {
+            "auto folds where the matrices are stored as q8_0 or q4_0; --fold-norms=on folds \
+             these"
+        };
+        format!("not folded ({why})")
+    });
     if let Some(warning) = trace::past_trained_context(&model, &opts) {
         eprintln!("{warning}");
     }
-    if args.fold_norms == FoldNorms::On && model.config.family == import::Family::Qwen3Next {
+    if args.fold_norms == trace::FoldNorms::On && model.config.family == import::Family::Qwen3Next {
         eprintln!(
             "note: --fold-norms folds Llama and Qwen3 models only: this {} is traced unfolded",
             model.config.architecture
@@ -409,6 +404,7 @@ fn run(args: Args) -> Result<()> {
     if let Some(c) = &conversion {
         println!("weights:     {}", c.summary());
     }
+    println!("norms:       {}", folded);
     let times: Vec<String> = st
         .times
         .iter()

@@ -30,13 +30,6 @@ impl WeightFormat {
         WeightFormat::Q4_0,
     ];
 
-    /// Whether norm weights are folded into the matrices by default in this format
-    /// (`TraceOptions::fold_norms`): where it is a block format, whose rounding dwarfs the
-    /// fold's; float formats keep the checkpoint's values.
-    pub fn folds_norms(self) -> bool {
-        self.dtype().is_quantized()
-    }
-
     /// The IR dtype of converted weights.
     pub fn dtype(self) -> DType {
         match self {

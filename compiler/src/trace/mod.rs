@@ -5,9 +5,11 @@
 
 mod builder;
 mod dense;
+pub mod fold;
 mod hybrid;
 
 pub use builder::Tracer;
+pub use fold::FoldNorms;
 
 use crate::import::{Family, ImportError, Model};
 use crate::ir::{DType, Program, VerifyError};
@@ -29,7 +31,7 @@ pub struct TraceOptions {
     /// On an H200 (the tied Qwen3-0.6B shape): q8_0 +3.8%, q4_0 +1.0%, bf16 +0.7%
     /// (docs/perf.md, session 36). The folded matrix is rounded to its dtype once more (bf16:
     /// as transformers rounds w ⊙ x̂), so `compile-model` folds by default only where the
-    /// weights are then quantised.
+    /// weights are then quantised ([`FoldNorms`]).
     pub fold_norms: bool,
 }
 
