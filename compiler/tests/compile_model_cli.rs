@@ -252,3 +252,32 @@ fn the_report_says_what_was_folded() {
     }
     std::fs::remove_file(path).ok();
 }
+
+#[test]
+fn the_weights_line_counts_what_each_reason_kept() {
+    let path = std::env::temp_dir().join(format!("vkfuse-wl-{}.vkf", std::process::id()));
+    let path = path.to_str().unwrap();
+    for (name, weights, needle) in [
+        (
+            "qwen3-next",
+            "q8_0",
+            "kept as stored: 16 (12: expert stacks stay as stored",
+        ),
+        (
+            "qwen3-next",
+            "q8_0",
+            "; 4: input size not a multiple of 32)",
+        ),
+        (
+            "qwen3-tied",
+            "bf16",
+            "weights:     bf16: every matrix is bf16 already",
+        ),
+    ] {
+        let out = compile_model(&[&fixture(name), "-o", path, "--weights", weights]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name} {weights}: {stdout}");
+        assert!(stdout.contains(needle), "{name} {weights}: {stdout}");
+    }
+    std::fs::remove_file(path).ok();
+}

@@ -86,20 +86,32 @@ impl ConversionReport {
         (before, after)
     }
 
-    /// One line: `q8_0: 197 matrices (1.19 GB -> 0.63 GB); kept as stored: 2 (...)`.
+    /// One line: `q8_0: 197 matrices (1.19 GB -> 0.63 GB); kept as stored: 2 (2: input size
+    /// not a multiple of 32)`, or that every matrix was in the format already.
     pub fn summary(&self) -> String {
         let (before, after) = self.bytes();
-        let mut s = format!(
-            "{}: {} matrices ({:.2} MB -> {:.2} MB)",
-            self.format,
-            self.converted.len(),
-            before as f64 / 1e6,
-            after as f64 / 1e6
-        );
+        let mut s = if self.converted.is_empty() && self.kept.is_empty() {
+            format!("{}: every matrix is {0} already", self.format)
+        } else {
+            format!(
+                "{}: {} matrices ({:.2} MB -> {:.2} MB)",
+                self.format,
+                self.converted.len(),
+                before as f64 / 1e6,
+                after as f64 / 1e6
+            )
+        };
         if !self.kept.is_empty() {
-            let mut reasons: Vec<&str> = self.kept.iter().map(|k| k.reason.as_str()).collect();
+            // Each reason once, with how many matrices it kept.
+            let mut reasons: Vec<(&str, usize)> = vec![];
+            for k in &self.kept {
+                match reasons.iter_mut().find(|(r, _)| *r == k.reason) {
+                    Some((_, n)) => *n += 1,
+                    None => reasons.push((&k.reason, 1)),
+                }
+            }
             reasons.sort_unstable();
-            reasons.dedup();
+            let reasons: Vec<String> = reasons.iter().map(|(r, n)| format!("{n}: {r}")).collect();
             s += &format!(
                 "; kept as stored: {} ({})",
                 self.kept.len(),
