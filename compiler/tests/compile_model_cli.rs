@@ -227,24 +227,12 @@ fn fold_norms_folds_the_block_formats_by_default_and_on_request() {
     ));
 }
 
-#[test]
-fn the_report_says_what_was_folded() {
-    let dir = std::env::temp_dir();
-    let path = dir.join(format!("vkfuse-fold-{}.vkf", std::process::id()));
+/// Asserts that compile-model's report of fixture `name` compiled with `--weights W` contains
+/// the needle, for each (name, W, needle).
+fn assert_reports(tag: &str, cases: &[(&str, &str, &str)]) {
+    let path = std::env::temp_dir().join(format!("vkfuse-{tag}-{}.vkf", std::process::id()));
     let path = path.to_str().unwrap();
-    for (name, weights, needle) in [
-        (
-            "qwen3-tied",
-            "q8_0",
-            "norms:       4 folded into the matrices after them (lm_head shares",
-        ),
-        (
-            "qwen3-untied",
-            "q4_0",
-            "norms:       7 folded into the matrices after them\n",
-        ),
-        ("qwen3-untied", "bf16", "norms:       not folded"),
-    ] {
+    for (name, weights, needle) in cases {
         let out = compile_model(&[&fixture(name), "-o", path, "--weights", weights]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{name} {weights}: {stdout}");
@@ -254,30 +242,45 @@ fn the_report_says_what_was_folded() {
 }
 
 #[test]
+fn the_report_says_what_was_folded() {
+    assert_reports(
+        "fold",
+        &[
+            (
+                "qwen3-tied",
+                "q8_0",
+                "norms:       4 folded into the matrices after them (lm_head shares",
+            ),
+            (
+                "qwen3-untied",
+                "q4_0",
+                "norms:       7 folded into the matrices after them\n",
+            ),
+            ("qwen3-untied", "bf16", "norms:       not folded"),
+        ],
+    );
+}
+
+#[test]
 fn the_weights_line_counts_what_each_reason_kept() {
-    let path = std::env::temp_dir().join(format!("vkfuse-wl-{}.vkf", std::process::id()));
-    let path = path.to_str().unwrap();
-    for (name, weights, needle) in [
-        (
-            "qwen3-next",
-            "q8_0",
-            "kept as stored: 16 (12: expert stacks stay as stored",
-        ),
-        (
-            "qwen3-next",
-            "q8_0",
-            "; 4: input size not a multiple of 32)",
-        ),
-        (
-            "qwen3-tied",
-            "bf16",
-            "weights:     bf16: every matrix is bf16 already",
-        ),
-    ] {
-        let out = compile_model(&[&fixture(name), "-o", path, "--weights", weights]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{name} {weights}: {stdout}");
-        assert!(stdout.contains(needle), "{name} {weights}: {stdout}");
-    }
-    std::fs::remove_file(path).ok();
+    assert_reports(
+        "weights",
+        &[
+            (
+                "qwen3-next",
+                "q8_0",
+                "kept as stored: 16 (12: expert stacks stay as stored",
+            ),
+            (
+                "qwen3-next",
+                "q8_0",
+                "; 4: input size not a multiple of 32)",
+            ),
+            (
+                "qwen3-tied",
+                "bf16",
+                "weights:     bf16: every matrix is bf16 already",
+            ),
+        ],
+    );
 }
