@@ -1,6 +1,6 @@
-//! When the trace folds norm weights into the matrices after them ([`super::TraceOptions::fold_norms`]),
-//! as `compile-model --fold-norms` and the model-directory commands of `vkfuse` choose it, and
-//! what a traced program folded.
+//! When the trace folds norm weights into the matrices after them
+//! ([`super::TraceOptions::fold_norms`]), as `compile-model --fold-norms` and the
+//! model-directory commands of `vkfuse` choose it, and what a traced program folded.
 
 use crate::import::{layout, Family, Model};
 use crate::ir::{DType, OpKind, Program};
