@@ -133,6 +133,19 @@
 #include "quant.glsl"
 #include "fused_epilogue.glsl"
 
+// The F16_DOTS probe (quant.glsl) in the inner dots (QH_IN) and the outer blocks (QH_OUT): the
+// staged input as the f16 pairs the codes meet (xh4: step c's four pairs), act likewise.
+#if defined(F16_CHAIN) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
+#define QH_IN 1
+#else
+#define QH_IN 0
+#endif
+#if defined(F16_DOWN) && !INNER_ONLY && (W2_DTYPE == Q8_0 || W2_DTYPE == Q4_0)
+#define QH_OUT 1
+#else
+#define QH_OUT 0
+#endif
+
 layout(constant_id = 1) const float EPS = 0.0;
 
 const uint CB = CH_CB;
@@ -191,6 +204,9 @@ const uint JPG = CB / OUT_NG;
 const uint STAGE4 = (OUT_NG * CH_O > CH_I ? OUT_NG * CH_O : CH_I) / 4u;
 #endif
 shared vec4 xs4[STAGE4];
+#if QH_IN
+shared uvec4 xh4[CH_I / 8u];
+#endif
 
 // Where the staged input's vec4 i lives. A subgroup's 16-byte shared loads are served 8 lanes
 // at a time, and 8 lanes conflict unless their vec4s sit in 8 distinct groups of 4 banks
@@ -233,7 +249,10 @@ uvec4 inner_raw(uint row, uint c) {
 }
 
 float inner_dot(uvec4 v, uint c, vec4 xa, vec4 xb) {
-#if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
+#if QH_IN
+    // xa's bits are step c's f16 pairs (inner_step's caller passes them so).
+    return Q_SCALE_HALF(v.z, c / 4u) * qh_step_dot(W_DTYPE, v.x, v.y, floatBitsToUint(xa));
+#elif W_DTYPE == Q8_0 || W_DTYPE == Q4_0
     // Block c / 4's f16 scale: half (c / 4) & 1 of its word (as Q_SCALE reads it).
     float d = Q_SCALE_HALF(v.z, c / 4u);
     return W_DTYPE == Q8_0 ? d * (dot(q8_codes(v.x), xa) + dot(q8_codes(v.y), xb))
@@ -327,6 +346,13 @@ void main() {
         uint c = cbase + min(lane + (e % PRE_STEPS) * gl_SubgroupSize, SPK - 1u);
         uvec4 v = wp[e];
         wd[e] = Q_SCALE_HALF(v.z, c / 4u);
+#if QH_IN
+        wh[e] = uvec4(packFloat2x16(qh_pair(W_DTYPE, v.x, v.y, 0u)),
+                      packFloat2x16(qh_pair(W_DTYPE, v.x, v.y, 1u)),
+                      packFloat2x16(qh_pair(W_DTYPE, v.x, v.y, 2u)),
+                      packFloat2x16(qh_pair(W_DTYPE, v.x, v.y, 3u)));
+        continue;
+#endif
         vec4 lo = W_DTYPE == Q8_0 ? q8_codes(v.x) : q4_low(v.x);
         vec4 hi = W_DTYPE == Q8_0 ? q8_codes(v.y) : q4_high(v.x);
         wh[e] = uvec4(packHalf2x16(lo.xy), packHalf2x16(lo.zw), packHalf2x16(hi.xy),
@@ -339,6 +365,11 @@ void main() {
         uint c = cbase + min(lane + (e % PRE_STEPS) * gl_SubgroupSize, SPK - 1u);
         uvec4 v = wp[e];
         float d = Q_SCALE_HALF(v.z, c / 4u);
+#if QH_IN
+        // The raw code words stay (qh_pair masks them after x arrives): the scale only.
+        wp[e] = uvec4(v.x, v.y, floatBitsToUint(d), 0u);
+        continue;
+#endif
         wp[e] = W_DTYPE == Q8_0
                     ? uvec4(Q8_READY(v.x), Q8_READY(v.y), floatBitsToUint(d), 0u)
                     : uvec4(Q4_LOW_BYTES(v.x), Q4_HIGH_BYTES(v.x), floatBitsToUint(d), 0u);
@@ -384,7 +415,17 @@ void main() {
 #if NORM
         v *= i == t ? nw_first : nw4_at(i);
 #endif
+#if QH_IN
+        // vec4 i is half of step i / 2: its pairs (0, 2), (1, 3) or (4, 6), (5, 7).
+        uvec2 h = uvec2(packHalf2x16(v.xz), packHalf2x16(v.yw));
+        if ((i & 1u) == 0u) {
+            xh4[i / 2u].xy = h;
+        } else {
+            xh4[i / 2u].zw = h;
+        }
+#else
         xs4[xs_at(i)] = v;
+#endif
     }
 #if NORM
     wg_publish_sum(ss);
@@ -444,8 +485,19 @@ void main() {
                 uint c = lane + k * gl_SubgroupSize;
                 if (c < SPK) {
                     uvec2 xi = step_x4(cbase + c);
+#if QH_IN
+                    uvec4 xh = xh4[cbase + c];
+#endif
                     for (uint i = 0u; i < DG; i++) {
-#if PRE_HALVES
+#if QH_IN && PRE_HALVES
+                        uvec4 h = wh[i * PRE_STEPS + k];
+                        acc[i] += wd[i * PRE_STEPS + k] *
+                                  qh_dot(unpackFloat2x16(h.x), unpackFloat2x16(h.y),
+                                         unpackFloat2x16(h.z), unpackFloat2x16(h.w), xh);
+#elif QH_IN
+                        uvec4 v = wp[i * PRE_STEPS + k];
+                        acc[i] += uintBitsToFloat(v.z) * qh_step_dot(W_DTYPE, v.x, v.y, xh);
+#elif PRE_HALVES
                         uvec4 h = wh[i * PRE_STEPS + k];
                         vec4 wa = vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y));
                         vec4 wb = vec4(unpackHalf2x16(h.z), unpackHalf2x16(h.w));
@@ -468,9 +520,14 @@ void main() {
         }
 #endif
         for (uint c = cbase + c0; c < cbase + SPK; c += gl_SubgroupSize) {
+#if QH_IN
+            vec4 xa = uintBitsToFloat(xh4[c]);
+            vec4 xb = vec4(0.0);
+#else
             uvec2 xi = step_x4(c);
             vec4 xa = xs4[xs_at(xi.x)];
             vec4 xb = xs4[xs_at(xi.y)];
+#endif
             for (uint i = 0u; i < DG; i++) {
                 acc[i] += inner_step(wrow[i], c, xa, xb);
             }
@@ -485,6 +542,9 @@ void main() {
         scale = nscale;
 #elif NORM
         scale = inversesqrt(wg_published_sum() / float(CH_I) + EPS);
+#endif
+#if QH_IN
+        scale *= QH_UNSCALE(W_DTYPE);
 #endif
         float a[PER_ROW];
         for (uint k = 0u; k < PER_ROW; k++) {
@@ -512,7 +572,16 @@ void main() {
             break;
         }
         float v = 0.0;
-#if W2_DTYPE == Q4_0
+#if QH_OUT
+        for (uint w = 0u; w < 4u; w++) {
+            uvec4 ah = QH_X(act4[2u * w], act4[2u * w + 1u]);
+            v += W2_DTYPE == Q8_0
+                     ? qh_step_dot(Q8_0, pre_c[k * 2u + w / 2u][2u * (w % 2u)],
+                                   pre_c[k * 2u + w / 2u][2u * (w % 2u) + 1u], ah)
+                     : qh_step_dot(Q4_0, pre_c[k][w], 0u, ah);
+        }
+        v *= QH_UNSCALE(W2_DTYPE);
+#elif W2_DTYPE == Q4_0
         // Word w of the block: inputs 8w .. 8w + 3 in its low nibbles, 8w + 4 .. in its high.
         uvec4 c = pre_c[k];
         for (uint w = 0u; w < 4u; w++) {

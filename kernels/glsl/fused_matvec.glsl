@@ -100,7 +100,7 @@ const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
 // meets its rows with one Σ x, and saves a subtraction per weight. Measured with the 8 rows per
 // workgroup of vocabularies of 65536 or more (compiler/src/kernels/select.rs); smaller vocabularies get 4 or
 // 2 rows per workgroup, which share Σ x less (not measured).
-#if W_DTYPE == Q4_0 && STEP
+#if W_DTYPE == Q4_0 && STEP && !defined(F16_MV)
 #define LIN4 1
 #else
 #define LIN4 0
@@ -185,9 +185,14 @@ void main() {
 #if LIN4
             float sx = dot(xa + xb, vec4(1.0));
 #endif
+#ifdef F16_MV
+            uvec4 xh = QH_X(xa, xb);
+#endif
             for (uint j = 0u; j < ndots; j++) {
                 float d = Q_SCALE_HALF(subgroupShuffle(sw[j], b / 2u), b);
-#if LIN4
+#ifdef F16_MV
+                float v = d * QH_STEP_DOT(W_DTYPE, w, wrow[j] * rb / 4u, c, xh);
+#elif LIN4
                 float v = 256.0 * d * Q4_LIN_STEP_DOT(w, wrow[j] * rb / 4u, c, xa, xb, sx);
 #else
                 float v = d * Q_STEP_DOT(W_DTYPE, w, wrow[j] * rb / 4u, c, xa, xb);
@@ -206,9 +211,14 @@ void main() {
 #if LIN4
             float sx = dot(xa + xb, vec4(1.0));
 #endif
+#ifdef F16_MV
+            uvec4 xh = QH_X(xa, xb);
+#endif
             for (uint j = 0u; j < ndots; j++) {
                 uint at = wrow[j] * rb;
-#if LIN4
+#ifdef F16_MV
+                acc[j] += Q_SCALE(W_DTYPE, w, at, I, c / 4u) * QH_STEP_DOT(W_DTYPE, w, at / 4u, c, xh);
+#elif LIN4
                 acc[j] += 256.0 * Q_SCALE(W_DTYPE, w, at, I, c / 4u) *
                           Q4_LIN_STEP_DOT(w, at / 4u, c, xa, xb, sx);
 #else
@@ -270,6 +280,9 @@ void main() {
     wg_share_dots(acc, ndots);
 #if NORM
     scale = inversesqrt(wg_published_sum() / float(I) + EPS);
+#endif
+#if defined(F16_MV) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
+    scale *= QH_UNSCALE(W_DTYPE);
 #endif
 #if STEP
     uint step_best = 0u;

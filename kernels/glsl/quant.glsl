@@ -91,6 +91,69 @@ vec4 q_lin_bytes(uint w) {
     (dot(q_lin_bytes(Q4_LOW_BYTES(A[(aw) + (c)])), xa) + \
      dot(q_lin_bytes(Q4_HIGH_BYTES(A[(aw) + (c)])), xb) - 0.53125 * (sx))
 
+// Probe F16_DOTS (VKFUSE_DEFINES=F16_DOTS, or one part of it: F16_MV the fused matvecs,
+// q/k/v and lm_head; F16_CHAIN the chain's inner dots and the wide matvec; F16_DOWN the chain's
+// down projection; block formats only): a step's dot in packed f16 arithmetic, two weights per instruction.
+// A step's codes become four f16 pairs with no conversion: a pair of nibbles (q4_0) or bytes
+// (q8_0) masked into the low mantissa bits of 64 (ulp 1/16) or of 4 (ulp 1/256), and the
+// offset subtracted exactly: (n - 8) / 16 and code / 256, both exact in f16. The codes come out
+// in the pairs (0, 2), (1, 3), (4, 6), (5, 7) of the step's 8 elements, so the input is paired
+// the same way (QH_X). One mask and a subtraction per pair, and one multiply-add per pair,
+// where the f32 form takes a permute, a subtraction and a multiply-add per weight. The sum of a
+// step's 8 products is at most 4 |x|max, so f16 overflows only where |x| passes 16384; each
+// product is rounded to f16 (relative 2^-11), against q8_0's and q4_0's own 2^-8 and 2^-4.
+// QH_UNSCALE(dt) undoes the codes' 1/16 or 1/256 once, after the dots.
+#ifdef F16_DOTS
+#ifndef F16_MV
+#define F16_MV 1
+#endif
+#ifndef F16_CHAIN
+#define F16_CHAIN 1
+#endif
+#ifndef F16_DOWN
+#define F16_DOWN 1
+#endif
+#endif
+#if defined(F16_MV) || defined(F16_CHAIN) || defined(F16_DOWN)
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#define QH_UNSCALE(dt) ((dt) == Q8_0 ? 256.0 : 16.0)
+// The step's input xa (elements 0-3), xb (4-7) as the f16 pairs its codes meet.
+uvec4 QH_X(vec4 xa, vec4 xb) {
+    return uvec4(packHalf2x16(xa.xz), packHalf2x16(xa.yw), packHalf2x16(xb.xz),
+                 packHalf2x16(xb.yw));
+}
+// Pair k (0-3) of a step's codes, from the code words w0 (q4_0: the step's word; q8_0: its
+// first) and w1 (q8_0: its second). q8_0's byte b is code + 128 after its sign bit flips (the
+// xor), in 4's mantissa: 4 + (code + 128) / 256.
+f16vec2 qh_pair(uint dt, uint w0, uint w1, uint k) {
+    if (dt == Q8_0) {
+        uint w = k < 2u ? w0 : w1;
+        uint s = (k & 1u) * 8u;
+        return unpackFloat2x16(((w >> s) & 0x00FF00FFu) ^ 0x44804480u) - f16vec2(4.5hf);
+    }
+    // Nibble pairs: shift 0 (elements 0, 2), 8 (1, 3), 4 (4, 6), 12 (5, 7).
+    uint s = (k & 1u) * 8u + (k >> 1u) * 4u;
+    return unpackFloat2x16(((w0 >> s) & 0x000F000Fu) | 0x54005400u) - f16vec2(64.5hf);
+}
+// Σ of four code pairs times the input pairs xh, in f32 (each pair's sum rounded to f16).
+float qh_dot(f16vec2 a, f16vec2 b, f16vec2 c, f16vec2 d, uvec4 xh) {
+    f16vec2 p = a * unpackFloat2x16(xh.x);
+    p = fma(b, unpackFloat2x16(xh.y), p);
+    p = fma(c, unpackFloat2x16(xh.z), p);
+    p = fma(d, unpackFloat2x16(xh.w), p);
+    return float(p.x) + float(p.y);
+}
+// The step's dot (codes w0, w1 as in qh_pair) with the input pairs xh, scaled as the codes are.
+float qh_step_dot(uint dt, uint w0, uint w1, uvec4 xh) {
+    return qh_dot(qh_pair(dt, w0, w1, 0u), qh_pair(dt, w0, w1, 1u), qh_pair(dt, w0, w1, 2u),
+                  qh_pair(dt, w0, w1, 3u), xh);
+}
+// Step c of the row whose codes start at word aw of the uint array A, as Q_STEP_DOT reads it.
+#define QH_STEP_DOT(dt, A, aw, c, xh) \
+    ((dt) == Q8_0 ? qh_step_dot(Q8_0, A[(aw) + 2u * (c)], A[(aw) + 2u * (c) + 1u], xh) \
+                  : qh_step_dot(Q4_0, A[(aw) + (c)], 0u, xh))
+#endif
+
 // Scale b from the word that holds the f16 scales b & ~1 and b | 1 (two blocks of a row, or
 // the transposed layout's blocks of two rows).
 #define Q_SCALE_HALF(word, b) unpackHalf2x16(word)[(b) & 1u]
