@@ -18,7 +18,7 @@ fn worst(rows: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-fn check(name: &str, format: WeightFormat, fold: bool) {
+fn check(defines: &str, name: &str, format: WeightFormat, fold: bool) {
     let want = expected(name);
     let model = import::load(&fixture_dir(name)).unwrap();
     let opts = TraceOptions {
@@ -52,7 +52,7 @@ fn check(name: &str, format: WeightFormat, fold: bool) {
         .map(|(a, b)| rel_l2(a, b))
         .collect();
     eprintln!(
-        "F16 {name} {format} fold={fold}: fused vs reference worst {:.2e}; vs transformers: \
+        "{defines} {name} {format} fold={fold}: fused vs reference worst {:.2e}; vs transformers: \
          reference {ref_err:.3e}, fused {fused_err:.3e}",
         per.iter().cloned().fold(0.0, f64::max)
     );
@@ -87,14 +87,20 @@ fn check(name: &str, format: WeightFormat, fold: bool) {
 
 #[test]
 fn f16_dots_stay_within_f16_rounding_of_the_f32_dots() {
-    // Before anything compiles: the define reaches every generated kernel of this process.
-    std::env::set_var("VKFUSE_DEFINES", "F16_DOTS");
     // qwen3-untied reaches every f16 path a lavapipe device runs (the chain's preloaded and
     // looped steps, its down blocks, the wide matvec, the fused matvecs; lm_head's scale
     // shuffle needs 32-wide subgroups): a pair swapped in any of them fails it (0.86-1.6 from
     // the reference). The other fixtures, measured once (docs/perf.md, session 37): 0.9-2.2e-3
     // from the reference; the hybrid's MoE router flips an expert at 2 of 32 positions.
-    for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
-        check("qwen3-untied", format, true);
+    // F16_ACC: the matvecs' and the chain's preloaded steps summed in f16 pairs too.
+    for defines in ["F16_DOTS", "F16_DOTS,F16_ACC"] {
+        // Before anything compiles: the define reaches every generated kernel of this process,
+        // and the test cache, keyed by the generated source, must not hand over the last
+        // define's kernels.
+        std::env::set_var("VKFUSE_DEFINES", defines);
+        *vkfuse_tests::spirv_cache() = Default::default();
+        for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+            check(defines, "qwen3-untied", format, true);
+        }
     }
 }

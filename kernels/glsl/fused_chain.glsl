@@ -140,6 +140,12 @@
 #else
 #define QH_IN 0
 #endif
+// F16_ACC: the preloaded steps of the chain (PRE_SPLIT) summed in f16 pairs (quant.glsl).
+#if QH_IN && defined(F16_ACC) && !INNER_ONLY
+#define QH_ACC 1
+#else
+#define QH_ACC 0
+#endif
 #if defined(F16_DOWN) && !INNER_ONLY && (W2_DTYPE == Q8_0 || W2_DTYPE == Q4_0)
 #define QH_OUT 1
 #else
@@ -367,7 +373,11 @@ void main() {
         float d = Q_SCALE_HALF(v.z, c / 4u);
 #if QH_IN
         // The raw code words stay (qh_pair masks them after x arrives): the scale only.
+#if QH_ACC
+        wp[e] = uvec4(v.x, v.y, packFloat2x16(qh_scale2(W_DTYPE, v.z, c / 4u)), 0u);
+#else
         wp[e] = uvec4(v.x, v.y, floatBitsToUint(d), 0u);
+#endif
         continue;
 #endif
         wp[e] = W_DTYPE == Q8_0
@@ -481,6 +491,12 @@ void main() {
         uint c0 = lane;
 #if PRE_STEPS > 0
         if (d0 == DG * grp) {
+#if QH_ACC
+            f16vec2 acch[DG];
+            for (uint i = 0u; i < DG; i++) {
+                acch[i] = f16vec2(0.0hf);
+            }
+#endif
             for (uint k = 0u; k < PRE_STEPS; k++) {
                 uint c = lane + k * gl_SubgroupSize;
                 if (c < SPK) {
@@ -494,6 +510,10 @@ void main() {
                         acc[i] += wd[i * PRE_STEPS + k] *
                                   qh_dot(unpackFloat2x16(h.x), unpackFloat2x16(h.y),
                                          unpackFloat2x16(h.z), unpackFloat2x16(h.w), xh);
+#elif QH_ACC
+                        uvec4 v = wp[i * PRE_STEPS + k];
+                        acch[i] = fma(qh_step_dot2(W_DTYPE, v.x, v.y, xh), unpackFloat2x16(v.z),
+                                      acch[i]);
 #elif QH_IN
                         uvec4 v = wp[i * PRE_STEPS + k];
                         acc[i] += uintBitsToFloat(v.z) * qh_step_dot(W_DTYPE, v.x, v.y, xh);
@@ -516,6 +536,12 @@ void main() {
                     }
                 }
             }
+#if QH_ACC
+            // qh_scale2 carried QH_UNSCALE, which the act rows' scale applies again.
+            for (uint i = 0u; i < DG; i++) {
+                acc[i] += (float(acch[i].x) + float(acch[i].y)) / QH_UNSCALE(W_DTYPE);
+            }
+#endif
             c0 = lane + PRE_STEPS * gl_SubgroupSize;
         }
 #endif

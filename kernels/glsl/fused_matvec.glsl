@@ -100,6 +100,11 @@ const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
 // meets its rows with one Σ x, and saves a subtraction per weight. Measured with the 8 rows per
 // workgroup of vocabularies of 65536 or more (compiler/src/kernels/select.rs); smaller vocabularies get 4 or
 // 2 rows per workgroup, which share Σ x less (not measured).
+#if defined(F16_MV) && defined(F16_ACC) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
+#define QH_ACC 1
+#else
+#define QH_ACC 0
+#endif
 #if W_DTYPE == Q4_0 && STEP && !defined(F16_MV)
 #define LIN4 1
 #else
@@ -163,6 +168,12 @@ void main() {
 
 #if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
     uint rb = q_row_bytes(W_DTYPE, I);
+#if QH_ACC
+    f16vec2 acch[MAX_DOTS];
+    for (uint j = 0u; j < MAX_DOTS; j++) {
+        acch[j] = f16vec2(0.0hf);
+    }
+#endif
     if (SCALE_SHUFFLE) {
         // Lane s holds scale word s of each row; step c takes its block's (c / 4, in word
         // c / 8) from that lane.
@@ -189,6 +200,14 @@ void main() {
             uvec4 xh = QH_X(xa, xb);
 #endif
             for (uint j = 0u; j < ndots; j++) {
+#if QH_ACC
+                uint aw = wrow[j] * rb / 4u;
+                f16vec2 p = qh_step_dot2(W_DTYPE, W_DTYPE == Q8_0 ? w[aw + 2u * c] : w[aw + c],
+                                         W_DTYPE == Q8_0 ? w[aw + 2u * c + 1u] : 0u, xh);
+                f16vec2 h = fma(p, qh_scale2(W_DTYPE, subgroupShuffle(sw[j], b / 2u), b), acch[j]);
+                acch[j] = live ? h : acch[j];
+                continue;
+#endif
                 float d = Q_SCALE_HALF(subgroupShuffle(sw[j], b / 2u), b);
 #ifdef F16_MV
                 float v = d * QH_STEP_DOT(W_DTYPE, w, wrow[j] * rb / 4u, c, xh);
@@ -216,6 +235,13 @@ void main() {
 #endif
             for (uint j = 0u; j < ndots; j++) {
                 uint at = wrow[j] * rb;
+#if QH_ACC
+                f16vec2 p = qh_step_dot2(W_DTYPE, W_DTYPE == Q8_0 ? w[at / 4u + 2u * c] : w[at / 4u + c],
+                                         W_DTYPE == Q8_0 ? w[at / 4u + 2u * c + 1u] : 0u, xh);
+                uint sword = w[(at + q_code_bytes(W_DTYPE, I)) / 4u + c / 8u];
+                acch[j] = fma(p, qh_scale2(W_DTYPE, sword, c / 4u), acch[j]);
+                continue;
+#endif
 #ifdef F16_MV
                 acc[j] += Q_SCALE(W_DTYPE, w, at, I, c / 4u) * QH_STEP_DOT(W_DTYPE, w, at / 4u, c, xh);
 #elif LIN4
@@ -228,6 +254,12 @@ void main() {
             }
         }
     }
+#if QH_ACC
+    // The f16 sums already carry QH_UNSCALE (qh_scale2).
+    for (uint j = 0u; j < MAX_DOTS; j++) {
+        acc[j] = float(acch[j].x) + float(acch[j].y);
+    }
+#endif
 #else
     if (VEC4 != 0u) {
 #if W_DTYPE == F32
@@ -281,7 +313,7 @@ void main() {
 #if NORM
     scale = inversesqrt(wg_published_sum() / float(I) + EPS);
 #endif
-#if defined(F16_MV) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
+#if defined(F16_MV) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0) && !QH_ACC
     scale *= QH_UNSCALE(W_DTYPE);
 #endif
 #if STEP

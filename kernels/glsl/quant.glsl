@@ -135,18 +135,34 @@ f16vec2 qh_pair(uint dt, uint w0, uint w1, uint k) {
     uint s = (k & 1u) * 8u + (k >> 1u) * 4u;
     return unpackFloat2x16(((w0 >> s) & 0x000F000Fu) | 0x54005400u) - f16vec2(64.5hf);
 }
-// Σ of four code pairs times the input pairs xh, in f32 (each pair's sum rounded to f16).
-float qh_dot(f16vec2 a, f16vec2 b, f16vec2 c, f16vec2 d, uvec4 xh) {
+// Four code pairs times the input pairs xh, as two f16 sums.
+f16vec2 qh_dot2(f16vec2 a, f16vec2 b, f16vec2 c, f16vec2 d, uvec4 xh) {
     f16vec2 p = a * unpackFloat2x16(xh.x);
     p = fma(b, unpackFloat2x16(xh.y), p);
     p = fma(c, unpackFloat2x16(xh.z), p);
-    p = fma(d, unpackFloat2x16(xh.w), p);
+    return fma(d, unpackFloat2x16(xh.w), p);
+}
+// The same summed in f32.
+float qh_dot(f16vec2 a, f16vec2 b, f16vec2 c, f16vec2 d, uvec4 xh) {
+    f16vec2 p = qh_dot2(a, b, c, d, xh);
     return float(p.x) + float(p.y);
 }
 // The step's dot (codes w0, w1 as in qh_pair) with the input pairs xh, scaled as the codes are.
 float qh_step_dot(uint dt, uint w0, uint w1, uvec4 xh) {
     return qh_dot(qh_pair(dt, w0, w1, 0u), qh_pair(dt, w0, w1, 1u), qh_pair(dt, w0, w1, 2u),
                   qh_pair(dt, w0, w1, 3u), xh);
+}
+f16vec2 qh_step_dot2(uint dt, uint w0, uint w1, uvec4 xh) {
+    return qh_dot2(qh_pair(dt, w0, w1, 0u), qh_pair(dt, w0, w1, 1u), qh_pair(dt, w0, w1, 2u),
+                   qh_pair(dt, w0, w1, 3u), xh);
+}
+// F16_ACC (with F16_MV or F16_CHAIN): each row's steps accumulated in f16 pairs too, one
+// multiply-add per step by the block's f16 scale instead of two conversions, an add and a
+// multiply-add in f32. The scale is taken times QH_UNSCALE (exact), so the sums are the dots'
+// own size, not 1/16 or 1/256 of it (which would sink small ones into f16's subnormals):
+// qh_scale2 is block b's scale so, from the word holding it, in both halves.
+f16vec2 qh_scale2(uint dt, uint word, uint b) {
+    return f16vec2(unpackFloat2x16(word)[b & 1u] * float16_t(QH_UNSCALE(dt)));
 }
 // Step c of the row whose codes start at word aw of the uint array A, as Q_STEP_DOT reads it.
 #define QH_STEP_DOT(dt, A, aw, c, xh) \
