@@ -1,16 +1,19 @@
-//! The F16_DOTS probe (kernels/glsl/quant.glsl; VKFUSE_DEFINES=F16_DOTS, timing probe on the
-//! experiment branch): the fused kernels' block-format dots in packed f16 arithmetic. On every
-//! dense fixture and the hybrid one, q8_0 and q4_0, folded where compile-model folds: the fused
-//! schedule's logits against the CPU reference on the same bytes (f32 dots) and against
-//! transformers, beside the reference's own error. A wrong code pair or input pair fails the
-//! first bound by orders of magnitude; f16's rounding of the input and of each step's products
-//! moves the logits by ~1e-3.
+//! The F16_DOTS probe (kernels/glsl/quant.glsl; `VKFUSE_DEFINES=F16_DOTS`, and F16_ACC with
+//! it): the fused kernels' block-format dots in packed f16 arithmetic, a timing probe for the
+//! H100 (docs/perf.md, session 37). Its logits against the CPU reference on the same bytes
+//! (f32 dots) and against transformers, beside the reference's own error: f16's rounding of
+//! the input and of each step's products moves the logits by ~1e-3, where a wrong code pair,
+//! input pair or scale moves them by ~1.
 
+use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
 use vkfuse_compiler::import;
+use vkfuse_compiler::lower::{Meta, SpirvCache};
 use vkfuse_compiler::quant::{self, EncodedWeights, WeightFormat};
 use vkfuse_compiler::trace::{self, TraceOptions};
+use vkfuse_runtime::session::{Handoffs, Replay};
 use vkfuse_tests::{expected, fixture_dir, rel_l2, validated_device};
 
+/// The worst position's relative L2 of `rows` against `want`.
 fn worst(rows: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
     rows.iter()
         .zip(want)
@@ -18,89 +21,72 @@ fn worst(rows: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-fn check(defines: &str, name: &str, format: WeightFormat, fold: bool) {
+/// The folded fixture `name` in `format`, replayed fused under each define set.
+fn check(name: &str, format: WeightFormat, define_sets: &[&str]) {
     let want = expected(name);
     let model = import::load(&fixture_dir(name)).unwrap();
     let opts = TraceOptions {
-        fold_norms: fold,
+        fold_norms: true,
         ..TraceOptions::default()
     };
     let mut program = trace::trace(&model, &opts).unwrap();
     quant::convert(&mut program, format).unwrap();
     let weights = EncodedWeights::new(&model.tensors, &program).unwrap();
     let reference = vkfuse_tests::reference_rows(&program, &weights, &want.teacher_ids);
-    let (device, log) = validated_device();
-    let (_, fused, _) = vkfuse_tests::teacher_forced_rows(
-        &format!("{name} {format}"),
-        // Replay against eager: the chain's atomics reorder f32 sums, and an input that then
-        // lands on the other side of an f16 rounding moves by f16's ulp.
-        2e-3,
-        &program,
-        &model.config.architecture,
-        &weights,
-        &device,
-        &want.teacher_ids,
-    );
     let transformers: Vec<Vec<f32>> = (0..want.teacher_logits.rows)
         .map(|r| want.teacher_logits.row(r).to_vec())
         .collect();
     let ref_err = worst(&reference, &transformers);
-    let fused_err = worst(&fused, &transformers);
-    let mut per: Vec<f64> = fused
-        .iter()
-        .zip(&reference)
-        .map(|(a, b)| rel_l2(a, b))
-        .collect();
-    eprintln!(
-        "{defines} {name} {format} fold={fold}: fused vs reference worst {:.2e}; vs transformers: \
-         reference {ref_err:.3e}, fused {fused_err:.3e}",
-        per.iter().cloned().fold(0.0, f64::max)
-    );
-    if name == "qwen3-next" {
-        // Its MoE router picks the top experts: where two gates are within f16's rounding,
-        // the f16 dots pick the other expert and that position's logits jump (seen: 3e-2 and
-        // 1.1e-1 at two of 32 positions of q4_0, ~1e-3 at the others). The median position
-        // holds the bound the dense fixtures hold at every position.
-        per.sort_by(f64::total_cmp);
-        let median = per[per.len() / 2];
-        assert!(
-            median < 5e-3,
-            "{name} {format}: median {median:.2e} from the reference"
+    let meta = Meta {
+        architecture: model.config.architecture.clone(),
+        eos_token_ids: vec![],
+        tokenizer: None,
+    };
+    for defines in define_sets {
+        // Read by every generated kernel this process compiles; a cache of its own, since the
+        // shared test cache is keyed by the generated source, without the defines.
+        std::env::set_var("VKFUSE_DEFINES", defines);
+        let mut spirv = SpirvCache::default();
+        let schedule = lower_fused(&program, &meta, &mut spirv, &FuseOptions::default())
+            .unwrap()
+            .0;
+        // Fused replay with handoffs on, as the benchmarks run it.
+        let (device, log) = validated_device();
+        let loaded = vkfuse_tests::loaded_with_handoffs(&device, schedule, &weights, Handoffs::On);
+        let mut replay = Replay::new(loaded).unwrap();
+        let fused = vkfuse_tests::replay_rows(&mut replay, &want.teacher_ids);
+        let vs_ref = worst(&fused, &reference);
+        let fused_err = worst(&fused, &transformers);
+        eprintln!(
+            "{defines} {name} {format}: fused vs reference worst {vs_ref:.2e}; vs \
+             transformers: reference {ref_err:.3e}, fused {fused_err:.3e}"
         );
-    } else {
-        let vs_ref = per.iter().cloned().fold(0.0, f64::max);
         assert!(
             vs_ref < 5e-3,
-            "{name} {format}: {vs_ref:.2e} from the reference"
+            "{defines} {name} {format}: {vs_ref:.2e} from the reference"
         );
         assert!(
             fused_err < ref_err + 5e-3,
-            "{name} {format}: {fused_err:.3e} from transformers, the reference {ref_err:.3e}"
+            "{defines} {name} {format}: {fused_err:.3e} from transformers, the reference \
+             {ref_err:.3e}"
+        );
+        drop(replay);
+        assert!(
+            log.is_clean(),
+            "{defines} {name} {format}: validation:\n{}",
+            log.report()
         );
     }
-    assert!(
-        log.is_clean(),
-        "{name} {format}: validation:\n{}",
-        log.report()
-    );
 }
 
 #[test]
 fn f16_dots_stay_within_f16_rounding_of_the_f32_dots() {
     // qwen3-untied reaches every f16 path a lavapipe device runs (the chain's preloaded and
     // looped steps, its down blocks, the wide matvec, the fused matvecs; lm_head's scale
-    // shuffle needs 32-wide subgroups): a pair swapped in any of them fails it (0.86-1.6 from
-    // the reference). The other fixtures, measured once (docs/perf.md, session 37): 0.9-2.2e-3
-    // from the reference; the hybrid's MoE router flips an expert at 2 of 32 positions.
-    // F16_ACC: the matvecs' and the chain's preloaded steps summed in f16 pairs too.
-    for defines in ["F16_DOTS", "F16_DOTS,F16_ACC"] {
-        // Before anything compiles: the define reaches every generated kernel of this process,
-        // and the test cache, keyed by the generated source, must not hand over the last
-        // define's kernels.
-        std::env::set_var("VKFUSE_DEFINES", defines);
-        *vkfuse_tests::spirv_cache() = Default::default();
-        for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
-            check(defines, "qwen3-untied", format, true);
-        }
+    // shuffle needs 32-wide subgroups): a pair swapped or a scale misread in any of them
+    // fails it (0.9-1.6 from the reference). The other fixtures, measured once (docs/perf.md,
+    // session 37): 0.9-2.2e-3 from the reference.
+    for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+        check("qwen3-untied", format, &["F16_DOTS", "F16_DOTS,F16_ACC"]);
     }
 }
