@@ -357,12 +357,12 @@ void main() {
                       packFloat2x16(qh_pair(W_DTYPE, v.x, v.y, 1u)),
                       packFloat2x16(qh_pair(W_DTYPE, v.x, v.y, 2u)),
                       packFloat2x16(qh_pair(W_DTYPE, v.x, v.y, 3u)));
-        continue;
-#endif
+#else
         vec4 lo = W_DTYPE == Q8_0 ? q8_codes(v.x) : q4_low(v.x);
         vec4 hi = W_DTYPE == Q8_0 ? q8_codes(v.y) : q4_high(v.x);
         wh[e] = uvec4(packHalf2x16(lo.xy), packHalf2x16(lo.zw), packHalf2x16(hi.xy),
                       packHalf2x16(hi.zw));
+#endif
     }
 #elif PRE_SPLIT
     // Entry e as (codes of xa's half, codes of xb's half, scale), the codes readied for
@@ -378,11 +378,11 @@ void main() {
 #else
         wp[e] = uvec4(v.x, v.y, floatBitsToUint(d), 0u);
 #endif
-        continue;
-#endif
+#else
         wp[e] = W_DTYPE == Q8_0
                     ? uvec4(Q8_READY(v.x), Q8_READY(v.y), floatBitsToUint(d), 0u)
                     : uvec4(Q4_LOW_BYTES(v.x), Q4_HIGH_BYTES(v.x), floatBitsToUint(d), 0u);
+#endif
     }
 #endif
 #endif

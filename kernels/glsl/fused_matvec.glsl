@@ -201,13 +201,10 @@ void main() {
 #endif
             for (uint j = 0u; j < ndots; j++) {
 #if QH_ACC
-                uint aw = wrow[j] * rb / 4u;
-                f16vec2 p = qh_step_dot2(W_DTYPE, W_DTYPE == Q8_0 ? w[aw + 2u * c] : w[aw + c],
-                                         W_DTYPE == Q8_0 ? w[aw + 2u * c + 1u] : 0u, xh);
+                f16vec2 p = QH_STEP_DOT2(W_DTYPE, w, wrow[j] * rb / 4u, c, xh);
                 f16vec2 h = fma(p, qh_scale2(W_DTYPE, subgroupShuffle(sw[j], b / 2u), b), acch[j]);
                 acch[j] = live ? h : acch[j];
-                continue;
-#endif
+#else
                 float d = Q_SCALE_HALF(subgroupShuffle(sw[j], b / 2u), b);
 #ifdef F16_MV
                 float v = d * QH_STEP_DOT(W_DTYPE, w, wrow[j] * rb / 4u, c, xh);
@@ -217,6 +214,7 @@ void main() {
                 float v = d * Q_STEP_DOT(W_DTYPE, w, wrow[j] * rb / 4u, c, xa, xb);
 #endif
                 acc[j] += live ? v : 0.0;
+#endif
             }
         }
     } else {
@@ -236,13 +234,10 @@ void main() {
             for (uint j = 0u; j < ndots; j++) {
                 uint at = wrow[j] * rb;
 #if QH_ACC
-                f16vec2 p = qh_step_dot2(W_DTYPE, W_DTYPE == Q8_0 ? w[at / 4u + 2u * c] : w[at / 4u + c],
-                                         W_DTYPE == Q8_0 ? w[at / 4u + 2u * c + 1u] : 0u, xh);
+                f16vec2 p = QH_STEP_DOT2(W_DTYPE, w, at / 4u, c, xh);
                 uint sword = w[(at + q_code_bytes(W_DTYPE, I)) / 4u + c / 8u];
                 acch[j] = fma(p, qh_scale2(W_DTYPE, sword, c / 4u), acch[j]);
-                continue;
-#endif
-#ifdef F16_MV
+#elif defined(F16_MV)
                 acc[j] += Q_SCALE(W_DTYPE, w, at, I, c / 4u) * QH_STEP_DOT(W_DTYPE, w, at / 4u, c, xh);
 #elif LIN4
                 acc[j] += 256.0 * Q_SCALE(W_DTYPE, w, at, I, c / 4u) *

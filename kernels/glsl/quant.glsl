@@ -168,6 +168,9 @@ f16vec2 qh_scale2(uint dt, uint word, uint b) {
 #define QH_STEP_DOT(dt, A, aw, c, xh) \
     ((dt) == Q8_0 ? qh_step_dot(Q8_0, A[(aw) + 2u * (c)], A[(aw) + 2u * (c) + 1u], xh) \
                   : qh_step_dot(Q4_0, A[(aw) + (c)], 0u, xh))
+#define QH_STEP_DOT2(dt, A, aw, c, xh) \
+    ((dt) == Q8_0 ? qh_step_dot2(Q8_0, A[(aw) + 2u * (c)], A[(aw) + 2u * (c) + 1u], xh) \
+                  : qh_step_dot2(Q4_0, A[(aw) + (c)], 0u, xh))
 #endif
 
 // Scale b from the word that holds the f16 scales b & ~1 and b | 1 (two blocks of a row, or
