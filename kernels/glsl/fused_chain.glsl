@@ -191,7 +191,12 @@ const uint CODE4 = W2_DTYPE == Q8_0 ? 2u : 1u;
 uint orow(uint b) {
     return b * (q_row_bytes(W2_DTYPE, CH_O * 32u) / 4u);
 }
+#if QH_IN
+// x is staged as f16 pairs in xh4 instead: xs4 is left unused.
+const uint STAGE4 = 1u;
+#else
 const uint STAGE4 = CH_I / 4u;
+#endif
 #else
 #define OUT_BLOCKS 0
 // Steps of 4 output rows per transposed row, and act rows per group.

@@ -99,9 +99,11 @@ vec4 q_lin_bytes(uint w) {
 // offset subtracted exactly: (n - 8) / 16 and code / 256, both exact in f16. The codes come out
 // in the pairs (0, 2), (1, 3), (4, 6), (5, 7) of the step's 8 elements, so the input is paired
 // the same way (QH_X). One mask and a subtraction per pair, and one multiply-add per pair,
-// where the f32 form takes a permute, a subtraction and a multiply-add per weight. The sum of a
-// step's 8 products is at most 4 |x|max, so f16 overflows only where |x| passes 16384; each
-// product is rounded to f16 (relative 2^-11), against q8_0's and q4_0's own 2^-8 and 2^-4.
+// where the f32 form takes a permute, a subtraction and a multiply-add per weight. Each lane of
+// a step's f16 pair sums 4 products of at most |x| / 2, so it overflows only where |x| passes
+// 32768 (x itself past f16's 65504); x is packed before the norm's scale, and where |x| is
+// below 2^-14 it is an f16 subnormal and loses bits. Each product is rounded to f16 (relative
+// 2^-11), against q8_0's and q4_0's own 2^-8 and 2^-4.
 // QH_UNSCALE(dt) undoes the codes' 1/16 or 1/256 once, after the dots.
 #ifdef F16_DOTS
 #ifndef F16_MV
@@ -159,8 +161,11 @@ f16vec2 qh_step_dot2(uint dt, uint w0, uint w1, uvec4 xh) {
 // F16_ACC (with F16_MV or F16_CHAIN): each row's steps accumulated in f16 pairs too, one
 // multiply-add per step by the block's f16 scale instead of two conversions, an add and a
 // multiply-add in f32. The scale is taken times QH_UNSCALE (exact), so the sums are the dots'
-// own size, not 1/16 or 1/256 of it (which would sink small ones into f16's subnormals):
-// qh_scale2 is block b's scale so, from the word holding it, in both halves.
+// own partials, d · code · x with x still unnormed (the norm's scale comes after the dots):
+// they overflow once d |x| passes ~129 (q8_0) or ~2047 (q4_0), and lose bits to f16's
+// subnormals once d |x| falls below ~2^-14 (a review's numpy model: 1e-2 relative error at
+// |x| ~ 1e-4, against 3.5e-4 without F16_ACC). A probe's range: a default would scale x by
+// the norm first. qh_scale2 is block b's scale so, from the word holding it, in both halves.
 f16vec2 qh_scale2(uint dt, uint word, uint b) {
     return f16vec2(unpackFloat2x16(word)[b & 1u] * float16_t(QH_UNSCALE(dt)));
 }
