@@ -622,6 +622,18 @@ void main() {
     // empty split leaves without polling (on the H100 +2.4% bf16, +0.9% q8_0, +2.1% q4_0
     // against loading the tile after the words: docs/perf.md, session 23).
     int p = pos[0];
+#ifdef ATTN_POLL_WITH_POS
+    // Probe: the q/k/v words' first polls issued beside the position's load, not after the
+    // branch on it, so that their round trips overlap.
+    uint pt0 = t < HALF_ROT ? t + HALF_ROT : (t < ROT ? t - HALF_ROT : t);
+    uvec4 got0 = uvec4(HANDOFF_EMPTY);
+    uint pv0 = HANDOFF_EMPTY;
+    if (t < D && handoff_reading()) {
+        got0 = uvec4(handoff_poll(handoff_at(0u, h * D + t)), handoff_poll(handoff_at(1u, g * D + t)),
+                     handoff_poll(handoff_at(0u, h * D + pt0)), handoff_poll(handoff_at(1u, g * D + pt0)));
+        pv0 = handoff_poll(handoff_at(2u, g * D + t));
+    }
+#endif
     uint n = uint(clamp(p, 0, int(CAP) - 1)) + 1u;
     uint chunk = max(MIN_CHUNK, (n + NSPLITS - 1u) / NSPLITS);
     uint used = (n + chunk - 1u) / chunk;
@@ -679,9 +691,14 @@ void main() {
         uvec4 at = uvec4(handoff_at(0u, h * D + t), handoff_at(1u, g * D + t),
                          handoff_at(0u, h * D + pt), handoff_at(1u, g * D + pt));
         uint vat = handoff_at(2u, g * D + t);
+#ifdef ATTN_POLL_WITH_POS
+        uvec4 got = got0;
+        uint pv = pv0;
+#else
         uvec4 got = uvec4(handoff_poll(at.x), handoff_poll(at.y), handoff_poll(at.z),
                           handoff_poll(at.w));
         uint pv = handoff_poll(vat);
+#endif
         // The norm weights once the first polls are out, so that their round trip overlaps
         // the wait instead of following it. Loaded before the polls (with the rope's angle)
         // they delayed them: bf16 +0.6%, q8_0 -0.7%, q4_0 -1.0% on an H100 (docs/perf.md,
