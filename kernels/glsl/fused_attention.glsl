@@ -44,6 +44,9 @@
 // writer, the head's last split or its only one).
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_control_flow_attributes : require
+#if defined(ATTN_PIN_BEGIN) || defined(ATTN_PIN_MARK)
+#extension GL_EXT_shader_realtime_clock : require
+#endif
 #define HANDOFF_ROLE (0x80000000u | (1u << 1) | (1u << 2) | (1u << 3))
 #include "handoff.glsl"
 #include "reduce.glsl"
@@ -606,7 +609,21 @@ void qk_norm_weights(uint t, uint pt, inout vec2 wn, inout vec2 pwn) {
 #endif
 }
 
+// Probe (ATTN_PIN_BEGIN, ATTN_PIN_MARK): invocation 0 reads the device clock where the timeline
+// build does (its begin, its first mark), a read the compiler keeps in place, pinning the
+// order of the loads around it; stored only in the impossible case of a zero clock.
+#define ATTN_PIN()                                                                            \
+    if (gl_LocalInvocationIndex == 0u) {                                                      \
+        uvec2 c_ = clockRealtime2x32EXT();                                                    \
+        if (c_.x == 0u && c_.y == 0u) {                                                       \
+            y[0] = 0.0;                                                                       \
+        }                                                                                     \
+    }
+
 void main() {
+#ifdef ATTN_PIN_BEGIN
+    ATTN_PIN()
+#endif
     uint wid = group_id();
     if (wid >= HQ * NSPLITS) {
         return;
@@ -721,6 +738,9 @@ void main() {
         qk_norm_weights(t, pt, wn, pwn);
     }
     TIMELINE_MARK(0);
+#ifdef ATTN_PIN_MARK
+    ATTN_PIN()
+#endif
 #ifdef ABLATE_EMPTY
     // Timing only (compile-model --ablate attention): the block reduced to its handoff hop,
     // q/k/v words in, y words out.
