@@ -566,7 +566,9 @@ void main() {
         reduce_dots(acc, d0, share);
     }
     barrier();
+#ifndef CHAIN_MARK_AFTER_ACT
     TIMELINE_MARK(1);
+#endif
     if (t < CB) {
         float scale = 1.0;
 #if EARLY_SCALE
@@ -594,6 +596,11 @@ void main() {
         act4[t / 4u][t % 4u] = EPILOGUE(CB * b + t, a);
     }
     barrier();
+#ifdef CHAIN_MARK_AFTER_ACT
+    // Probe (timeline only): "work done" once act is in shared memory, so that the rest is
+    // the down projection and its atomics alone.
+    TIMELINE_MARK(1);
+#endif
 
     // This block's share of every output row.
 #if OUT_BLOCKS
