@@ -646,8 +646,10 @@ void main() {
     uvec4 got0 = uvec4(HANDOFF_EMPTY);
     uint pv0 = HANDOFF_EMPTY;
     if (t < D && handoff_reading()) {
-        got0 = uvec4(handoff_poll(handoff_at(0u, h * D + t)), handoff_poll(handoff_at(1u, g * D + t)),
-                     handoff_poll(handoff_at(0u, h * D + pt0)), handoff_poll(handoff_at(1u, g * D + pt0)));
+        got0 = uvec4(handoff_poll(handoff_at(0u, h * D + t)),
+                     handoff_poll(handoff_at(1u, g * D + t)),
+                     handoff_poll(handoff_at(0u, h * D + pt0)),
+                     handoff_poll(handoff_at(1u, g * D + pt0)));
         pv0 = handoff_poll(handoff_at(2u, g * D + t));
     }
 #endif
