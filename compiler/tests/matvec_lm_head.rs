@@ -191,7 +191,7 @@ fn the_f16_probe_lm_heads_match_the_cpu_within_f16_rounding() {
                 13 * 32,
                 Some(sg.min(32)),
                 defines,
-                4e-3,
+                2e-3,
                 0.1,
             );
             if sg < 32 {
