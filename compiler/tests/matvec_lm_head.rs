@@ -238,3 +238,24 @@ fn fused_matvecs_declare_shuffles_which_the_runtime_then_requires() {
     assert!(decl(DType::Q8_0).uses_subgroup_shuffle());
     assert!(decl(DType::BF16).uses_subgroup_shuffle());
 }
+
+#[test]
+fn only_the_f16_probe_declares_f16_arithmetic() {
+    let spec = MatvecSpec {
+        dtype: DType::Q4_0,
+        cols: 64,
+        part_rows: vec![65536],
+        zipped: false,
+        norm: None,
+        extras: vec![],
+        epi: Epi::Acc,
+        step: true,
+        x_published: false,
+    };
+    let mut gen = codegen::matvec(&spec);
+    // Without the probe no kernel needs `shaderFloat16` (f16 storage is unpacked from words).
+    assert!(!common::kernel_decl(&gen).uses_float16_arithmetic());
+    let at = gen.source.find('\n').expect("a first line") + 1;
+    gen.source.insert_str(at, "#define F16_MV 1\n");
+    assert!(common::kernel_decl(&gen).uses_float16_arithmetic());
+}

@@ -190,6 +190,13 @@ impl KernelDecl {
         self.declares_capability(GROUP_NON_UNIFORM_SHUFFLE)
     }
 
+    /// Whether the SPIR-V declares f16 arithmetic (`Float16`), which the device must offer as
+    /// `shaderFloat16` (the F16_DOTS probe's kernels; 16-bit storage alone does not need it).
+    pub fn uses_float16_arithmetic(&self) -> bool {
+        const FLOAT16: u32 = 9;
+        self.declares_capability(FLOAT16)
+    }
+
     /// Whether an `OpCapability` of the SPIR-V names `capability`.
     fn declares_capability(&self, capability: u32) -> bool {
         crate::vulkan::spirv::declares_capability(&self.spirv, capability)
@@ -462,6 +469,11 @@ impl Schedule {
     /// A kernel with subgroup shuffles (so the device must offer them in compute).
     pub fn shuffle_kernel(&self) -> Option<&KernelDecl> {
         self.kernels.iter().find(|k| k.uses_subgroup_shuffle())
+    }
+
+    /// A kernel with f16 arithmetic (so the device must offer `shaderFloat16`).
+    pub fn float16_kernel(&self) -> Option<&KernelDecl> {
+        self.kernels.iter().find(|k| k.uses_float16_arithmetic())
     }
 }
 

@@ -267,6 +267,7 @@ impl Loaded {
                 Some("--no-argmax-in-matvec"),
             ),
             (schedule.shuffle_kernel(), Feature::SubgroupShuffle, None),
+            (schedule.float16_kernel(), Feature::ShaderFloat16, None),
         ];
         for (kernel, feature, flag) in needs {
             if let Some(k) = kernel.filter(|_| !device.info().supports(feature)) {
