@@ -238,7 +238,8 @@ void main() {
                 uint sword = w[(at + q_code_bytes(W_DTYPE, I)) / 4u + c / 8u];
                 acch[j] = fma(p, qh_scale2(W_DTYPE, sword, c / 4u), acch[j]);
 #elif defined(F16_MV)
-                acc[j] += Q_SCALE(W_DTYPE, w, at, I, c / 4u) * QH_STEP_DOT(W_DTYPE, w, at / 4u, c, xh);
+                acc[j] += Q_SCALE(W_DTYPE, w, at, I, c / 4u) *
+                          QH_STEP_DOT(W_DTYPE, w, at / 4u, c, xh);
 #elif LIN4
                 acc[j] += 256.0 * Q_SCALE(W_DTYPE, w, at, I, c / 4u) *
                           Q4_LIN_STEP_DOT(w, at / 4u, c, xa, xb, sx);

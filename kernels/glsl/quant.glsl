@@ -91,17 +91,17 @@ vec4 q_lin_bytes(uint w) {
     (dot(q_lin_bytes(Q4_LOW_BYTES(A[(aw) + (c)])), xa) + \
      dot(q_lin_bytes(Q4_HIGH_BYTES(A[(aw) + (c)])), xb) - 0.53125 * (sx))
 
-// Probe F16_DOTS (VKFUSE_DEFINES=F16_DOTS, or one part of it: F16_MV the fused matvecs,
-// q/k/v and lm_head; F16_CHAIN the chain's inner dots and the wide matvec; F16_DOWN the chain's
-// down projection; block formats only): a step's dot in packed f16 arithmetic, two weights per instruction.
-// A step's codes become four f16 pairs with no conversion: a pair of nibbles (q4_0) or bytes
-// (q8_0) masked into the low mantissa bits of 64 (ulp 1/16) or of 4 (ulp 1/256), and the
-// offset subtracted exactly: (n - 8) / 16 and code / 256, both exact in f16. The codes come out
-// in the pairs (0, 2), (1, 3), (4, 6), (5, 7) of the step's 8 elements, so the input is paired
-// the same way (QH_X). One mask and a subtraction per pair, and one multiply-add per pair,
-// where the f32 form takes a permute, a subtraction and a multiply-add per weight. Each lane of
-// a step's f16 pair sums 4 products of at most |x| / 2, so it overflows only where |x| passes
-// 32768 (x itself past f16's 65504); x is packed before the norm's scale, and where |x| is
+// Probe F16_DOTS (VKFUSE_DEFINES=F16_DOTS, or one part of it: F16_MV the fused matvecs, q/k/v and
+// lm_head; F16_CHAIN the chain's inner dots and the wide matvec; F16_DOWN the chain's down
+// projection; block formats only; untimed, docs/perf.md session 37): a step's dot in packed f16
+// arithmetic, two weights per instruction. A step's codes become four f16 pairs with no conversion:
+// a pair of nibbles (q4_0) or bytes (q8_0) masked into the low mantissa bits of 64 (ulp 1/16) or of
+// 4 (ulp 1/256), and the offset subtracted exactly: (n - 8) / 16 and code / 256, both exact in f16.
+// The codes come out in the pairs (0, 2), (1, 3), (4, 6), (5, 7) of the step's 8 elements, so the
+// input is paired the same way (QH_X). One mask and a subtraction per pair, and one multiply-add
+// per pair, where the f32 form takes a permute, a subtraction and a multiply-add per weight. Each
+// lane of a step's f16 pair sums 4 products of at most |x| / 2, so it overflows only where |x|
+// passes 32768 (x itself past f16's 65504); x is packed before the norm's scale, and where |x| is
 // below 2^-14 it is an f16 subnormal and loses bits. Each product is rounded to f16 (relative
 // 2^-11), against q8_0's and q4_0's own 2^-8 and 2^-4.
 // QH_UNSCALE(dt) undoes the codes' 1/16 or 1/256 once, after the dots.
