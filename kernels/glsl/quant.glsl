@@ -133,9 +133,13 @@ f16vec2 qh_pair(uint dt, uint w0, uint w1, uint k) {
         uint s = (k & 1u) * 8u;
         return unpackFloat2x16(((w >> s) & 0x00FF00FFu) ^ 0x44804480u) - f16vec2(4.5hf);
     }
-    // Nibble pairs: shift 0 (elements 0, 2), 8 (1, 3), 4 (4, 6), 12 (5, 7).
-    uint s = (k & 1u) * 8u + (k >> 1u) * 4u;
-    return unpackFloat2x16(((w0 >> s) & 0x000F000Fu) | 0x54005400u) - f16vec2(64.5hf);
+    // Nibble pairs: the low nibbles of bytes 0 and 2 (elements 0, 2; bits 0-3 of each half) in
+    // 64's mantissa, where its ulp is 1/16; their high nibbles (4, 6; bits 4-7) where they
+    // already are, in 4's, whose ulp is 1/256 so that bit 4 is 1/16 again; bytes 1 and 3
+    // likewise after one shift by 8 (1, 3 and 5, 7). One shift a word, not one a pair.
+    uint w = (k & 1u) != 0u ? w0 >> 8 : w0;
+    return k < 2u ? unpackFloat2x16((w & 0x000F000Fu) | 0x54005400u) - f16vec2(64.5hf)
+                  : unpackFloat2x16((w & 0x00F000F0u) | 0x44004400u) - f16vec2(4.5hf);
 }
 // Four code pairs times the input pairs xh, as two f16 sums.
 f16vec2 qh_dot2(f16vec2 a, f16vec2 b, f16vec2 c, f16vec2 d, uvec4 xh) {
