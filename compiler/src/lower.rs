@@ -126,24 +126,12 @@ impl SpirvCache {
         // VKFUSE_DEFINES=A,B defines A and B (as 1) in every generated kernel: the A/B knob of
         // probes kept in the GLSL behind a define (`bench/h100 variants`); nothing by default.
         // Read once per process, so the cache stays keyed by the source as generated.
-        let extra: String = std::env::var("VKFUSE_DEFINES")
-            .unwrap_or_default()
-            .split(',')
-            .filter(|d| !d.is_empty())
-            .map(|d| format!("#define {d} 1\n"))
-            .collect();
-        let probed;
-        let text = if extra.is_empty() {
-            source
-        } else {
-            let at = source.find('\n').map_or(source.len(), |i| i + 1);
-            probed = format!("{}{extra}{}", &source[..at], &source[at..]);
-            probed.as_str()
-        };
+        let text =
+            kernels::with_defines(source, &std::env::var("VKFUSE_DEFINES").unwrap_or_default());
         let words = if self.timeline {
-            kernels::compile_source(label, &kernels::timeline::wrap(text))?
+            kernels::compile_source(label, &kernels::timeline::wrap(&text))?
         } else {
-            kernels::compile_source(label, text)?
+            kernels::compile_source(label, &text)?
         };
         self.generated.insert(source.to_string(), words.clone());
         Ok(words)

@@ -13,6 +13,7 @@ use common::{argmax, buffer, noise, rel_l2};
 use std::time::Duration;
 use vkfuse_compiler::fuse::codegen::{self, Epi, MatvecSpec, NormSpec};
 use vkfuse_compiler::ir::{DType, F32Attr};
+use vkfuse_compiler::kernels;
 use vkfuse_compiler::quant::blocks;
 use vkfuse_runtime::Buffer;
 
@@ -60,14 +61,7 @@ fn check_probe(
     if let Some(wg) = wg {
         gen.spec_constants[0] = wg;
     }
-    if !defines.is_empty() {
-        let at = gen.source.find('\n').expect("a first line") + 1;
-        let lines: String = defines
-            .split(',')
-            .map(|d| format!("#define {d} 1\n"))
-            .collect();
-        gen.source.insert_str(at, &lines);
-    }
+    gen.source = kernels::with_defines(&gen.source, defines);
     assert_eq!(gen.spec_constants[3], 8, "8 rows per workgroup");
     let w: Vec<f32> = (0..rows * cols).map(|i| noise(i, 1)).collect();
     let mut codes = vec![];
@@ -217,21 +211,25 @@ fn q4_0_and_q8_0_lm_heads_of_three_blocks_match_the_cpu() {
     check(DType::Q8_0, 65536 + 5, 96);
 }
 
+/// A fused matvec of 65536 rows of 64 `dtype` weights, no norm, the step's tail if `step`: for
+/// what its SPIR-V declares.
+fn small_spec(dtype: DType, step: bool) -> MatvecSpec {
+    MatvecSpec {
+        dtype,
+        cols: 64,
+        part_rows: vec![65536],
+        zipped: false,
+        norm: None,
+        extras: vec![],
+        epi: Epi::Acc,
+        step,
+        x_published: false,
+    }
+}
+
 #[test]
 fn fused_matvecs_declare_shuffles_which_the_runtime_then_requires() {
-    let decl = |dtype: DType| {
-        common::kernel_decl(&codegen::matvec(&MatvecSpec {
-            dtype,
-            cols: 64,
-            part_rows: vec![65536],
-            zipped: false,
-            norm: None,
-            extras: vec![],
-            epi: Epi::Acc,
-            step: false,
-            x_published: false,
-        }))
-    };
+    let decl = |dtype: DType| common::kernel_decl(&codegen::matvec(&small_spec(dtype, false)));
     // The block formats' scales by shuffle, every format's dots summed by shuffles
     // (reduce.glsl's SUBGROUP_SUMS).
     assert!(decl(DType::Q4_0).uses_subgroup_shuffle());
@@ -241,21 +239,9 @@ fn fused_matvecs_declare_shuffles_which_the_runtime_then_requires() {
 
 #[test]
 fn only_the_f16_probe_declares_f16_arithmetic() {
-    let spec = MatvecSpec {
-        dtype: DType::Q4_0,
-        cols: 64,
-        part_rows: vec![65536],
-        zipped: false,
-        norm: None,
-        extras: vec![],
-        epi: Epi::Acc,
-        step: true,
-        x_published: false,
-    };
-    let mut gen = codegen::matvec(&spec);
+    let mut gen = codegen::matvec(&small_spec(DType::Q4_0, true));
     // Without the probe no kernel needs `shaderFloat16` (f16 storage is unpacked from words).
     assert!(!common::kernel_decl(&gen).uses_float16_arithmetic());
-    let at = gen.source.find('\n').expect("a first line") + 1;
-    gen.source.insert_str(at, "#define F16_MV 1\n");
+    gen.source = kernels::with_defines(&gen.source, "F16_MV");
     assert!(common::kernel_decl(&gen).uses_float16_arithmetic());
 }

@@ -133,10 +133,7 @@ fn matvec_step_matches_as(values: &[f32], shared_fold: bool) -> Result<(), TestC
     let (device, log) = common::validated_device();
     let mut gen = codegen::matvec(&spec);
     if shared_fold {
-        gen.source = gen.source.replace(
-            "#define STEP 1",
-            "#define STEP 1\n#define STEP_FOLD_SHARED 1",
-        );
+        gen.source = vkfuse_compiler::kernels::with_defines(&gen.source, "STEP_FOLD_SHARED");
         prop_assert!(gen.source.contains("STEP_FOLD_SHARED"));
     }
     let pipeline = common::generated_pipeline(&device, &gen);

@@ -84,6 +84,19 @@ pub fn compile_with(
     Ok(artifact.as_binary().to_vec())
 }
 
+/// `source` with `#define NAME 1` after its first line (`#version`) for each name of the
+/// comma-separated `names` (empty ones skipped): the defines of a probe kept in the GLSL
+/// (`VKFUSE_DEFINES`), the source unchanged where there are none.
+pub fn with_defines(source: &str, names: &str) -> String {
+    let extra: String = names
+        .split(',')
+        .filter(|d| !d.is_empty())
+        .map(|d| format!("#define {d} 1\n"))
+        .collect();
+    let at = source.find('\n').map_or(source.len(), |i| i + 1);
+    format!("{}{extra}{}", &source[..at], &source[at..])
+}
+
 /// The SPIR-V of a generated kernel source (the fusion compiler's kernels), compiled exactly
 /// as [`compile`] compiles the kernels of `vkfuse_kernels`: same target, optimisation, warnings
 /// as errors, and `#include "x.glsl"` resolving to its headers. Errors name `label` and carry

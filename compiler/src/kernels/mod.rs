@@ -18,7 +18,7 @@ mod select;
 pub mod timeline;
 
 pub use call::KernelCall;
-pub use compile::{compile, compile_source, compile_with, KernelError};
+pub use compile::{compile, compile_source, compile_with, with_defines, KernelError};
 pub(crate) use select::rope_inv_freq;
 pub use select::{is_alias, select, MAX_WORKGROUPS_X};
 pub(crate) use select::{knob, matvec_subgroups, matvec_tuning, vec4};

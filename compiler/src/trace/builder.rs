@@ -136,12 +136,7 @@ impl<'m> Tracer<'m> {
         norm: Option<&str>,
     ) -> R<ValueId> {
         let inp = self.p.ty(x).shape.numel();
-        let name = format!("{prefix}.weight");
-        let name = match norm {
-            Some(norm) => crate::import::layout::folded(&name, norm),
-            None => name,
-        };
-        let w = self.weight(&name, &[out, inp])?;
+        let w = self.weight(&folded_or(format!("{prefix}.weight"), norm), &[out, inp])?;
         let y = self.op(OpKind::Matvec, &[w, x])?;
         if bias {
             let b = self.weight(&format!("{prefix}.bias"), &[out])?;
@@ -202,11 +197,7 @@ impl<'m> Tracer<'m> {
         } else {
             "lm_head.weight"
         };
-        let lm = match fold {
-            Some(norm) => crate::import::layout::folded(lm, norm),
-            None => lm.to_string(),
-        };
-        let w = self.weight(&lm, &[vocab, hidden])?;
+        let w = self.weight(&folded_or(lm.to_string(), fold), &[vocab, hidden])?;
         let logits = self.op(OpKind::Matvec, &[w, x])?;
         let next = self.op(OpKind::Argmax, &[logits])?;
         let token = self
@@ -260,5 +251,14 @@ impl<'m> Tracer<'m> {
         };
         let pos = self.pos.expect("head() read it");
         self.op(kind, &[x, pos])
+    }
+}
+
+/// Matrix `name`, or its name with norm weight `norm` folded into its columns where one is
+/// named ([`crate::import::layout::folded`]).
+fn folded_or(name: String, norm: Option<&str>) -> String {
+    match norm {
+        Some(norm) => crate::import::layout::folded(&name, norm),
+        None => name,
     }
 }
