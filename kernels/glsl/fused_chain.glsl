@@ -604,6 +604,13 @@ void main() {
 
     // This block's share of every output row.
 #if OUT_BLOCKS
+#if QH_OUT
+    // act as the f16 pairs of the block's four steps, once for all of this invocation's rows.
+    uvec4 ah[4];
+    for (uint w = 0u; w < 4u; w++) {
+        ah[w] = QH_X(act4[2u * w], act4[2u * w + 1u]);
+    }
+#endif
     for (uint k = 0u; k < OUT_Q; k++) {
         uint r = t + k * gl_WorkGroupSize.x;
         if (r >= CH_O) {
@@ -612,11 +619,10 @@ void main() {
         float v = 0.0;
 #if QH_OUT
         for (uint w = 0u; w < 4u; w++) {
-            uvec4 ah = QH_X(act4[2u * w], act4[2u * w + 1u]);
             v += W2_DTYPE == Q8_0
                      ? qh_step_dot(Q8_0, pre_c[k * 2u + w / 2u][2u * (w % 2u)],
-                                   pre_c[k * 2u + w / 2u][2u * (w % 2u) + 1u], ah)
-                     : qh_step_dot(Q4_0, pre_c[k][w], 0u, ah);
+                                   pre_c[k * 2u + w / 2u][2u * (w % 2u) + 1u], ah[w])
+                     : qh_step_dot(Q4_0, pre_c[k][w], 0u, ah[w]);
         }
         v *= QH_UNSCALE(W2_DTYPE);
 #elif W2_DTYPE == Q4_0
