@@ -1,32 +1,61 @@
-//! The F16_DOTS probe (kernels/glsl/quant.glsl; `VKFUSE_DEFINES=F16_DOTS`, and F16_ACC with
-//! it): the fused kernels' block-format dots in packed f16 arithmetic, a timing probe for the
-//! H100 (docs/perf.md, session 37). Its logits against the CPU reference on the same bytes
-//! (f32 dots) and against transformers, beside the reference's own error: f16's rounding of
-//! the input and of each step's products moves the logits by ~1e-3, where a wrong code pair,
-//! input pair or scale moves them by ~1.
+//! The block formats' dots in packed f16 arithmetic (`compile-model --dots f16`, the default
+//! for q8_0/q4_0: `FuseOptions::f16_dots`, kernels/glsl/quant.glsl), on every fixture with the
+//! validation layer on, folded as compile-model folds q8_0/q4_0. Three oracles:
+//! - the CPU reference on the same bytes (f32 dots): f16's rounding of the input and of each
+//!   step's products moves the logits by ~1e-3, where a wrong code pair, input pair or scale
+//!   moves them by ~1;
+//! - transformers' logits: no further from them than the reference's own error plus that;
+//! - fused eager (the same kernels): replay equal up to the float atomics' reassociation,
+//!   which f16 can round into a whole f16 step of the next layer's input ([`F16_ATOMICS_TOL`]).
+//!
+//! The hybrid fixture's MoE router picks another expert where two gates tie within f16's
+//! rounding (2 of its 32 positions, docs/perf.md session 37): its bound against the reference
+//! holds for the median position, and every position stays within q8_0/q4_0's own bounds
+//! against transformers (`quant_vs_transformers`).
+//!
+//! The F16_ACC probe (the sums in f16 too, `VKFUSE_DEFINES=F16_ACC`) runs last, on
+//! qwen3-untied: every f16 path a lavapipe device runs (the chain's preloaded and looped
+//! steps, its down blocks, the wide matvec, the fused matvecs; lm_head's scale shuffle needs
+//! 32-wide subgroups: `compiler/tests/matvec_lm_head.rs`); the probe's environment variable
+//! is set only while no other test of this binary compiles.
 
 use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
 use vkfuse_compiler::import;
 use vkfuse_compiler::lower::{Meta, SpirvCache};
 use vkfuse_compiler::quant::{self, EncodedWeights, WeightFormat};
 use vkfuse_compiler::trace::{self, TraceOptions};
-use vkfuse_runtime::session::{Handoffs, Replay};
+use vkfuse_runtime::session::{Eager, Handoffs, Replay};
 use vkfuse_tests::{expected, fixture_dir, rel_l2, validated_device};
 
-/// The worst position's relative L2 of `rows` against `want`.
-fn worst(rows: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
-    rows.iter()
-        .zip(want)
-        .map(|(a, b)| rel_l2(a, b))
-        .fold(0.0, f64::max)
+/// Relative L2 between two runs of the same f16-dot kernels: the chain's float atomics sum in
+/// another order from run to run, and where an f32 rounding of a sum moves the next layer's
+/// input across an f16 rounding boundary, that element moves by a whole f16 step (2^-11 of
+/// it). On the 96-wide fixtures that reached 5.1e-4 between two eager runs (qwen3-untied
+/// q8_0, position 4), against 0 at f32 dots; a wrong kernel moves them by ~1.
+const F16_ATOMICS_TOL: f64 = 2e-3;
+
+/// Each position's relative L2 of `rows` against `want`.
+fn errors(rows: &[Vec<f32>], want: &[Vec<f32>]) -> Vec<f64> {
+    rows.iter().zip(want).map(|(a, b)| rel_l2(a, b)).collect()
 }
 
-/// The folded fixture `name` in `format`, replayed fused under each define set.
-fn check(name: &str, format: WeightFormat, define_sets: &[&str]) {
+fn worst(e: &[f64]) -> f64 {
+    e.iter().cloned().fold(0.0, f64::max)
+}
+
+fn median(e: &[f64]) -> f64 {
+    let mut e = e.to_vec();
+    e.sort_by(f64::total_cmp);
+    e[e.len() / 2]
+}
+
+/// The fixture `name` in `format`, folded as compile-model folds it, compiled with f16 dots
+/// (and the probe's `defines`) and replayed against the three oracles.
+fn check(name: &str, format: WeightFormat, defines: &str) {
     let want = expected(name);
     let model = import::load(&fixture_dir(name)).unwrap();
     let opts = TraceOptions {
-        fold_norms: true,
+        fold_norms: trace::FoldNorms::Auto.folds(&model, Some(format)),
         ..TraceOptions::default()
     };
     let mut program = trace::trace(&model, &opts).unwrap();
@@ -36,57 +65,133 @@ fn check(name: &str, format: WeightFormat, define_sets: &[&str]) {
     let transformers: Vec<Vec<f32>> = (0..want.teacher_logits.rows)
         .map(|r| want.teacher_logits.row(r).to_vec())
         .collect();
-    let ref_err = worst(&reference, &transformers);
+    let ref_err = errors(&reference, &transformers);
     let meta = Meta {
         architecture: model.config.architecture.clone(),
         eos_token_ids: vec![],
         tokenizer: None,
     };
-    for defines in define_sets {
-        // Read by every generated kernel this process compiles; a cache of its own, since the
-        // shared test cache is keyed by the generated source, without the defines.
+    // Read by every generated kernel this process compiles; a cache of its own, since the
+    // shared test cache is keyed by the generated source, without the probe's defines.
+    let schedule = {
+        let _compiling = COMPILING.lock().unwrap_or_else(|e| e.into_inner());
         std::env::set_var("VKFUSE_DEFINES", defines);
         let mut spirv = SpirvCache::default();
-        let schedule = lower_fused(&program, &meta, &mut spirv, &FuseOptions::default())
-            .unwrap()
-            .0;
-        // Fused replay with handoffs on, as the benchmarks run it.
-        let (device, log) = validated_device();
-        let loaded = vkfuse_tests::loaded_with_handoffs(&device, schedule, &weights, Handoffs::On);
-        let mut replay = Replay::new(loaded).unwrap();
-        let fused = vkfuse_tests::replay_rows(&mut replay, &want.teacher_ids);
-        let vs_ref = worst(&fused, &reference);
-        let fused_err = worst(&fused, &transformers);
-        eprintln!(
-            "{defines} {name} {format}: fused vs reference worst {vs_ref:.2e}; vs \
-             transformers: reference {ref_err:.3e}, fused {fused_err:.3e}"
-        );
+        let fuse = FuseOptions {
+            f16_dots: true,
+            ..FuseOptions::default()
+        };
+        let schedule = lower_fused(&program, &meta, &mut spirv, &fuse);
+        std::env::remove_var("VKFUSE_DEFINES");
+        schedule.unwrap().0
+    };
+    let what = format!("{name} {format} f16 dots {defines}");
+    assert!(
+        schedule.float16_kernel().is_some(),
+        "{what}: no kernel declares f16 arithmetic"
+    );
+    let atomics = schedule.float_atomic_kernel().is_some();
+    let (device, log) = validated_device();
+    let mut eager = Eager::new(vkfuse_tests::loaded_with_handoffs(
+        &device,
+        schedule.clone(),
+        &weights,
+        Handoffs::Off,
+    ))
+    .unwrap();
+    // Replay with handoffs on, as the benchmarks run it.
+    let mut replay = Replay::new(vkfuse_tests::loaded_with_handoffs(
+        &device,
+        schedule,
+        &weights,
+        Handoffs::On,
+    ))
+    .unwrap();
+    let mut fused = vec![];
+    for &t in &want.teacher_ids {
+        let e = eager.step(Some(t)).unwrap().logits;
+        let r = replay.step(Some(t)).unwrap().logits;
+        vkfuse_tests::same_kernels_agree_within(&what, &r, &e, atomics, F16_ATOMICS_TOL);
+        fused.push(r);
+    }
+    let vs_ref = errors(&fused, &reference);
+    let fused_err = errors(&fused, &transformers);
+    eprintln!(
+        "{what}: vs reference worst {:.2e} median {:.2e}; vs transformers worst: reference \
+         {:.3e}, fused {:.3e}",
+        worst(&vs_ref),
+        median(&vs_ref),
+        worst(&ref_err),
+        worst(&fused_err)
+    );
+    if name == "qwen3-next" {
+        // Router ties: bounded at the median position; every position by the format's own
+        // accuracy bounds (quant_vs_transformers).
         assert!(
-            vs_ref < 5e-3,
-            "{defines} {name} {format}: {vs_ref:.2e} from the reference"
+            median(&vs_ref) < 5e-3,
+            "{what}: the median position {:.2e} from the reference",
+            median(&vs_ref)
         );
+        let bound = if format == WeightFormat::Q8_0 {
+            5e-1
+        } else {
+            2.0
+        };
         assert!(
-            fused_err < ref_err + 5e-3,
-            "{defines} {name} {format}: {fused_err:.3e} from transformers, the reference \
-             {ref_err:.3e}"
+            worst(&fused_err) <= bound,
+            "{what}: {:.2e} from transformers (bound {bound:.0e})",
+            worst(&fused_err)
         );
-        drop(replay);
+    } else {
         assert!(
-            log.is_clean(),
-            "{defines} {name} {format}: validation:\n{}",
-            log.report()
+            worst(&vs_ref) < 5e-3,
+            "{what}: {:.2e} from the reference",
+            worst(&vs_ref)
         );
+        for (p, (f, r)) in fused_err.iter().zip(&ref_err).enumerate() {
+            assert!(
+                *f < r + 5e-3,
+                "{what}: position {p}: {f:.3e} from transformers, the reference {r:.3e}"
+            );
+        }
+    }
+    drop((eager, replay));
+    assert!(log.is_clean(), "{what}: validation:\n{}", log.report());
+}
+
+/// Held while a test compiles: the probe's environment variable is read by every kernel this
+/// process compiles.
+static COMPILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn both_formats(name: &str) {
+    for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+        check(name, format, "");
     }
 }
 
 #[test]
-fn f16_dots_stay_within_f16_rounding_of_the_f32_dots() {
-    // qwen3-untied reaches every f16 path a lavapipe device runs (the chain's preloaded and
-    // looped steps, its down blocks, the wide matvec, the fused matvecs; lm_head's scale
-    // shuffle needs 32-wide subgroups): a pair swapped or a scale misread in any of them
-    // fails it (0.9-1.6 from the reference). The other fixtures, measured once (docs/perf.md,
-    // session 37): 0.9-2.2e-3 from the reference.
+fn qwen3_tied_f16_dots_stay_within_f16_rounding_of_the_f32_dots() {
+    both_formats("qwen3-tied");
+}
+
+#[test]
+fn qwen3_untied_f16_dots_stay_within_f16_rounding_of_the_f32_dots() {
+    both_formats("qwen3-untied");
+}
+
+#[test]
+fn llama_gqa_f16_dots_stay_within_f16_rounding_of_the_f32_dots() {
+    both_formats("llama-gqa");
+}
+
+#[test]
+fn qwen3_next_f16_dots_stay_within_f16_rounding_of_the_f32_dots() {
+    both_formats("qwen3-next");
+}
+
+#[test]
+fn the_f16_acc_probe_stays_within_f16_rounding_of_the_f32_dots() {
     for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
-        check("qwen3-untied", format, &["F16_DOTS", "F16_DOTS,F16_ACC"]);
+        check("qwen3-untied", format, "F16_ACC");
     }
 }

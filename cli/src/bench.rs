@@ -209,8 +209,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let meta = lower::Meta::of(&model);
         let mut spirv = SpirvCache::default();
         schedules.push((false, lower::lower(&program, &meta, &mut spirv)?));
-        let (fused, _) =
-            fuse::lower_fused(&program, &meta, &mut spirv, &fuse::FuseOptions::default())?;
+        // As compile-model compiles it by default.
+        let opts = fuse::FuseOptions {
+            f16_dots: fuse::Dots::Auto.f16(args.run.weights),
+            ..Default::default()
+        };
+        let (fused, _) = fuse::lower_fused(&program, &meta, &mut spirv, &opts)?;
         schedules.push((true, fused));
         Box::new(EncodedWeights::new(model.tensors, &program)?)
     };

@@ -284,3 +284,47 @@ fn the_weights_line_counts_what_each_reason_kept() {
         ],
     );
 }
+
+#[test]
+fn the_block_formats_take_f16_dots_by_default_and_f32_on_request() {
+    let path = std::env::temp_dir().join(format!("vkfuse-dots-{}.vkf", std::process::id()));
+    let f16_kernels = |args: &[&str]| {
+        let mut all = vec![
+            fixture("qwen3-untied"),
+            "-o".into(),
+            path.display().to_string(),
+        ];
+        all.extend(args.iter().map(|a| a.to_string()));
+        let all: Vec<&str> = all.iter().map(|a| a.as_str()).collect();
+        let out = compile_model(&all);
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{args:?}: {stdout}");
+        let file = vkfuse_runtime::schedule::ScheduleFile::open(&path).unwrap();
+        let f16 = file.schedule().float16_kernel().is_some();
+        // The report says what the kernels do.
+        let line = if f16 {
+            "dots:        f16 products"
+        } else {
+            "dots:        f32\n"
+        };
+        assert!(stdout.contains(line), "{args:?}: {stdout}");
+        f16
+    };
+    assert!(f16_kernels(&["--weights", "q8_0"]));
+    assert!(f16_kernels(&["--weights", "q4_0", "--dots", "auto"]));
+    assert!(!f16_kernels(&["--weights", "q4_0", "--dots", "f32"]));
+    assert!(!f16_kernels(&["--weights", "q8_0", "--no-fuse"]));
+    // Float weights have no block-format dots to take in f16.
+    assert!(!f16_kernels(&["--weights", "bf16"]));
+    assert!(!f16_kernels(&["--weights", "bf16", "--dots", "f16"]));
+    let out = compile_model(&[
+        &fixture("qwen3-untied"),
+        "-o",
+        path.to_str().unwrap(),
+        "--dots",
+        "f8",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("possible values: auto, f16, f32"));
+    std::fs::remove_file(&path).ok();
+}

@@ -167,13 +167,13 @@ fn lm_heads_match_the_cpu_with_one_subgroup_per_workgroup() {
     }
 }
 
-/// The F16_DOTS probe's lm_head (kernels/glsl/quant.glsl; `F16_MV`, and `F16_ACC` with it), on
+/// The f16 dots' lm_head (kernels/glsl/quant.glsl; `F16_MV`, and the `F16_ACC` probe with it), on
 /// both scale paths: the shuffle's at the device's subgroup size (lavapipe's 8 reaches it only
 /// here) and the plain one at 32 where the subgroups are narrower. Within f16's rounding of
 /// the input and of each step's products (lavapipe: 4.3-4.5e-4 relative L2, 5.0-6.4e-4 with
 /// F16_ACC), where a swapped input pair or a neighbouring block's scale gives 1.0-1.4.
 #[test]
-fn the_f16_probe_lm_heads_match_the_cpu_within_f16_rounding() {
+fn the_f16_dot_lm_heads_match_the_cpu_within_f16_rounding() {
     let (device, _) = common::validated_device();
     let sg = device.info().subgroup_size;
     drop(device);
@@ -238,9 +238,9 @@ fn fused_matvecs_declare_shuffles_which_the_runtime_then_requires() {
 }
 
 #[test]
-fn only_the_f16_probe_declares_f16_arithmetic() {
+fn only_the_f16_dots_declare_f16_arithmetic() {
     let mut gen = codegen::matvec(&small_spec(DType::Q4_0, true));
-    // Without the probe no kernel needs `shaderFloat16` (f16 storage is unpacked from words).
+    // Without them no kernel needs `shaderFloat16` (f16 storage is unpacked from words).
     assert!(!common::kernel_decl(&gen).uses_float16_arithmetic());
     gen.source = kernels::with_defines(&gen.source, "F16_MV");
     assert!(common::kernel_decl(&gen).uses_float16_arithmetic());

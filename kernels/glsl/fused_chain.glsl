@@ -133,7 +133,7 @@
 #include "quant.glsl"
 #include "fused_epilogue.glsl"
 
-// The F16_DOTS probe (quant.glsl) in the inner dots (QH_IN) and the outer blocks (QH_OUT): the
+// The f16 dots (F16_DOTS, quant.glsl) in the inner dots (QH_IN) and the outer blocks (QH_OUT): the
 // staged input as the f16 pairs the codes meet (xh4: step c's four pairs), act likewise.
 #if defined(F16_CHAIN) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
 #define QH_IN 1

@@ -91,9 +91,10 @@ vec4 q_lin_bytes(uint w) {
     (dot(q_lin_bytes(Q4_LOW_BYTES(A[(aw) + (c)])), xa) + \
      dot(q_lin_bytes(Q4_HIGH_BYTES(A[(aw) + (c)])), xb) - 0.53125 * (sx))
 
-// Probe F16_DOTS (VKFUSE_DEFINES=F16_DOTS, or one part of it: F16_MV the fused matvecs, q/k/v and
-// lm_head; F16_CHAIN the chain's inner dots and the wide matvec; F16_DOWN the chain's down
-// projection; block formats only; untimed, docs/perf.md session 37): a step's dot in packed f16
+// F16_DOTS (`compile-model --dots f16`, the default for q8_0/q4_0: FuseOptions::f16_dots; or one
+// part of it as a probe, VKFUSE_DEFINES=F16_MV the fused matvecs, q/k/v and lm_head; F16_CHAIN the
+// chain's inner dots and the wide matvec; F16_DOWN the chain's down projection; block formats
+// only; on an H200 q8_0 +5.0%, q4_0 +6.2%, docs/perf.md session 38): a step's dot in packed f16
 // arithmetic, two weights per instruction. A step's codes become four f16 pairs with no conversion:
 // a pair of nibbles (q4_0) or bytes (q8_0) masked into the low mantissa bits of 64 (ulp 1/16) or of
 // 4 (ulp 1/256), and the offset subtracted exactly: (n - 8) / 16 and code / 256, both exact in f16.

@@ -50,6 +50,15 @@ struct Args {
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = trace::FoldNorms::Auto,
           num_args = 0..=1, default_missing_value = "on")]
     fold_norms: trace::FoldNorms,
+    /// The arithmetic of the fused kernels' q8_0/q4_0 dot products: `f16` (packed f16
+    /// products, f32 sums: one multiply-add per two weights; on an H200, the Qwen3-0.6B shape:
+    /// q8_0 +5.0% and q4_0 +6.2% tokens/s, the logits 1-2e-3 relative L2 from f32's, about a
+    /// fiftieth of q8_0's own error against the unquantised model; docs/perf.md session 38;
+    /// the device needs `shaderFloat16`) or `f32` (exact dequantisation, as the CPU reference
+    /// computes). `auto` (the default) is f16 where `--weights` is q8_0 or q4_0. Float weights
+    /// and the unfused schedule (`--no-fuse`) always take f32.
+    #[arg(long, value_name = "TYPE", value_enum, default_value_t = fuse::Dots::Auto)]
+    dots: fuse::Dots,
     /// Write the unfused schedule: one dispatch per op (the eager baseline).
     #[arg(long)]
     no_fuse: bool,
@@ -325,6 +334,7 @@ fn run(args: Args) -> Result<()> {
             }),
             device,
             ablate: args.ablate.clone(),
+            f16_dots: args.dots.f16(args.weights),
             ..Default::default()
         };
         let (s, r) = st.run("fuse", || {
@@ -405,6 +415,16 @@ fn run(args: Args) -> Result<()> {
         println!("weights:     {}", c.summary());
     }
     println!("norms:       {}", folded);
+    // From the kernels: `--dots f16` changes nothing where no matvec reads a block format.
+    println!(
+        "dots:        {}",
+        if schedule.float16_kernel().is_some() {
+            "f16 products, f32 sums in the q8_0/q4_0 matvecs (the device needs shaderFloat16; \
+             --dots f32 computes them exactly)"
+        } else {
+            "f32"
+        }
+    );
     let times: Vec<String> = st
         .times
         .iter()

@@ -16,6 +16,7 @@ pub mod bands;
 pub mod codegen;
 pub mod cost;
 pub mod discover;
+pub mod dots;
 pub mod extract;
 pub mod lang;
 pub mod persistent;
@@ -28,5 +29,6 @@ pub mod unit;
 pub mod zeros;
 
 pub use discover::{discover, Instance, Segmentation, Template, TemplateId};
+pub use dots::Dots;
 pub use report::FusionReport;
 pub use schedule::{fuse, lower_fused, FuseError, FuseOptions, Fused};

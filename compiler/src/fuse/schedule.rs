@@ -78,6 +78,10 @@ pub struct FuseOptions {
     /// Timing probes: kernels reduced to their input wait and output ([`super::ablate`]);
     /// the schedule computes wrong tokens. Empty for every real schedule.
     pub ablate: Vec<super::ablate::Ablate>,
+    /// The block formats' dots in packed f16 products ([`super::dots`]; `compile-model
+    /// --dots`, f16 by default where the weights are q8_0/q4_0). Off here, so that a
+    /// schedule's kernels dequantise exactly as the CPU reference does unless asked.
+    pub f16_dots: bool,
 }
 
 impl Default for FuseOptions {
@@ -96,6 +100,7 @@ impl Default for FuseOptions {
             chain: true,
             argmax_in_matvec: true,
             ablate: vec![],
+            f16_dots: false,
         }
     }
 }
@@ -274,6 +279,8 @@ struct Lowering<'a> {
     /// decodes it, and nothing else but the step's matvec may bind it).
     token: Slice,
     token_encoding: TokenEncoding,
+    /// The defines every generated kernel gets ([`FuseOptions::f16_dots`]).
+    defines: &'static str,
 }
 
 const WEIGHTS: usize = 0;
@@ -401,19 +408,15 @@ impl Lowering<'_> {
         subgroups: Option<u32>,
         spirv: &mut SpirvCache,
     ) -> Result<(KernelId, bool), FuseError> {
-        let key = (
-            gen.source.clone(),
-            gen.spec_constants.clone(),
-            0,
-            gen.bindings,
-        );
+        let source = crate::kernels::with_defines(&gen.source, self.defines);
+        let key = (source.clone(), gen.spec_constants.clone(), 0, gen.bindings);
         if let Some(k) = self.kernel_ids.get(&key) {
             return Ok((*k, false));
         }
         let id = KernelId(self.kernels.len() as u32);
         self.kernels.push(KernelDecl {
             label: gen.label.clone(),
-            spirv: spirv.get_source(&gen.label, &gen.source)?,
+            spirv: spirv.get_source(&gen.label, &source)?,
             bindings: gen.bindings as u32,
             push_constant_bytes: 0,
             spec_constants: gen.spec_constants.clone(),
@@ -796,6 +799,11 @@ pub fn lower_units_planned(
         arrival_counters,
         token: token_slice,
         token_encoding,
+        defines: if opts.f16_dots {
+            super::dots::F16_DEFINE
+        } else {
+            ""
+        },
     };
     for &(u, start) in &fused.sequence {
         l.instance(&fused.units[u], start, spirv)?;

@@ -85,8 +85,9 @@ pub fn compile_with(
 }
 
 /// `source` with `#define NAME 1` after its first line (`#version`) for each name of the
-/// comma-separated `names` (empty ones skipped): the defines of a probe kept in the GLSL
-/// (`VKFUSE_DEFINES`), the source unchanged where there are none.
+/// comma-separated `names` (empty ones skipped): a choice of the fused kernels' GLSL
+/// (`FuseOptions::f16_dots`) or a probe's (`VKFUSE_DEFINES`), the source unchanged where there
+/// are none.
 pub fn with_defines(source: &str, names: &str) -> String {
     let extra: String = names
         .split(',')

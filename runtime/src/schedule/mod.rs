@@ -191,7 +191,8 @@ impl KernelDecl {
     }
 
     /// Whether the SPIR-V declares f16 arithmetic (`Float16`), which the device must offer as
-    /// `shaderFloat16` (the F16_DOTS probe's kernels; 16-bit storage alone does not need it).
+    /// `shaderFloat16` (the f16 dots' kernels, `compile-model --dots f16`; 16-bit storage alone
+    /// does not need it).
     pub fn uses_float16_arithmetic(&self) -> bool {
         const FLOAT16: u32 = 9;
         self.declares_capability(FLOAT16)

@@ -267,7 +267,11 @@ impl Loaded {
                 Some("--no-argmax-in-matvec"),
             ),
             (schedule.shuffle_kernel(), Feature::SubgroupShuffle, None),
-            (schedule.float16_kernel(), Feature::ShaderFloat16, None),
+            (
+                schedule.float16_kernel(),
+                Feature::ShaderFloat16,
+                Some("--dots f32"),
+            ),
         ];
         for (kernel, feature, flag) in needs {
             if let Some(k) = kernel.filter(|_| !device.info().supports(feature)) {
