@@ -9,15 +9,13 @@
 //!   which f16 can round into a whole f16 step of the next layer's input ([`F16_ATOMICS_TOL`]).
 //!
 //! The hybrid fixture's MoE router picks another expert where two gates tie within f16's
-//! rounding (2 of its 32 positions, docs/perf.md session 37): its bound against the reference
-//! holds for the median position, and every position stays within q8_0/q4_0's own bounds
-//! against transformers (`quant_vs_transformers`).
+//! rounding (a few of its 32 positions, docs/perf.md session 37): its bound against the
+//! reference holds at all but [`HYBRID_TIES`] positions, and every position stays within
+//! q8_0/q4_0's own bounds against transformers (`quant_vs_transformers`).
 //!
-//! The F16_ACC probe (the sums in f16 too, `VKFUSE_DEFINES=F16_ACC`) runs last, on
-//! qwen3-untied: every f16 path a lavapipe device runs (the chain's preloaded and looped
+//! The F16_ACC probe (the sums in f16 too, `VKFUSE_DEFINES=F16_ACC`) runs on qwen3-untied: every f16 path a lavapipe device runs (the chain's preloaded and looped
 //! steps, its down blocks, the wide matvec, the fused matvecs; lm_head's scale shuffle needs
-//! 32-wide subgroups: `compiler/tests/matvec_lm_head.rs`); the probe's environment variable
-//! is set only while no other test of this binary compiles.
+//! 32-wide subgroups: `compiler/tests/matvec_lm_head.rs`).
 
 use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
 use vkfuse_compiler::import;
@@ -33,6 +31,13 @@ use vkfuse_tests::{expected, fixture_dir, rel_l2, validated_device};
 /// it). On the 96-wide fixtures that reached 5.1e-4 between two eager runs (qwen3-untied
 /// q8_0, position 4), against 0 at f32 dots; a wrong kernel moves them by ~1.
 const F16_ATOMICS_TOL: f64 = 2e-3;
+
+/// The hybrid fixture's bound against the reference: its Gated DeltaNet state carries each
+/// step's f16 rounding into the next (q8_0 grows from 1e-3 to 9.3e-3 over its 32 positions);
+/// [`HYBRID_TIES`] positions may pass it, where the router picks another expert (q4_0: one at
+/// 1.1e-1).
+const HYBRID_TOL: f64 = 2e-2;
+const HYBRID_TIES: usize = 3;
 
 /// Each position's relative L2 of `rows` against `want`.
 fn errors(rows: &[Vec<f32>], want: &[Vec<f32>]) -> Vec<f64> {
@@ -71,20 +76,13 @@ fn check(name: &str, format: WeightFormat, defines: &str) {
         eos_token_ids: vec![],
         tokenizer: None,
     };
-    // Read by every generated kernel this process compiles; a cache of its own, since the
-    // shared test cache is keyed by the generated source, without the probe's defines.
-    let schedule = {
-        let _compiling = COMPILING.lock().unwrap_or_else(|e| e.into_inner());
-        std::env::set_var("VKFUSE_DEFINES", defines);
-        let mut spirv = SpirvCache::default();
-        let fuse = FuseOptions {
-            f16_dots: true,
-            ..FuseOptions::default()
-        };
-        let schedule = lower_fused(&program, &meta, &mut spirv, &fuse);
-        std::env::remove_var("VKFUSE_DEFINES");
-        schedule.unwrap().0
+    // A cache of its own: the shared test cache compiles without the probe's defines.
+    let mut spirv = SpirvCache::with_probe_defines(defines);
+    let fuse = FuseOptions {
+        f16_dots: true,
+        ..FuseOptions::default()
     };
+    let schedule = lower_fused(&program, &meta, &mut spirv, &fuse).unwrap().0;
     let what = format!("{name} {format} f16 dots {defines}");
     assert!(
         schedule.float16_kernel().is_some(),
@@ -125,11 +123,14 @@ fn check(name: &str, format: WeightFormat, defines: &str) {
         worst(&fused_err)
     );
     if name == "qwen3-next" {
-        // Router ties: bounded at the median position; every position by the format's own
-        // accuracy bounds (quant_vs_transformers).
+        // All but the router's ties within HYBRID_TOL, the median within the dense bound;
+        // every position within the format's own accuracy bounds (quant_vs_transformers).
+        let ties = vs_ref.iter().filter(|e| **e >= HYBRID_TOL).count();
+        eprintln!("{what}: {ties} positions past {HYBRID_TOL:.0e} from the reference");
         assert!(
-            median(&vs_ref) < 5e-3,
-            "{what}: the median position {:.2e} from the reference",
+            ties <= HYBRID_TIES && median(&vs_ref) < 5e-3,
+            "{what}: {ties} positions past {HYBRID_TOL:.0e} from the reference, the median {:.2e}: \
+             {vs_ref:?}",
             median(&vs_ref)
         );
         let bound = if format == WeightFormat::Q8_0 {
@@ -158,10 +159,6 @@ fn check(name: &str, format: WeightFormat, defines: &str) {
     drop((eager, replay));
     assert!(log.is_clean(), "{what}: validation:\n{}", log.report());
 }
-
-/// Held while a test compiles: the probe's environment variable is read by every kernel this
-/// process compiles.
-static COMPILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn both_formats(name: &str) {
     for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {

@@ -128,6 +128,10 @@ fn replay_feeds_the_last_prompt_token_to_its_first_chain_and_reproduces_transfor
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("--fold-norms is fixed"), "{stderr}");
+    let out = vkfuse(&["bench", path.to_str().unwrap(), "--dots", "f32"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--dots is fixed"), "{stderr}");
     std::fs::remove_file(&path).ok();
     // Runs keep their pipeline cache beside the schedule.
     std::fs::remove_file(path.with_extension("vkf.pipelines")).ok();
@@ -385,6 +389,30 @@ fn bench_prints_one_row_per_configuration_and_replay_does_no_per_token_host_work
         (k8["submits_per_token"].as_f64().unwrap() - 2.0 / 9.0).abs() < 1e-9,
         "{k8}"
     );
+    // In a block format the fused schedule takes f16 dots, as compile-model's: its rows agree
+    // with one another (the unfused ones' f32 may pick other tokens: a note, not a failure).
+    for dots in ["auto", "f32"] {
+        let out = vkfuse_ok(&[
+            "bench",
+            dir.to_str().unwrap(),
+            "--weights",
+            "q4_0",
+            "--dots",
+            dots,
+            "--tokens",
+            "9",
+            "--json",
+        ]);
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let rows: Vec<serde_json::Value> =
+            serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        let fused: Vec<_> = rows.iter().filter(|r| r["fused"] == true).collect();
+        assert_eq!(fused.len(), 3 + handoff_rows(&rows), "{dots}: {stdout}");
+        assert!(
+            fused.iter().all(|r| r["ids"] == fused[0]["ids"]),
+            "{dots}: {stdout}"
+        );
+    }
 }
 
 #[test]

@@ -97,6 +97,9 @@ pub struct SpirvCache {
     generated: HashMap<String, Vec<u32>>,
     /// Every kernel wrapped for the timeline probe (`kernels::timeline`).
     timeline: bool,
+    /// A probe's defines for every generated kernel ([`Self::with_probe_defines`]); `None`:
+    /// `VKFUSE_DEFINES`.
+    probe_defines: Option<String>,
 }
 
 impl SpirvCache {
@@ -104,6 +107,16 @@ impl SpirvCache {
     pub fn timeline() -> SpirvCache {
         SpirvCache {
             timeline: true,
+            ..SpirvCache::default()
+        }
+    }
+
+    /// A cache whose generated kernels get the probe's `defines` (comma-separated, as
+    /// `VKFUSE_DEFINES` takes them; the variable is then not read): for tests of a probe, which
+    /// setting the variable would race with the other tests of the process.
+    pub fn with_probe_defines(defines: &str) -> SpirvCache {
+        SpirvCache {
+            probe_defines: Some(defines.to_string()),
             ..SpirvCache::default()
         }
     }
@@ -126,8 +139,11 @@ impl SpirvCache {
         // VKFUSE_DEFINES=A,B defines A and B (as 1) in every generated kernel: the A/B knob of
         // probes kept in the GLSL behind a define (`bench/h100 variants`); nothing by default.
         // Read once per process, so the cache stays keyed by the source as generated.
-        let text =
-            kernels::with_defines(source, &std::env::var("VKFUSE_DEFINES").unwrap_or_default());
+        let defines = match &self.probe_defines {
+            Some(d) => d.clone(),
+            None => std::env::var("VKFUSE_DEFINES").unwrap_or_default(),
+        };
+        let text = kernels::with_defines(source, &defines);
         let words = if self.timeline {
             kernels::compile_source(label, &kernels::timeline::wrap(&text))?
         } else {

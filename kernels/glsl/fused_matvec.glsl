@@ -96,10 +96,11 @@ const uint STEPS8 = (I / 8u + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;
 const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
 #define SCALE_SHUFFLE (gl_WorkGroupSize.x == gl_SubgroupSize && SCALE_WORDS <= gl_SubgroupSize)
 #endif
-// q4_0's logits (STEP) take the codes in quant.glsl's linear form: each of lm_head's steps
-// meets its rows with one Σ x, and saves a subtraction per weight. Measured with the 8 rows per
-// workgroup of vocabularies of 65536 or more (compiler/src/kernels/select.rs); smaller vocabularies get 4 or
-// 2 rows per workgroup, which share Σ x less (not measured).
+// q4_0's logits (STEP) with f32 dots (`--dots f32`; the f16 dots take the place of it) take
+// the codes in quant.glsl's linear form: each of lm_head's steps meets its rows with one Σ x,
+// and saves a subtraction per weight. Measured with the 8 rows per workgroup of vocabularies of
+// 65536 or more (compiler/src/kernels/select.rs); smaller vocabularies get 2 rows per
+// workgroup below 4096, which share Σ x less (not measured).
 #if defined(F16_MV) && defined(F16_ACC) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
 #define QH_ACC 1
 #else

@@ -942,7 +942,8 @@ pub const PERSISTENT_ROW_CHUNKS: usize = 512;
 
 /// Whether persistent_matvec.glsl computes `spec`: 16-bit weights, rows of whole 16-byte
 /// chunks, an input that fits the staging buffer (`max_cols` floats), output rows of at most
-/// [`PERSISTENT_ROW_CHUNKS`] chunks.
+/// [`PERSISTENT_ROW_CHUNKS`] chunks. (Block formats would also need the fused kernels' dot
+/// defines, `FuseOptions::f16_dots`: regions are compiled apart from `Lowering`.)
 pub fn persistent_ok(spec: &MatvecSpec, max_cols: usize) -> bool {
     !spec.step
         && matches!(spec.dtype, DType::F16 | DType::BF16)

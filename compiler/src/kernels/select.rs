@@ -360,9 +360,9 @@ fn row_wg(n: usize) -> u32 {
 pub(crate) fn matvec_tuning(o: usize, w: DType) -> (u32, u32) {
     // Rows per workgroup trade loads in flight per invocation (more rows) against workgroups
     // to spread over the device (fewer rows): 2 below 4096 output rows, 4 from there; 8 for
-    // q4_0, whose rows are the shortest (an H200, the Qwen3-0.6B shape, where q/k/v stacked
-    // and gate/up zipped have 4096 and 6144 rows: q4_0 +1.2% tokens/s with f32 dots and with
-    // f16 ones, q8_0 -1.7% and -3.3%; docs/perf.md session 38).
+    // q4_0, whose rows are the shortest (an H200, the Qwen3-0.6B shape, where that is the
+    // stacked q/k/v's 4096 rows; the chained gate/up has its own grid: q4_0 +1.2% tokens/s
+    // with f32 dots and with f16 ones, q8_0 -1.7% and -3.3%; docs/perf.md session 38).
     let large = if w == DType::Q4_0 { 8 } else { 4 };
     let (wg, small, large) = tuning_override().unwrap_or((128, 2, large));
     // Vocabulary-sized (lm_head, ~38k workgroups in waves): 8 rows for block-quantised
