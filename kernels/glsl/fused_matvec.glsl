@@ -42,6 +42,13 @@
 #define HANDOFF_ROLE 0x80000000u
 #endif
 #include "handoff.glsl"
+// Probe (QKV_SHARED_SMALL, untimed): the reduction array of every matvec but the step's only as
+// large as used (4608 -> 1024 bytes of shared memory for q/k/v). q8_0's attention block begins
+// only as its 1024-workgroup q/k/v ends, q4_0's (512) at once; declared larger, the array did
+// not help (docs/perf.md, session 38, item 9).
+#if !STEP && defined(QKV_SHARED_SMALL)
+#define RED_DOTS_SMALL 1
+#endif
 #include "reduce.glsl"
 #include "quant.glsl"
 #include "fused_epilogue.glsl"
