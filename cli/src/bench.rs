@@ -60,6 +60,8 @@ pub struct BenchArgs {
 #[derive(serde::Serialize)]
 struct Row {
     fused: bool,
+    /// The table's; the JSON's is the report's (the same word: one `backend` key).
+    #[serde(skip)]
     backend: &'static str,
     tokens_per_submit: u32,
     /// How state reaches the next step: the schedule's copies or ping-pong recordings
@@ -241,6 +243,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "{} greedy tokens after a 1-token prompt, per configuration, after one warm-up run",
         args.tokens
     )?;
+    // Only fused kernels take them (compile-model --dots).
+    if schedules.iter().any(|(_, s)| s.float16_kernel().is_some()) {
+        writeln!(
+            out,
+            "the fused kernels take their q8_0/q4_0 dots in f16 (--dots)"
+        )?;
+    }
     let mut rows = vec![];
     for (fused, schedule) in &schedules {
         let fused = *fused;

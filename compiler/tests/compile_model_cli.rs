@@ -302,10 +302,11 @@ fn the_block_formats_take_f16_dots_by_default_and_f32_on_request() {
         let file = vkfuse_runtime::schedule::ScheduleFile::open(&path).unwrap();
         let f16 = file.schedule().float16_kernel().is_some();
         // The report says what the kernels do.
-        let line = if f16 {
-            "dots:        f16 products"
-        } else {
-            "dots:        f32\n"
+        let line = match (f16, args) {
+            (true, _) => "dots:        f16 products",
+            (false, [_, "bf16", ..]) => "dots:        no block-format matvecs",
+            (false, [.., "--no-fuse"]) => "dots:        f32 (the unfused kernels",
+            (false, _) => "dots:        f32 (exact",
         };
         assert!(stdout.contains(line), "{args:?}: {stdout}");
         f16

@@ -52,8 +52,8 @@ struct Args {
     fold_norms: trace::FoldNorms,
     /// The arithmetic of the fused kernels' q8_0/q4_0 dot products: `f16` (packed f16
     /// products, f32 sums: one multiply-add per two weights; on an H200, the Qwen3-0.6B shape:
-    /// q8_0 +5.0% and q4_0 +6.2% tokens/s, the logits 1-2e-3 relative L2 from f32's, about a
-    /// fiftieth of q8_0's own error against the unquantised model; docs/perf.md session 38;
+    /// q8_0 +5.0% and q4_0 +6.2% tokens/s, the logits 1-2e-3 relative L2 from f32's, where
+    /// q8_0 itself is 1.3-3.8e-2 from the unquantised fixtures; docs/perf.md session 38;
     /// the device needs `shaderFloat16`) or `f32` (exact dequantisation, as the CPU reference
     /// computes). `auto` (the default) is f16 where `--weights` is q8_0 or q4_0. Float weights
     /// and the unfused schedule (`--no-fuse`) always take f32.
@@ -416,13 +416,18 @@ fn run(args: Args) -> Result<()> {
     }
     println!("norms:       {}", folded);
     // From the kernels: `--dots f16` changes nothing where no matvec reads a block format.
+    let blocks = args.weights.is_some_and(|w| w.dtype().is_quantized());
     println!(
         "dots:        {}",
         if schedule.float16_kernel().is_some() {
-            "f16 products, f32 sums in the q8_0/q4_0 matvecs (the device needs shaderFloat16; \
-             --dots f32 computes them exactly)"
+            "f16 products, f32 sums in the block-format matvecs (the device needs \
+             shaderFloat16; --dots f32 computes them exactly)"
+        } else if !blocks {
+            "no block-format matvecs (--dots applies to --weights q8_0 and q4_0)"
+        } else if args.no_fuse {
+            "f32 (the unfused kernels dequantise exactly; --dots applies to fused schedules)"
         } else {
-            "f32"
+            "f32 (exact dequantisation)"
         }
     );
     let times: Vec<String> = st

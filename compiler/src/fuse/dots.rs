@@ -18,8 +18,8 @@ pub const F16_DEFINE: &str = "F16_DOTS";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Dots {
     /// f16 where the matvec weights are stored as q8_0 or q4_0 (`--weights`); nothing else
-    /// has block-format dots. compile-model's default; the library's
-    /// ([`super::FuseOptions::f16_dots`]) is f32.
+    /// has block-format dots.
+    // compile-model's default; the library's (`FuseOptions::f16_dots`) is f32.
     Auto,
     /// Packed f16 products (the schedule then needs a device with `shaderFloat16`).
     F16,
