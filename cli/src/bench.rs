@@ -25,10 +25,6 @@ pub struct BenchArgs {
     /// A Hugging Face model directory (compiled in memory both unfused and fused, as
     /// compile-model compiles it by default) or a schedule file (run as compiled).
     pub model: PathBuf,
-    /// For a model directory: the fused schedule's q8_0/q4_0 dot products in f16 or f32, as
-    /// `compile-model --dots` (default `auto`: f16 where `--weights` is q8_0 or q4_0).
-    #[arg(long, value_name = "TYPE", value_enum)]
-    pub dots: Option<fuse::Dots>,
     /// Greedy tokens to decode per configuration.
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
@@ -204,9 +200,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut schedules: Vec<(bool, Schedule)> = vec![];
     let weights: Box<dyn TensorBytes> = if args.model.is_file() {
         args.run.check_file()?;
-        if args.dots.is_some() {
-            bail!("--dots is fixed when the schedule is compiled (compile-model --dots)");
-        }
         let (s, w) = crate::options::open_schedule(&args.model)?.into_parts();
         let fused = s.kernels.iter().any(|k| k.label.starts_with("fused_"));
         schedules.push((fused, s));
@@ -219,7 +212,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let mut spirv = SpirvCache::default();
         schedules.push((false, lower::lower(&program, &meta, &mut spirv)?));
         let opts = fuse::FuseOptions {
-            f16_dots: args.dots.unwrap_or(fuse::Dots::Auto).f16(args.run.weights),
+            f16_dots: args
+                .run
+                .dots
+                .unwrap_or(fuse::Dots::Auto)
+                .f16(args.run.weights),
             ..Default::default()
         };
         let (fused, _) = fuse::lower_fused(&program, &meta, &mut spirv, &opts)?;

@@ -218,6 +218,7 @@ impl Source {
                 &args.model,
             )?)));
         }
+        args.run.check_unfused()?;
         let model = import::load(&args.model)
             .with_context(|| format!("loading {}", args.model.display()))?;
         let opts = trace::TraceOptions {

@@ -243,6 +243,7 @@ fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)>
         let (schedule, weights) = crate::options::open_schedule(&args.model)?.into_parts();
         return Ok((schedule, Box::new(weights), origin));
     }
+    args.run.check_unfused()?;
     let model = import::load(&args.model).with_context(|| format!("loading {origin}"))?;
     let opts = trace::TraceOptions {
         max_context: args.max_context,

@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use vkfuse_compiler::import::Model;
 use vkfuse_compiler::ir::Program;
 use vkfuse_compiler::quant::{self, WeightFormat};
-use vkfuse_compiler::trace;
+use vkfuse_compiler::{fuse, trace};
 use vkfuse_runtime::{Handoffs, Persistence};
 
 #[derive(clap::Args)]
@@ -21,6 +21,12 @@ pub struct RunOptions {
     /// as q8_0 or q4_0), `on` (`--fold-norms` alone) or `off`.
     #[arg(long, value_name = "WHEN", value_enum, num_args = 0..=1, default_missing_value = "on")]
     pub fold_norms: Option<trace::FoldNorms>,
+    /// For a model directory under `bench`, which compiles it fused: the q8_0/q4_0 dot
+    /// products in f16 or f32, as `compile-model --dots` (default `auto`: f16 where `--weights`
+    /// is q8_0 or q4_0). `run` and `generate` decode a model directory unfused (f32) and a
+    /// schedule file as it was compiled.
+    #[arg(long, value_name = "TYPE", value_enum)]
+    pub dots: Option<fuse::Dots>,
     /// Persistent regions (one dispatch for a run of matvec levels, grid barriers in device
     /// memory between them): `off` (the default: they measured slower on the H100), `units`
     /// (one workgroup per compute unit where the device reports them) or a workgroup count
@@ -83,6 +89,22 @@ impl RunOptions {
         if self.fold_norms.is_some() {
             bail!(
                 "--fold-norms is fixed when the schedule is compiled (compile-model --fold-norms)"
+            );
+        }
+        if self.dots.is_some() {
+            bail!("--dots is fixed when the schedule is compiled (compile-model --dots)");
+        }
+        Ok(())
+    }
+
+    /// Refuses what only a fused schedule takes, for the commands that decode a model directory
+    /// unfused (`run`, `generate`).
+    pub fn check_unfused(&self) -> Result<()> {
+        if self.dots.is_some() {
+            bail!(
+                "--dots applies to fused schedules, and a model directory is decoded unfused \
+                 here: compile one with `compile-model --weights W --dots TYPE -o FILE` and run \
+                 FILE (`vkfuse bench MODEL_DIR --dots TYPE` times both)"
             );
         }
         Ok(())

@@ -128,10 +128,23 @@ fn replay_feeds_the_last_prompt_token_to_its_first_chain_and_reproduces_transfor
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("--fold-norms is fixed"), "{stderr}");
-    let out = vkfuse(&["bench", path.to_str().unwrap(), "--dots", "f32"]);
+    for cmd in [&["bench"][..], &["run", "--ids", "1"]] {
+        let mut args = vec![cmd[0], path.to_str().unwrap(), "--dots", "f32"];
+        args.extend(&cmd[1..]);
+        let out = vkfuse(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}: {stderr}");
+        assert!(stderr.contains("--dots is fixed"), "{cmd:?}: {stderr}");
+    }
+    // A model directory decodes unfused: --dots has nothing to apply to.
+    let dir = fixture_dir("qwen3-tied");
+    let out = vkfuse(&["run", dir.to_str().unwrap(), "--dots", "f16", "--ids", "1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("--dots is fixed"), "{stderr}");
+    assert!(
+        stderr.contains("--dots applies to fused schedules"),
+        "{stderr}"
+    );
     std::fs::remove_file(&path).ok();
     // Runs keep their pipeline cache beside the schedule.
     std::fs::remove_file(path.with_extension("vkf.pipelines")).ok();
