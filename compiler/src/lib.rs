@@ -2,7 +2,7 @@
 //!
 //! The modules follow the pipeline: [`ir`] (the op IR), [`import`] (config and tensors),
 //! [`trace`] (model -> one decode step), [`quant`] (the weight formats `--weights` converts
-//! to), [`reference`] (the CPU interpreter, the oracle).
+//! to), [`reference`](mod@reference) (the CPU interpreter, the oracle).
 
 pub mod fuse;
 pub mod import;

@@ -375,7 +375,7 @@ pub struct AttnSpec {
 }
 
 impl AttnSpec {
-    /// Bytes of the partials' scratch (m, l, o[head_dim] per head and split); 0 without splits.
+    /// Bytes of the partials' scratch (m, l, `o[head_dim]` per head and split); 0 without splits.
     pub fn partial_bytes(&self) -> u64 {
         if self.splits > 1 {
             (self.hq * self.splits * (self.head_dim + 2) * 4) as u64
@@ -618,7 +618,7 @@ fn preload_steps(dtype: DType, cols: usize, dg: usize) -> usize {
     (PRELOAD_WORDS4 / dg.max(1)).min((cols / 8).div_ceil(32))
 }
 
-/// Whether [`matvec`] makes `spec` a wide matvec ([`wide_matvec`]).
+/// Whether [`matvec`] makes `spec` a wide matvec (`wide_matvec`).
 pub fn is_wide(spec: &MatvecSpec) -> bool {
     spec.x_published
         && spec.norm.is_none()

@@ -1,9 +1,9 @@
-//! Fusion: find the repeated layers of the flat trace ([`discover`]), then rewrite each
-//! template once and instantiate it per instance.
+//! Fusion: find the repeated layers of the flat trace ([`discover`](mod@discover)), then
+//! rewrite each template once and instantiate it per instance.
 //!
 //! The pipeline, per unit (the head, each template's first instance, the tail):
-//! [`unit`] builds an e-graph of the unit's ops ([`lang`]); the [`rules`] saturate it under
-//! node, iteration and time limits; [`extract`] picks one node per class under the [`cost`]
+//! [`unit`](mod@unit) builds an e-graph of the unit's ops ([`lang`]); the [`rules`] saturate
+//! it under node, iteration and time limits; [`extract`] picks one node per class under the [`cost`]
 //! model, DAG-aware; [`program`] turns the choice into kernels ([`codegen`] writes the fused
 //! ones' GLSL); [`schedule`] instantiates every unit by op offset into one `Schedule`;
 //! [`report`] says what was fused and why; [`bands`] gives the attention block other grids for

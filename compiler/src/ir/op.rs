@@ -36,7 +36,7 @@ pub enum OpKind {
     },
 
     // ---- compute ----
-    /// `embedding table[V, H], token: i32[1]` -> f32[H]: row `token` of the table.
+    /// `embedding table[V, H], token: i32[1]` -> `f32[H]`: row `token` of the table.
     Embedding,
     /// `rms_norm x[.., N], w[N]` -> x̂·w, or x̂·(1+w) when `zero_centered`; x̂ = x/sqrt(mean(x²)+eps).
     RmsNorm {
@@ -51,10 +51,10 @@ pub enum OpKind {
     L2Norm {
         eps: F32Attr,
     },
-    /// `matvec w[O, I], x[I]` -> f32[O] = w·x (w row-major, as safetensors stores it).
+    /// `matvec w[O, I], x[I]` -> `f32[O]` = w·x (w row-major, as safetensors stores it).
     Matvec,
     /// `expert_matvec w[E, O, I], idx: i32[k], x[I] or x[k, I]` -> f32[k, O]:
-    /// row j is w[idx[j]]·x (or ·x[j]); the expert is chosen by a value on the device.
+    /// row j is `w[idx[j]]·x` (or `·x[j]`); the expert is chosen by a value on the device.
     ExpertMatvec,
     /// Elementwise with numpy broadcasting: `add a, b`, `mul a, b`, `div a, b`.
     Add,
@@ -67,7 +67,7 @@ pub enum OpKind {
     Exp,
     Neg,
     /// `rope x[heads, d], pos: i32[1]`: transformers' rotate-half rotation of the first
-    /// `rotary_dim` dims of each head at position `pos`; inv_freq[i] = theta^(-2i/rotary_dim).
+    /// `rotary_dim` dims of each head at position `pos`; `inv_freq[i] = theta^(-2i/rotary_dim)`.
     Rope {
         theta: F32Attr,
         rotary_dim: usize,
@@ -92,7 +92,7 @@ pub enum OpKind {
     Attention {
         scale: F32Attr,
     },
-    /// `causal_conv1d state[C, K-1], x[C], w[C, K]` -> f32[C]: depthwise convolution over the
+    /// `causal_conv1d state[C, K-1], x[C], w[C, K]` -> `f32[C]`: depthwise convolution over the
     /// window [state | x] (oldest first).
     CausalConv1d,
     /// `conv_shift state[C, K-1], x[C]` -> f32[C, K-1]: the window without its oldest column.
@@ -106,17 +106,18 @@ pub enum OpKind {
     },
     /// `softmax x[.., N]` over the last axis.
     Softmax,
-    /// `top_k x[N] k=K` -> i32[K]: indices of the K largest, largest first, ties to the lower index.
+    /// `top_k x[N] k=K` -> `i32[K]`: indices of the K largest, largest first, ties to the lower
+    /// index.
     TopK {
         k: usize,
     },
-    /// `gather x[N], idx: i32[K]` -> f32[K].
+    /// `gather x[N], idx: i32[K]` -> `f32[K]`.
     Gather,
-    /// `sum x axis=a`: the sum over axis a (a rank-1 input gives [1]).
+    /// `sum x axis=a`: the sum over axis a (a rank-1 input gives `[1]`).
     Sum {
         axis: usize,
     },
-    /// `argmax x[N]` -> i32[1]; ties to the lower index.
+    /// `argmax x[N]` -> `i32[1]`; ties to the lower index.
     Argmax,
     /// `increment x: i32[1]` -> x + 1 (the position advance).
     Increment,

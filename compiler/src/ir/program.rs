@@ -42,9 +42,9 @@ typed_id!(
 /// What a persistent state holds; decides how it is initialised and advanced between steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StateKind {
-    /// The current position, i32[1], 0 before the first token.
+    /// The current position, `i32[1]`, 0 before the first token.
     Position,
-    /// The token fed to the step, i32[1]; written by the host or by the previous step's argmax.
+    /// The token fed to the step, `i32[1]`; written by the host or by the previous step's argmax.
     Token,
     /// A KV cache `[kv_heads, capacity, head_dim]`, written in place by `kv_write`.
     KvCache,

@@ -121,7 +121,7 @@ pub struct KernelDecl {
     pub bindings: u32,
     /// Bytes of push constants the kernel declares.
     pub push_constant_bytes: u32,
-    /// constant_id i = spec_constants[i] (f32 as bits).
+    /// `constant_id i = spec_constants[i]` (f32 as bits).
     pub spec_constants: Vec<u32>,
     /// `Some(n)`: the workgroup size (constant 0) is chosen at load from the device, `n` of its
     /// subgroups ([`KernelDecl::workgroup_size`]); `spec_constants[0]` is the size for the
@@ -371,9 +371,9 @@ pub struct Io {
     pub token: Slice,
     /// How `token` holds it.
     pub token_encoding: TokenEncoding,
-    /// i32[1]: the step's position, advanced on the device.
+    /// `i32[1]`: the step's position, advanced on the device.
     pub position: Slice,
-    /// f32[vocab]: the step's logits.
+    /// `f32[vocab]`: the step's logits.
     pub logits: Slice,
 }
 
