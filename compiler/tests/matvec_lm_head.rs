@@ -11,7 +11,7 @@ mod common;
 
 use common::{argmax, buffer, noise, rel_l2};
 use std::time::Duration;
-use vkfuse_compiler::fuse::codegen::{self, Epi, MatvecSpec, NormSpec};
+use vkfuse_compiler::fuse::codegen::{self, MatvecSpec, NormSpec};
 use vkfuse_compiler::ir::{DType, F32Attr};
 use vkfuse_compiler::kernels;
 use vkfuse_compiler::quant::blocks;
@@ -41,20 +41,13 @@ fn check_probe(
     worst_tol: f64,
 ) {
     let spec = MatvecSpec {
-        dtype,
-        cols,
-        part_rows: vec![rows],
-        zipped: false,
         norm: Some(NormSpec {
             eps: F32Attr(EPS),
             zero_centered: false,
             dtype: DType::F32,
             ones: false,
         }),
-        extras: vec![],
-        epi: Epi::Acc,
-        step: true,
-        x_published: false,
+        ..common::bare_matvec(dtype, rows, cols, true)
     };
     let mut gen = codegen::matvec(&spec);
     assert_eq!(gen.spec_constants[0], 32, "one subgroup per workgroup");
@@ -214,17 +207,7 @@ fn q4_0_and_q8_0_lm_heads_of_three_blocks_match_the_cpu() {
 /// A fused matvec of 65536 rows of 64 `dtype` weights, no norm, the step's tail if `step`: for
 /// what its SPIR-V declares.
 fn small_spec(dtype: DType, step: bool) -> MatvecSpec {
-    MatvecSpec {
-        dtype,
-        cols: 64,
-        part_rows: vec![65536],
-        zipped: false,
-        norm: None,
-        extras: vec![],
-        epi: Epi::Acc,
-        step,
-        x_published: false,
-    }
+    common::bare_matvec(dtype, 65536, 64, step)
 }
 
 #[test]

@@ -18,7 +18,7 @@ use std::time::Duration;
 use common::{argmax, buffer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
-use vkfuse_compiler::fuse::codegen::{self, Epi, MatvecSpec, TailSpec};
+use vkfuse_compiler::fuse::codegen::{self, TailSpec};
 use vkfuse_compiler::ir::DType;
 use vkfuse_runtime::Buffer;
 
@@ -119,17 +119,7 @@ fn matvec_step_matches(values: &[f32]) -> Result<(), TestCaseError> {
 /// `shared_fold`, shared memory (the path of subgroups narrower than the rows).
 fn matvec_step_matches_as(values: &[f32], shared_fold: bool) -> Result<(), TestCaseError> {
     let n = values.len();
-    let spec = MatvecSpec {
-        dtype: DType::F32,
-        cols: COLS,
-        part_rows: vec![n],
-        zipped: false,
-        norm: None,
-        extras: vec![],
-        epi: Epi::Acc,
-        step: true,
-        x_published: false,
-    };
+    let spec = common::bare_matvec(DType::F32, n, COLS, true);
     let (device, log) = common::validated_device();
     let mut gen = codegen::matvec(&spec);
     if shared_fold {
@@ -234,17 +224,12 @@ fn argmax_in_the_logits_matvec_matches_at_the_qwen3_vocabulary_with_ties_at_both
 #[test]
 fn only_the_folded_kernel_declares_64_bit_atomics_which_the_runtime_then_requires() {
     let decl = |step: bool| {
-        common::kernel_decl(&codegen::matvec(&MatvecSpec {
-            dtype: DType::BF16,
-            cols: 64,
-            part_rows: vec![1000],
-            zipped: false,
-            norm: None,
-            extras: vec![],
-            epi: Epi::Acc,
+        common::kernel_decl(&codegen::matvec(&common::bare_matvec(
+            DType::BF16,
+            1000,
+            64,
             step,
-            x_published: false,
-        }))
+        )))
     };
     assert!(decl(true).uses_int64_atomics());
     assert!(!decl(false).uses_int64_atomics());

@@ -3,8 +3,8 @@
 //!
 //! The pipeline, per unit (the head, each template's first instance, the tail):
 //! [`unit`](mod@unit) builds an e-graph of the unit's ops ([`lang`]); the [`rules`] saturate
-//! it under node, iteration and time limits; [`extract`] picks one node per class under the [`cost`]
-//! model, DAG-aware; [`program`] turns the choice into kernels ([`codegen`] writes the fused
+//! it under node, iteration and time limits; [`extract`] picks one node per class under the
+//! [`cost`] model, DAG-aware; [`program`] turns the choice into kernels ([`codegen`] writes the fused
 //! ones' GLSL); [`schedule`] instantiates every unit by op offset into one `Schedule`;
 //! [`report`] says what was fused and why; [`bands`] gives the attention block other grids for
 //! short positions. After the levels are known, [`prefetch`] reads the

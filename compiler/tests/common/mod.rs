@@ -57,6 +57,27 @@ pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
     (num / den).sqrt()
 }
 
+/// A stacked fused matvec of one part, `rows` x `cols` of `dtype`, with no norm, no extra
+/// input and the dot as its output; the step's tail (argmax, position) if `step`.
+pub fn bare_matvec(
+    dtype: vkfuse_compiler::ir::DType,
+    rows: usize,
+    cols: usize,
+    step: bool,
+) -> vkfuse_compiler::fuse::codegen::MatvecSpec {
+    vkfuse_compiler::fuse::codegen::MatvecSpec {
+        dtype,
+        cols,
+        part_rows: vec![rows],
+        zipped: false,
+        norm: None,
+        extras: vec![],
+        epi: vkfuse_compiler::fuse::codegen::Epi::Acc,
+        step,
+        x_published: false,
+    }
+}
+
 /// `gen` as a schedule's kernel declaration (compiled), for what the runtime reads from one.
 pub fn kernel_decl(gen: &Generated) -> vkfuse_runtime::schedule::KernelDecl {
     vkfuse_runtime::schedule::KernelDecl {
