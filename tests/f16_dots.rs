@@ -22,7 +22,6 @@ use vkfuse_compiler::import;
 use vkfuse_compiler::lower::{Meta, SpirvCache};
 use vkfuse_compiler::quant::{self, EncodedWeights, WeightFormat};
 use vkfuse_compiler::trace::{self, TraceOptions};
-use vkfuse_runtime::session::{Eager, Handoffs, Replay};
 use vkfuse_tests::{expected, fixture_dir, rel_l2, validated_device};
 
 /// Relative L2 between two runs of the same f16-dot kernels: the chain's float atomics sum in
@@ -88,30 +87,15 @@ fn check(name: &str, format: WeightFormat, defines: &str) {
         schedule.float16_kernel().is_some(),
         "{what}: no kernel declares f16 arithmetic"
     );
-    let atomics = schedule.float_atomic_kernel().is_some();
     let (device, log) = validated_device();
-    let mut eager = Eager::new(vkfuse_tests::loaded_with_handoffs(
-        &device,
-        schedule.clone(),
-        &weights,
-        Handoffs::Off,
-    ))
-    .unwrap();
-    // Replay with handoffs on, as the benchmarks run it.
-    let mut replay = Replay::new(vkfuse_tests::loaded_with_handoffs(
-        &device,
+    let (_, fused, replay) = vkfuse_tests::fused_rows(
+        &what,
+        F16_ATOMICS_TOL,
         schedule,
         &weights,
-        Handoffs::On,
-    ))
-    .unwrap();
-    let mut fused = vec![];
-    for &t in &want.teacher_ids {
-        let e = eager.step(Some(t)).unwrap().logits;
-        let r = replay.step(Some(t)).unwrap().logits;
-        vkfuse_tests::same_kernels_agree_within(&what, &r, &e, atomics, F16_ATOMICS_TOL);
-        fused.push(r);
-    }
+        &device,
+        &want.teacher_ids,
+    );
     let vs_ref = errors(&fused, &reference);
     let fused_err = errors(&fused, &transformers);
     eprintln!(
@@ -156,7 +140,7 @@ fn check(name: &str, format: WeightFormat, defines: &str) {
             );
         }
     }
-    drop((eager, replay));
+    drop(replay);
     assert!(log.is_clean(), "{what}: validation:\n{}", log.report());
 }
 

@@ -326,7 +326,7 @@ pub fn teacher_forced_rows(
 ) {
     use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
     use vkfuse_compiler::lower::{self, Meta};
-    use vkfuse_runtime::session::{Eager, Handoffs, Replay};
+    use vkfuse_runtime::session::{Eager, Handoffs};
     let meta = Meta {
         architecture: architecture.to_string(),
         eos_token_ids: vec![],
@@ -338,23 +338,51 @@ pub fn teacher_forced_rows(
         let (fused, _) = lower_fused(program, &meta, &mut spirv, &FuseOptions::default()).unwrap();
         (unfused, fused)
     };
+    let mut unfused = Eager::new(loaded_with_handoffs(
+        device,
+        unfused,
+        weights,
+        Handoffs::Off,
+    ))
+    .unwrap();
+    let rows_u = ids
+        .iter()
+        .map(|&t| unfused.step(Some(t)).unwrap().logits)
+        .collect();
+    let (rows_f, _, replay) = fused_rows(what, atomics_tol, fused, weights, device, ids);
+    (rows_u, rows_f, replay)
+}
+
+/// Logits of the fused `schedule` fed `ids` one at a time, eager and replayed with its levels
+/// handed over on every device (Auto would leave them off on lavapipe, so that the kernels'
+/// handoff readers run too), checked to agree at every step: within `atomics_tol` where float
+/// atomics reassociate. Returns (eager rows, replay rows, the replay, positioned after `ids`).
+pub fn fused_rows(
+    what: &str,
+    atomics_tol: f64,
+    schedule: vkfuse_runtime::schedule::Schedule,
+    weights: &dyn vkfuse_runtime::session::TensorBytes,
+    device: &vkfuse_runtime::Device,
+    ids: &[u32],
+) -> (
+    Vec<Vec<f32>>,
+    Vec<Vec<f32>>,
+    vkfuse_runtime::session::Replay,
+) {
+    use vkfuse_runtime::session::{Eager, Handoffs, Replay};
     let load = |s, handoffs| loaded_with_handoffs(device, s, weights, handoffs);
-    let mut unfused = Eager::new(load(unfused, Handoffs::Off)).unwrap();
-    let mut eager = Eager::new(load(fused.clone(), Handoffs::Off)).unwrap();
-    let atomics = fused.float_atomic_kernel().is_some();
-    // Replay hands levels over on every device (Auto would leave them off on lavapipe), so
-    // that the kernels' handoff readers run on the quantised weights' paths too.
-    let mut replay = Replay::new(load(fused, Handoffs::On)).unwrap();
-    let mut rows_u = vec![];
-    let mut rows_f = vec![];
+    let atomics = schedule.float_atomic_kernel().is_some();
+    let mut eager = Eager::new(load(schedule.clone(), Handoffs::Off)).unwrap();
+    let mut replay = Replay::new(load(schedule, Handoffs::On)).unwrap();
+    let (mut rows_e, mut rows_r) = (vec![], vec![]);
     for &t in ids {
-        rows_u.push(unfused.step(Some(t)).unwrap().logits);
         let e = eager.step(Some(t)).unwrap().logits;
         let r = replay.step(Some(t)).unwrap().logits;
         same_kernels_agree_within(what, &r, &e, atomics, atomics_tol);
-        rows_f.push(e);
+        rows_e.push(e);
+        rows_r.push(r);
     }
-    (rows_u, rows_f, replay)
+    (rows_e, rows_r, replay)
 }
 
 /// Logits of `program` fed `ids` one at a time through the CPU reference over `weights`.
