@@ -138,15 +138,34 @@ fn should_hand_levels_over_with_the_attention_split() {
 
 /// Past the first chunk of the context every working split of the attention block reads its
 /// head's q, k and v as words and the splits' partials are combined: 96 positions, 4 splits of
-/// at least 32 slots, every step's logits against the same schedule run eager.
+/// at least 32 slots, every step's logits against the same schedule run eager; with f16 dots
+/// too, whose block settles its rope angles and first tile before the wait
+/// (`AttnSpec::early_tile`), which only the handed-over path does.
 #[test]
 fn should_hand_q_k_v_to_every_split_at_longer_positions() {
+    for f16_dots in [false, true] {
+        longer_positions(f16_dots);
+    }
+}
+
+fn longer_positions(f16_dots: bool) {
     let name = "llama-gqa";
     let opts = FuseOptions {
         attention_splits: Some(4),
+        f16_dots,
         ..FuseOptions::default()
     };
     let (model, schedule, _) = fused_schedule_with(name, &opts);
+    // consume_tile()'s constant witnesses the early tile in the block's SPIR-V.
+    let blocks: Vec<_> = schedule
+        .kernels
+        .iter()
+        .filter(|k| k.label.starts_with("fused_attention"))
+        .collect();
+    assert!(!blocks.is_empty());
+    for k in blocks {
+        assert_eq!(k.spirv.contains(&0x7f3a_5c11), f16_dots, "{}", k.label);
+    }
     let (device, log) = validated_device();
     let load = |handoffs| loaded_with_handoffs(&device, schedule.clone(), &model.tensors, handoffs);
     let mut eager = Eager::new(load(Handoffs::Off)).unwrap();
@@ -158,7 +177,7 @@ fn should_hand_q_k_v_to_every_split_at_longer_positions() {
         let e = eager.step(Some(token)).unwrap();
         let r = replay.step(Some(token)).unwrap().logits;
         same_kernels_agree_within(
-            &format!("{name} position {i}"),
+            &format!("{name} (f16 dots {f16_dots}) position {i}"),
             &r,
             &e.logits,
             atomics,

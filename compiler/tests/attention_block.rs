@@ -56,6 +56,8 @@ struct Shape {
     wg: u32,
     /// f16 caches (`--kv-cache f16`) instead of f32.
     f16: bool,
+    /// The rope's angles and the first tile settled before the wait (`AttnSpec::early_tile`).
+    early: bool,
 }
 
 impl Shape {
@@ -97,6 +99,7 @@ impl Shape {
                 self.wg
             },
             polled_combine: false,
+            early_tile: self.early,
         }
     }
 }
@@ -378,28 +381,29 @@ fn should_match_the_reference_without_splits() {
             min_chunk: 32,
             wg: 0,
             f16: false,
+            early: false,
         },
         &POSITIONS,
     );
 }
 
+/// Chunks of up to 300 slots: each split walks more than one 256-slot tile.
+const TWO_SPLITS: Shape = Shape {
+    hq: 4,
+    hkv: 2,
+    d: 128,
+    rot: 64,
+    cap: 600,
+    splits: 2,
+    min_chunk: 32,
+    wg: 0,
+    f16: false,
+    early: false,
+};
+
 #[test]
 fn should_match_the_reference_split_in_two_past_one_tile_per_split() {
-    // Chunks of up to 300 slots: each split walks more than one 256-slot tile.
-    matches_the_reference_step_after_step(
-        Shape {
-            hq: 4,
-            hkv: 2,
-            d: 128,
-            rot: 64,
-            cap: 600,
-            splits: 2,
-            min_chunk: 32,
-            wg: 0,
-            f16: false,
-        },
-        &POSITIONS,
-    );
+    matches_the_reference_step_after_step(TWO_SPLITS, &POSITIONS);
 }
 
 #[test]
@@ -417,6 +421,7 @@ fn should_match_the_reference_split_in_five_with_one_kv_head() {
             min_chunk: 16,
             wg: 256,
             f16: false,
+            early: false,
         },
         &POSITIONS,
     );
@@ -437,6 +442,7 @@ fn should_match_the_reference_in_thirty_two_splits() {
             min_chunk: 32,
             wg: 512,
             f16: true,
+            early: false,
         },
         &[0, 31, 500, 1023, 1024, 1100, 1399],
     );
@@ -453,6 +459,7 @@ const UNALIGNED: Shape = Shape {
     min_chunk: 8,
     wg: 0,
     f16: false,
+    early: false,
 };
 const UNALIGNED_POSITIONS: [i32; 10] = [0, 3, 8, 9, 50, 55, 56, 120, 199, 199];
 
@@ -476,6 +483,7 @@ fn should_match_the_reference_with_f16_caches() {
         min_chunk: 32,
         wg: 0,
         f16: true,
+        early: false,
     };
     matches_the_reference_step_after_step(d128, &POSITIONS);
     matches_the_reference_step_after_step(Shape { splits: 2, ..d128 }, &POSITIONS);
@@ -484,6 +492,38 @@ fn should_match_the_reference_with_f16_caches() {
         ..UNALIGNED
     };
     matches_the_reference_step_after_step(unaligned, &UNALIGNED_POSITIONS);
+}
+
+/// The rope's angles and the first tile settled before the wait (compile-model's choice
+/// beside the block formats' f16 dots): the same results, with f32 and f16 caches, two and
+/// thirty-two splits; the unaligned head has no first tile to settle, its angles still move.
+#[test]
+fn should_match_the_reference_with_the_early_tile() {
+    let d128 = Shape {
+        early: true,
+        ..TWO_SPLITS
+    };
+    matches_the_reference_step_after_step(d128, &POSITIONS);
+    matches_the_reference_step_after_step(
+        Shape {
+            hq: 2,
+            hkv: 1,
+            rot: 128,
+            cap: 1400,
+            splits: codegen::MAX_ATTENTION_SPLITS,
+            wg: 512,
+            f16: true,
+            ..d128
+        },
+        &[0, 31, 500, 1023, 1024, 1100, 1399],
+    );
+    matches_the_reference_step_after_step(
+        Shape {
+            early: true,
+            ..UNALIGNED
+        },
+        &UNALIGNED_POSITIONS,
+    );
 }
 
 /// Median GPU time (µs) of the block at `pos`, its operands rotated over copies totalling more
@@ -549,6 +589,7 @@ fn bench_attention_block_splits() {
                 min_chunk: codegen::ATTENTION_MIN_CHUNK,
                 wg,
                 f16: false,
+                early: false,
             };
             if let Some(us) = time_block(&gpu, &s, pos) {
                 eprintln!("pos {pos:>5}  splits {splits:>2}  wg {wg:>4}  {us:>8.2} us");

@@ -26,7 +26,7 @@
 // KV_DTYPE (the caches', F32 or F16),
 // NORM_ZC, ROT (rotary dims, even), SPLITS (>= 1), MIN_CHUNK (>= 1), PREFETCH (0/1: D % 16 == 0,
 // the first tile's K and V rows loaded before the q/k/v words are waited for: they depend on
-// none of them),
+// none of them), EARLY_TILE (0/1: see EARLY below),
 // `float inv_freq(uint i)` for i < ROT/2 and, when SPLITS > 1, PART_BINDING and COUNT_BINDING.
 // Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D], 2 = k f32[HKV, D], 3 = v f32[HKV, D],
 // 4 = k cache [HKV, CAP, D], 5 = v cache [HKV, CAP, D] (f32, or f16 with KV_DTYPE F16, the
@@ -44,9 +44,6 @@
 // writer, the head's last split or its only one).
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_control_flow_attributes : require
-#if defined(ATTN_PIN_BEGIN) || defined(ATTN_PIN_MARK)
-#extension GL_EXT_shader_realtime_clock : require
-#endif
 #define HANDOFF_ROLE (0x80000000u | (1u << 1) | (1u << 2) | (1u << 3))
 #include "handoff.glsl"
 #include "reduce.glsl"
@@ -135,6 +132,19 @@ const uint VP_TILE = (T + GV - 1u) / GV;
 const uint VP = VP_TILE < 8u ? VP_TILE : 8u;
 #endif
 
+// EARLY (EARLY_TILE from the including source, with PREFETCH and splits): the rope's sines and
+// cosines are taken before the wait for the q/k/v words, and the first tile's K and V words
+// consumed right after the first polls (consume_tile()), so that those loads are done when the
+// words come. On an H200 with the Qwen3-0.6B shape at 256 tokens: q8_0 +2.4%, q4_0 +2.5% with
+// the block formats' f16 dots; bf16 -2.5% (the block's registers 51 -> 58), so codegen sets it
+// for schedules with f16 dots only (docs/perf.md, session 39). Either half alone: -0.3..+0.4%.
+// NO_EARLY_TILE (a probe define) turns it off for an A/B.
+#if EARLY_TILE && PREFETCH && SPLITS > 1 && !defined(NO_EARLY_TILE)
+#define EARLY 1
+#else
+#define EARLY 0
+#endif
+
 // wg_sum (reduce.glsl) of two values at once: one exchange for both.
 vec2 wg_sum2(vec2 v) {
     v = vec2(subgroupAdd(v.x), subgroupAdd(v.y));
@@ -154,9 +164,13 @@ vec2 wg_sum2(vec2 v) {
 // their raw elements `v` and (QK_NORM) norm weights `wn`, and those of t's rope partner (`pv`,
 // `pwn`: element t +- ROT / 2), which the caller loaded: nothing here waits on memory, one
 // exchange serves both norms, and rope needs none (each invocation scales its
-// partner's raw element exactly as the partner does). Every invocation must call it (uniform
-// control flow).
-vec2 prepare(vec2 v, vec2 wn, vec2 pv, vec2 pwn, float angle_pos) {
+// partner's raw element exactly as the partner does); with EARLY, `sc_early` holds t's rope
+// sine and cosine, taken before the wait. Every invocation must call it (uniform control flow).
+vec2 prepare(vec2 v, vec2 wn, vec2 pv, vec2 pwn, float angle_pos
+#if EARLY
+             , vec2 sc_early
+#endif
+) {
     uint t = gl_LocalInvocationID.x;
 #if QK_NORM
     vec2 ss = wg_sum2(t < D ? v * v : vec2(0.0));
@@ -167,8 +181,12 @@ vec2 prepare(vec2 v, vec2 wn, vec2 pv, vec2 pwn, float angle_pos) {
     }
 #endif
     if (t < ROT) {
+#if EARLY
+        vec2 sc = sc_early;
+#else
         uint f = t < HALF_ROT ? t : t - HALF_ROT;
         vec2 sc = sin_cos(inv_freq(f) * angle_pos);
+#endif
         v = t < HALF_ROT ? v * sc.y - pv * sc.x : v * sc.y + pv * sc.x;
     }
     return v;
@@ -609,21 +627,34 @@ void qk_norm_weights(uint t, uint pt, inout vec2 wn, inout vec2 pwn) {
 #endif
 }
 
-// Probe (ATTN_PIN_BEGIN, ATTN_PIN_MARK): invocation 0 reads the device clock where the timeline
-// build does (its begin, its first mark), a read the compiler keeps in place, pinning the
-// order of the loads around it; stored only in the impossible case of a zero clock.
-#define ATTN_PIN()                                                                            \
-    if (gl_LocalInvocationIndex == 0u) {                                                      \
-        uvec2 c_ = clockRealtime2x32EXT();                                                    \
-        if (c_.x == 0u && c_.y == 0u) {                                                       \
-            y[0] = 0.0;                                                                       \
-        }                                                                                     \
+#if EARLY
+// The first tile's K and V words, consumed: a hash of them, and a store no result depends on
+// where it matches a constant (the split's own partial slot, which only this invocation writes
+// later, and which nothing reads before that). Consumed after the first polls of the q/k/v
+// words, the loads cannot be sunk past the wait for them (see EARLY in main()).
+void consume_tile(KC_RAW kp[KP], VT_RAW vp[VP], uint slot_at) {
+    uint hx = 0u;
+    for (uint i = 0u; i < KP; i++) {
+#if KV_DTYPE == F16
+        hx ^= kp[i].x ^ kp[i].w;
+#else
+        hx ^= floatBitsToUint(kp[i].x) ^ floatBitsToUint(kp[i].w);
+#endif
     }
+    for (uint i = 0u; i < VP; i++) {
+#if KV_DTYPE == F16
+        hx ^= vp[i];
+#else
+        hx ^= floatBitsToUint(vp[i]);
+#endif
+    }
+    if (hx == 0x7f3a5c11u) {
+        partial[slot_at] = 0.0;
+    }
+}
+#endif
 
 void main() {
-#ifdef ATTN_PIN_BEGIN
-    ATTN_PIN()
-#endif
     uint wid = group_id();
     if (wid >= HQ * NSPLITS) {
         return;
@@ -639,20 +670,6 @@ void main() {
     // empty split leaves without polling (on the H100 +2.4% bf16, +0.9% q8_0, +2.1% q4_0
     // against loading the tile after the words: docs/perf.md, session 23).
     int p = pos[0];
-#ifdef ATTN_POLL_WITH_POS
-    // Probe: the q/k/v words' first polls issued beside the position's load, not after the
-    // branch on it, so that their round trips overlap.
-    uint pt0 = t < HALF_ROT ? t + HALF_ROT : (t < ROT ? t - HALF_ROT : t);
-    uvec4 got0 = uvec4(HANDOFF_EMPTY);
-    uint pv0 = HANDOFF_EMPTY;
-    if (t < D && handoff_reading()) {
-        got0 = uvec4(handoff_poll(handoff_at(0u, h * D + t)),
-                     handoff_poll(handoff_at(1u, g * D + t)),
-                     handoff_poll(handoff_at(0u, h * D + pt0)),
-                     handoff_poll(handoff_at(1u, g * D + pt0)));
-        pv0 = handoff_poll(handoff_at(2u, g * D + t));
-    }
-#endif
     uint n = uint(clamp(p, 0, int(CAP) - 1)) + 1u;
     uint chunk = max(MIN_CHUNK, (n + NSPLITS - 1u) / NSPLITS);
     uint used = (n + chunk - 1u) / chunk;
@@ -696,6 +713,13 @@ void main() {
     // those first polls.
     // t's rope partner (itself past the rotary dims).
     uint pt = t < HALF_ROT ? t + HALF_ROT : (t < ROT ? t - HALF_ROT : t);
+#if EARLY
+    vec2 sc_early = vec2(0.0);
+    // The rope's sines and cosines depend on the position and t alone: taken before the wait.
+    if (t < ROT) {
+        sc_early = sin_cos(inv_freq(t < HALF_ROT ? t : t - HALF_ROT) * angle_pos);
+    }
+#endif
     vec2 raw = vec2(0.0);
     vec2 praw = vec2(0.0);
     float vv = 0.0;
@@ -710,19 +734,17 @@ void main() {
         uvec4 at = uvec4(handoff_at(0u, h * D + t), handoff_at(1u, g * D + t),
                          handoff_at(0u, h * D + pt), handoff_at(1u, g * D + pt));
         uint vat = handoff_at(2u, g * D + t);
-#ifdef ATTN_POLL_WITH_POS
-        uvec4 got = got0;
-        uint pv = pv0;
-#else
         uvec4 got = uvec4(handoff_poll(at.x), handoff_poll(at.y), handoff_poll(at.z),
                           handoff_poll(at.w));
         uint pv = handoff_poll(vat);
-#endif
         // The norm weights once the first polls are out, so that their round trip overlaps
         // the wait instead of following it. Loaded before the polls (with the rope's angle)
         // they delayed them: bf16 +0.6%, q8_0 -0.7%, q4_0 -1.0% on an H100 (docs/perf.md,
         // session 28).
         qk_norm_weights(t, pt, wn, pwn);
+#if EARLY
+        consume_tile(kp, vp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
+#endif
         while (any(equal(got, uvec4(HANDOFF_EMPTY))) || pv == HANDOFF_EMPTY) {
             got = uvec4(got.x != HANDOFF_EMPTY ? got.x : handoff_poll(at.x),
                         got.y != HANDOFF_EMPTY ? got.y : handoff_poll(at.y),
@@ -740,9 +762,6 @@ void main() {
         qk_norm_weights(t, pt, wn, pwn);
     }
     TIMELINE_MARK(0);
-#ifdef ATTN_PIN_MARK
-    ATTN_PIN()
-#endif
 #ifdef ABLATE_EMPTY
     // Timing only (compile-model --ablate attention): the block reduced to its handoff hop,
     // q/k/v words in, y words out.
@@ -755,7 +774,16 @@ void main() {
 #endif
     // The fresh K and V rows of the group: written to the caches by the writer, attended to
     // from shared memory by the split holding the fresh slot.
-    vec2 qk = prepare(raw, wn, praw, pwn, angle_pos);
+    vec2 qk = prepare(raw, wn, praw, pwn, angle_pos
+#if EARLY
+                      , sc_early
+#endif
+    );
+#ifdef ATTN_MARK_AFTER_PREPARE
+    // Probe (timeline only): "work done" after the norms and rope, so that the rest is the
+    // attention itself and the combine.
+    TIMELINE_MARK(1);
+#endif
     if (t < D) {
         q_s[t] = qk.x;
         kf_s[t] = fresh_round(qk.y);
@@ -782,7 +810,9 @@ void main() {
            kp, vp,
 #endif
            m, total, lsum);
+#ifndef ATTN_MARK_AFTER_PREPARE
     TIMELINE_MARK(1);
+#endif
     if (used == 1u) {
         if (t < D) {
             y[h * D + t] = total / lsum;

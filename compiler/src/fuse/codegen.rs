@@ -372,6 +372,10 @@ pub struct AttnSpec {
     /// `polled()`): faster at short positions with the bands' grids, slower on the block's
     /// own at long ones (docs/perf.md, session 22).
     pub polled_combine: bool,
+    /// The rope's angles and the first K/V tile's loads settled before the wait for the
+    /// q/k/v words (fused_attention.glsl's `EARLY`): faster beside the block formats' f16
+    /// dots, slower beside bf16's kernels (docs/perf.md, session 39).
+    pub early_tile: bool,
 }
 
 impl AttnSpec {
@@ -1097,6 +1101,7 @@ pub fn attention(spec: &AttnSpec) -> Generated {
         "#define POLLED_COMBINE {}",
         u8::from(spec.polled_combine)
     );
+    let _ = writeln!(s, "#define EARLY_TILE {}", u8::from(spec.early_tile));
     // The first tile's K and V loaded before the norms and rope (whole 16-byte chunks per lane).
     let _ = writeln!(
         s,
