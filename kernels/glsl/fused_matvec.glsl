@@ -42,13 +42,6 @@
 #define HANDOFF_ROLE 0x80000000u
 #endif
 #include "handoff.glsl"
-// Probe (QKV_SHARED_SMALL, untimed): the reduction array of every matvec but the step's only as
-// large as used (4608 -> 1024 bytes of shared memory for q/k/v). q8_0's attention block begins
-// only as its 1024-workgroup q/k/v ends, q4_0's (512) at once; declared larger, the array did
-// not help (docs/perf.md, session 38, item 9).
-#if !STEP && defined(QKV_SHARED_SMALL)
-#define RED_DOTS_SMALL 1
-#endif
 #include "reduce.glsl"
 #include "quant.glsl"
 #include "fused_epilogue.glsl"
@@ -89,31 +82,10 @@ layout(set = 0, binding = 2, std430) readonly buffer X4 { vec4 x4[]; };
 #include "matvec_step.glsl"
 #endif
 
-// Probe (MV_PACK2, set by codegen under VKFUSE_QKV_PACK2=1 for the non-step block-format
-// matvecs): each workgroup is two of the plain kernel's side by side, halves of LANES
-// invocations, each half its own ROWS rows with its own sums (half_dot_total), so that q/k/v
-// runs in half the workgroups with the same work per invocation. Why: q8_0's q/k/v in 1024
-// workgroups keeps the attention block from starting beside it, q4_0's 512 do not (docs/perf.md,
-// session 38, item 9). A half past the rows clamps them and writes nothing: both pass every
-// barrier.
-#ifndef MV_PACK2
-#define MV_PACK2 0
-#endif
-// (Macros, not constants: without the probe the kernels compile to the same SPIR-V as before it.)
-#if MV_PACK2
-#define LANES (gl_WorkGroupSize.x / 2u)
-#define ROWS_LIVE rows_live &&
-#define DOT_TOTAL(j) half_dot_total(j, half_id)
-#else
-#define LANES gl_WorkGroupSize.x
-#define ROWS_LIVE
-#define DOT_TOTAL(j) wg_dot_total(j)
-#endif
-
 // Steps of 8 weights per invocation and row: a constant once specialised, so the step loops
 // below have a constant trip count the compiler can unroll, every weight load of the
 // workgroup's rows in flight at once rather than one step's after another.
-const uint STEPS8 = (I / 8u + LANES - 1u) / LANES;
+const uint STEPS8 = (I / 8u + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;
 
 #if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
 // Words of a row's f16 scales (two per word; an odd count pads the last), and whether the
@@ -122,11 +94,7 @@ const uint STEPS8 = (I / 8u + LANES - 1u) / LANES;
 // with a shuffle, one load per row instead of one per step (q8_0's lm_head 79.1 -> 73.0 µs on
 // an H100, docs/perf.md).
 const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
-#if MV_PACK2
-#define SCALE_SHUFFLE false
-#else
 #define SCALE_SHUFFLE (gl_WorkGroupSize.x == gl_SubgroupSize && SCALE_WORDS <= gl_SubgroupSize)
-#endif
 #endif
 // q4_0's logits (STEP) with f32 dots (`--dots f32`; the f16 dots take the place of it) take
 // the codes in quant.glsl's linear form: each of lm_head's steps meets its rows with one Σ x,
@@ -159,48 +127,16 @@ void step_x(uint c, bool live, inout float ss, out vec4 xa, out vec4 xb) {
 }
 #endif
 
-#if MV_PACK2
-// The sums of half h's subgroups only (wg_dot_total and wg_published_sum sum them all).
-float half_dot_total(uint j, uint h) {
-    uint n = gl_NumSubgroups / 2u;
-    float s = 0.0;
-    for (uint g = 0u; g < n; g++) {
-        s += red_dots[j * gl_NumSubgroups + h * n + g];
-    }
-    return s;
-}
-
-float half_published_sum(uint h) {
-    uint n = gl_NumSubgroups / 2u;
-    float s = 0.0;
-    for (uint g = 0u; g < n; g++) {
-        s += red_f[h * n + g];
-    }
-    return s;
-}
-#endif
-
 void main() {
     uint t = gl_LocalInvocationID.x;
-#if MV_PACK2
-    uint half_id = t / LANES;
-    t -= half_id * LANES;
-    // Uniform: the workgroup leaves only when both halves are past the rows.
-    if (group_id() * 2u * ROWS >= O) {
-        return;
-    }
-    uint row0 = min((group_id() * 2u + half_id) * ROWS, O - 1u);
-    bool rows_live = (group_id() * 2u + half_id) * ROWS < O;
-#else
     uint row0 = group_id() * ROWS;
     if (row0 >= O) {
         return;
     }
-#endif
 #ifdef ABLATE_EMPTY
     // Timing only (compile-model --ablate matvec): its input read (one element per row), its
     // outputs written and published.
-    if (ROWS_LIVE t < ROWS && row0 + t < O) {
+    if (t < ROWS && row0 + t < O) {
         uint r = row0 + t;
         float v = x[r % I] * 1e-30;
         y[out_index(r)] = v;
@@ -252,7 +188,7 @@ void main() {
             // nothing), so that each shuffle finds the lane it reads still there. Shuffled
             // after the step's loads are issued: before them, the code loads would wait for
             // the scale words (lm_head q8_0 +6 µs on an H100).
-            uint c0 = t + k * LANES;
+            uint c0 = t + k * gl_WorkGroupSize.x;
             bool live = c0 < I / 8u;
             uint c = min(c0, I / 8u - 1u);
             vec4 xa, xb;
@@ -284,7 +220,7 @@ void main() {
         }
     } else {
         for (uint k = 0u; k < STEPS8; k++) {
-            uint c = t + k * LANES;
+            uint c = t + k * gl_WorkGroupSize.x;
             if (c >= I / 8u) {
                 break;
             }
@@ -325,7 +261,7 @@ void main() {
     if (VEC4 != 0u) {
 #if W_DTYPE == F32
         uint n4 = I / 4u;
-        for (uint c = t; c < n4; c += LANES) {
+        for (uint c = t; c < n4; c += gl_WorkGroupSize.x) {
             vec4 xv = x4[c];
 #if NORM
             ss += dot(xv, xv);
@@ -338,7 +274,7 @@ void main() {
 #else
         uint n8 = I / 8u;
         for (uint k = 0u; k < STEPS8; k++) {
-            uint c = t + k * LANES;
+            uint c = t + k * gl_WorkGroupSize.x;
             if (c >= n8) {
                 break;
             }
@@ -355,7 +291,7 @@ void main() {
         }
 #endif
     } else {
-        for (uint c = t; c < I; c += LANES) {
+        for (uint c = t; c < I; c += gl_WorkGroupSize.x) {
             float xv = x[c];
             ss += xv * xv;
             xv *= nw_at(c);
@@ -371,9 +307,7 @@ void main() {
     wg_publish_sum(ss);
 #endif
     wg_share_dots(acc, ndots);
-#if NORM && MV_PACK2
-    scale = inversesqrt(half_published_sum(half_id) / float(I) + EPS);
-#elif NORM
+#if NORM
     scale = inversesqrt(wg_published_sum() / float(I) + EPS);
 #endif
 #if defined(F16_MV) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0) && !QH_ACC
@@ -383,10 +317,10 @@ void main() {
     uint step_best = 0u;
     uint step_row = NONE;
 #endif
-    if (ROWS_LIVE t < ROWS && row0 + t < O) {
+    if (t < ROWS && row0 + t < O) {
         float a[PER_ROW];
         for (uint k = 0u; k < PER_ROW; k++) {
-            a[k] = DOT_TOTAL(t * PER_ROW + k) * scale;
+            a[k] = wg_dot_total(t * PER_ROW + k) * scale;
         }
         uint r = row0 + t;
         float v = EPILOGUE(r, a, pre);

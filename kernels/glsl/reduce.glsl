@@ -111,13 +111,7 @@ const uint MAX_DOTS = 8u;
 // each SM's shared-memory carveout by what the running kernel declares, and a small one leaves
 // no room for the next level's workgroups to start beside the producer's, which is the point
 // of a handoff.
-#ifdef RED_DOTS_SMALL
-// Probe (fused_matvec.glsl's QKV_SHARED_SMALL): only what is used, MAX_DOTS partials per
-// subgroup of at least 8 invocations.
-shared float red_dots[MAX_DOTS * (gl_WorkGroupSize.x / 8u)];
-#else
 shared float red_dots[MAX_DOTS * gl_WorkGroupSize.x];
-#endif
 
 void wg_share_dots(float acc[MAX_DOTS], uint n) {
 #define RED_DOT(j, v) red_dots[(j) * gl_NumSubgroups + gl_SubgroupID] = (v)

@@ -521,12 +521,6 @@ fn plain_matvec(spec: &MatvecSpec) -> Generated {
     let o = spec.rows();
     let (wg, rows) = crate::kernels::matvec_tuning(o, spec.dtype);
     let rows_per_wg = (rows as usize).min(8 / per_row).max(1);
-    // Probe (`VKFUSE_QKV_PACK2=1`, fused_matvec.glsl's MV_PACK2): two workgroups in one, for the
-    // block formats' matvecs but lm_head.
-    let pack2 = !spec.step
-        && spec.dtype.is_quantized()
-        && crate::kernels::knob("VKFUSE_QKV_PACK2") == Some(1);
-    let wg = if pack2 { 2 * wg } else { wg };
     let vec4 = crate::kernels::vec4(spec.dtype, spec.cols) != 0;
     let (offsets, _) = spec.layout();
     let mut ends = vec![0u32; 8];
@@ -577,15 +571,12 @@ fn plain_matvec(spec: &MatvecSpec) -> Generated {
     if spec.step {
         let _ = writeln!(s, "#define STEP 1\n#define STEP_BINDING {step_binding}");
     }
-    if pack2 {
-        s += "#define MV_PACK2 1\n";
-    }
     s += "#include \"fused_matvec.glsl\"\n";
     Generated {
         label: format!("fused_matvec[{}]", spec.describe()),
         source: s,
         spec_constants,
-        workgroups: workgroups(o.div_ceil(rows_per_wg * if pack2 { 2 } else { 1 })),
+        workgroups: workgroups(o.div_ceil(rows_per_wg)),
         bindings: step_binding + if spec.step { 3 } else { 0 },
     }
 }
