@@ -664,6 +664,14 @@ void main() {
     uint t = gl_LocalInvocationID.x;
     uint group = HQ / HKV;
     uint g = h / group;
+#ifdef ATTN_NORMS_FIRST
+    // Probe: the q/k norm weights loaded first of all, consumed with the first tile.
+    vec2 wn = vec2(1.0);
+    vec2 pwn = vec2(1.0);
+    if (t < D) {
+        qk_norm_weights(t, t < HALF_ROT ? t + HALF_ROT : (t < ROT ? t - HALF_ROT : t), wn, pwn);
+    }
+#endif
     // The position, the split's chunk and its first K/V tile depend on nothing this step's
     // q/k/v level writes: taken before the q/k/v words are waited for (handoffs launch this
     // level while q/k/v still runs), so that the tile's latency hides behind that wait and an
@@ -723,8 +731,10 @@ void main() {
     vec2 raw = vec2(0.0);
     vec2 praw = vec2(0.0);
     float vv = 0.0;
+#ifndef ATTN_NORMS_FIRST
     vec2 wn = vec2(1.0);
     vec2 pwn = vec2(1.0);
+#endif
     if (t < D && handoff_reading()) {
         // All five polled before any is waited on, and those still empty polled again together
         // until none is: one round trip after the last lands, where waiting on each in turn
@@ -741,9 +751,18 @@ void main() {
         // the wait instead of following it. Loaded before the polls (with the rope's angle)
         // they delayed them: bf16 +0.6%, q8_0 -0.7%, q4_0 -1.0% on an H100 (docs/perf.md,
         // session 28).
+#ifndef ATTN_NORMS_FIRST
         qk_norm_weights(t, pt, wn, pwn);
+#endif
 #if EARLY
         consume_tile(kp, vp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
+#ifdef ATTN_NORMS_FIRST
+        // The norm weights consumed as the tile is (the same store, the same slot).
+        if ((floatBitsToUint(wn.x) ^ floatBitsToUint(wn.y) ^ floatBitsToUint(pwn.x) ^
+             floatBitsToUint(pwn.y)) == 0x7f3a5c11u) {
+            partial[(h * NSPLITS + split) * (D + 2u) + 2u + t] = 0.0;
+        }
+#endif
 #endif
         while (any(equal(got, uvec4(HANDOFF_EMPTY))) || pv == HANDOFF_EMPTY) {
             got = uvec4(got.x != HANDOFF_EMPTY ? got.x : handoff_poll(at.x),
@@ -759,7 +778,9 @@ void main() {
         raw = vec2(q[h * D + t], k_new[g * D + t]);
         praw = vec2(q[h * D + pt], k_new[g * D + pt]);
         vv = v_new[g * D + t];
+#ifndef ATTN_NORMS_FIRST
         qk_norm_weights(t, pt, wn, pwn);
+#endif
     }
     TIMELINE_MARK(0);
 #ifdef ABLATE_EMPTY
