@@ -94,6 +94,58 @@ fn bad_arguments_are_clear_errors() {
     }
 }
 
+/// `-o` where something other than a file is: a directory, a device, a link to a device are
+/// refused before compiling, and left as they were (the write's final rename would have
+/// replaced them: `-o /dev/null` as root did); a link to a file is written through, the link
+/// kept.
+#[test]
+fn the_output_path_is_a_file_or_a_link_to_one() {
+    use std::os::unix::fs::{symlink, FileTypeExt};
+    let dir = std::env::temp_dir().join(format!("vkfuse-out-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    symlink("/dev/null", dir.join("null")).unwrap();
+    let tied = fixture("qwen3-tied");
+    for target in [dir.join("sub"), "/dev/null".into(), dir.join("null")] {
+        let t = target.to_str().unwrap();
+        let out = compile_model(&[&tied, "-o", t]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{t}: {stderr}");
+        assert!(
+            stderr.contains("exists and is not a regular file"),
+            "{t}: {stderr}"
+        );
+        // Refused before the compile: no stage ran.
+        assert!(!stderr.contains("fuse "), "{t}: {stderr}");
+        assert!(!std::path::Path::new(&format!("{t}.partial")).exists());
+    }
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    assert!(dir.join("sub").is_dir());
+    assert!(std::fs::symlink_metadata(dir.join("null"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // A link to a file: the file gets the schedule, the link stays a link.
+    std::fs::write(dir.join("real.vkf"), b"old").unwrap();
+    symlink(dir.join("real.vkf"), dir.join("link.vkf")).unwrap();
+    let out = compile_model(&[&tied, "-o", dir.join("link.vkf").to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::symlink_metadata(dir.join("link.vkf"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let written = std::fs::read(dir.join("real.vkf")).unwrap();
+    assert!(written.starts_with(&vkfuse_runtime::schedule::MAGIC));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn device_cost_file_sets_the_costs_and_bad_ones_are_named() {
     let dir = std::env::temp_dir().join(format!("vkfuse-cost-{}", std::process::id()));

@@ -209,7 +209,8 @@ fn run(args: Args) -> Result<()> {
             "nothing to do: pass -o FILE to write a schedule, or --emit-trace to print the trace"
         );
     }
-    // Before the compile, not after it: the folder the schedule goes to must exist.
+    // Before the compile, not after it: the folder the schedule goes to must exist and take a
+    // file, and the path must not be a device or the like, which the final rename would replace.
     if let Some(out) = &args.output {
         let dir = out.parent().filter(|d| !d.as_os_str().is_empty());
         if let Some(dir) = dir.filter(|d| !d.is_dir()) {
@@ -219,6 +220,13 @@ fn run(args: Args) -> Result<()> {
                 dir.display()
             );
         }
+        let target = vkfuse_runtime::schedule::output_target(out)?;
+        let mut probe = target.into_os_string();
+        probe.push(".partial");
+        let probe = PathBuf::from(probe);
+        std::fs::File::create(&probe)
+            .with_context(|| format!("-o {}: cannot write {}", out.display(), probe.display()))?;
+        let _ = std::fs::remove_file(&probe);
     }
     if let Some(wg) = args.attention_wg {
         if !wg.is_power_of_two() || !(4..=1024).contains(&wg) {

@@ -87,6 +87,17 @@ pub enum ScheduleFileError {
         /// The path.
         path: PathBuf,
     },
+    /// Writing: something other than a file is at the path (a device such as /dev/null, a
+    /// fifo, a directory), which the write's final rename would replace.
+    #[error(
+        "{}: exists and is not a regular file (a device, fifo or directory): the schedule is \
+         written beside the path and renamed over it, which would replace it; give a file path",
+        path.display()
+    )]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
     /// The first bytes are not [`MAGIC`].
     #[error("{}: not a vkfuse schedule file (it does not start with the vkfuse magic bytes)", path.display())]
     BadMagic {
@@ -495,13 +506,17 @@ impl Schedule {
     }
 
     /// [`Self::write_to`] a file at `path`, atomically: the bytes go to `PATH.partial`, which is
-    /// renamed to `path` once complete (and removed on failure).
+    /// renamed to `path` once complete (and removed on failure). A symlink at `path` is written
+    /// through (the file it names is replaced, the link stays); anything else that is not a
+    /// regular file is refused ([`ScheduleFileError::NotAFile`]): the rename would replace it.
     pub fn write_file(
         &self,
         path: impl AsRef<Path>,
         weights: &dyn TensorBytes,
     ) -> Result<u64, ScheduleFileError> {
-        let path = path.as_ref();
+        let given = path.as_ref();
+        let target = output_target(given)?;
+        let path = target.as_path();
         let mut partial = path.as_os_str().to_owned();
         partial.push(".partial");
         let partial = PathBuf::from(partial);
@@ -523,11 +538,23 @@ impl Schedule {
             Err(e) => {
                 let _ = std::fs::remove_file(&partial);
                 Err(match e {
-                    ScheduleFileError::Write(source) => io_err(path, source),
+                    ScheduleFileError::Write(source) => io_err(given, source),
                     e => e,
                 })
             }
         }
+    }
+}
+
+/// Where [`Schedule::write_file`] writes for `path`: `path` where nothing is there (or a
+/// dangling link, replaced by the file), the file a link names where it is one, and an error
+/// where something other than a regular file is there.
+pub fn output_target(path: &Path) -> Result<PathBuf, ScheduleFileError> {
+    // metadata() follows links: a link to a device is refused as the device is.
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(std::fs::canonicalize(path).unwrap_or_else(|_| path.into())),
+        Ok(_) => Err(ScheduleFileError::NotAFile { path: path.into() }),
+        Err(_) => Ok(path.into()),
     }
 }
 

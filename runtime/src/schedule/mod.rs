@@ -9,8 +9,8 @@ mod validate;
 
 pub use dump::{dump, Regions};
 pub use file::{
-    crc32, FileLayout, FileWeights, ScheduleFile, ScheduleFileError, Section, TensorEntry, Verify,
-    END_MAGIC, FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
+    crc32, output_target, FileLayout, FileWeights, ScheduleFile, ScheduleFileError, Section,
+    TensorEntry, Verify, END_MAGIC, FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
 };
 pub use validate::ScheduleError;
 
