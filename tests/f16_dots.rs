@@ -56,6 +56,11 @@ fn median(e: &[f64]) -> f64 {
 /// The fixture `name` in `format`, folded as compile-model folds it, compiled with f16 dots
 /// (and the probe's `defines`) and replayed against the three oracles.
 fn check(name: &str, format: WeightFormat, defines: &str) {
+    check_split(name, format, defines, None);
+}
+
+/// [`check`] with the attention block split as `splits` says (`None`: as the shapes choose).
+fn check_split(name: &str, format: WeightFormat, defines: &str, splits: Option<usize>) {
     let want = expected(name);
     let model = import::load(&fixture_dir(name)).unwrap();
     let opts = TraceOptions {
@@ -79,10 +84,21 @@ fn check(name: &str, format: WeightFormat, defines: &str) {
     let mut spirv = SpirvCache::with_probe_defines(defines);
     let fuse = FuseOptions {
         f16_dots: true,
+        attention_splits: splits,
         ..FuseOptions::default()
     };
     let schedule = lower_fused(&program, &meta, &mut spirv, &fuse).unwrap().0;
-    let what = format!("{name} {format} f16 dots {defines}");
+    let what = format!("{name} {format} f16 dots {defines} splits {splits:?}");
+    if splits.is_some_and(|s| s > 1) {
+        // consume_tile()'s constant: the split block takes the early tile (tests/handoff.rs).
+        assert!(
+            schedule
+                .kernels
+                .iter()
+                .any(|k| k.label.starts_with("fused_attention") && k.spirv.contains(&0x7f3a_5c11)),
+            "{what}: no early tile"
+        );
+    }
     assert!(
         schedule.float16_kernel().is_some(),
         "{what}: no kernel declares f16 arithmetic"
@@ -168,6 +184,17 @@ fn llama_gqa_f16_dots_stay_within_f16_rounding_of_the_f32_dots() {
 #[test]
 fn qwen3_next_f16_dots_stay_within_f16_rounding_of_the_f32_dots() {
     both_formats("qwen3-next");
+}
+
+/// A split attention block takes the early tile with f16 dots (its rope angles before the
+/// wait, its first K/V tile consumed after its first polls): against the same oracles, with
+/// its levels handed over in replay (the fixtures' 32 positions fit one 32-slot chunk, so a
+/// single split works at each; tests/handoff.rs combines them at longer positions).
+#[test]
+fn a_split_attention_block_with_the_early_tile_stays_within_f16_rounding() {
+    for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+        check_split("qwen3-untied", format, "", Some(4));
+    }
 }
 
 #[test]

@@ -12,11 +12,16 @@
 //! float atomics' reassociation at every teacher-forced position, and the greedy tokens must be
 //! transformers'. `bench/h100 tests` runs it on the H100, where the consumers really wait.
 
-use vkfuse_compiler::fuse::FuseOptions;
+use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
+use vkfuse_compiler::import::{self, TensorStore};
+use vkfuse_compiler::lower::{Meta, SpirvCache};
+use vkfuse_compiler::quant::{self, EncodedWeights, WeightFormat};
+use vkfuse_compiler::trace;
+use vkfuse_runtime::schedule::Schedule;
 use vkfuse_runtime::session::{Eager, Handoffs, Replay};
 use vkfuse_runtime::HANDOFF_EMPTY;
 use vkfuse_tests::{
-    expected, fused_schedule_with, loaded_with_handoffs, replay_greedy_ids,
+    expected, fixture_dir, fused_schedule_with, loaded_with_handoffs, replay_greedy_ids,
     same_kernels_agree_within, validated_device, ATOMICS_TOL, FIXTURES,
 };
 
@@ -138,36 +143,74 @@ fn should_hand_levels_over_with_the_attention_split() {
 
 /// Past the first chunk of the context every working split of the attention block reads its
 /// head's q, k and v as words and the splits' partials are combined: 96 positions, 4 splits of
-/// at least 32 slots, every step's logits against the same schedule run eager; with f16 dots
-/// too, whose block settles its rope angles and first tile before the wait
-/// (`AttnSpec::early_tile`), which only the handed-over path does.
+/// at least 32 slots, every step's logits against the same schedule run eager. Also in q8_0
+/// with f16 dots, whose block settles its rope angles and first tile before the wait
+/// (`AttnSpec::early_tile`; the tile's consumer runs on the handed-over path only), and with
+/// that consumer's store made unconditional (`EARLY_TILE_STORE_ALWAYS`, test only): it goes
+/// to a slot no result reads before its own split rewrites it, so the logits do not move.
+/// Float weights under f16 dots do not take the early tile (it lost there).
 #[test]
 fn should_hand_q_k_v_to_every_split_at_longer_positions() {
-    for f16_dots in [false, true] {
-        longer_positions(f16_dots);
-    }
+    longer_positions(None, false, "");
+    longer_positions(Some(WeightFormat::Q8_0), true, "");
+    longer_positions(Some(WeightFormat::Q8_0), true, "EARLY_TILE_STORE_ALWAYS");
+    let (_, schedule) = split_schedule(None, true, "");
+    assert!(!early_tile(&schedule));
 }
 
-fn longer_positions(f16_dots: bool) {
-    let name = "llama-gqa";
+/// llama-gqa with 4 attention splits, its matvec weights in `format` (`None`: as stored),
+/// fused with `f16_dots` and the probe's `defines`: the weights as the schedule reads them,
+/// and the schedule.
+fn split_schedule(
+    format: Option<WeightFormat>,
+    f16_dots: bool,
+    defines: &str,
+) -> (EncodedWeights<TensorStore>, Schedule) {
+    let model = import::load(&fixture_dir("llama-gqa")).unwrap();
+    let mut program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
+    if let Some(format) = format {
+        quant::convert(&mut program, format).unwrap();
+    }
+    let meta = Meta {
+        architecture: model.config.architecture.clone(),
+        eos_token_ids: vec![],
+        tokenizer: None,
+    };
     let opts = FuseOptions {
         attention_splits: Some(4),
         f16_dots,
         ..FuseOptions::default()
     };
-    let (model, schedule, _) = fused_schedule_with(name, &opts);
-    // consume_tile()'s constant witnesses the early tile in the block's SPIR-V.
-    let blocks: Vec<_> = schedule
+    let mut spirv = SpirvCache::with_probe_defines(defines);
+    let schedule = lower_fused(&program, &meta, &mut spirv, &opts).unwrap().0;
+    (
+        EncodedWeights::new(model.tensors, &program).unwrap(),
+        schedule,
+    )
+}
+
+/// Whether the schedule's attention blocks take the early tile: consume_tile()'s constant
+/// witnesses it in their SPIR-V (every block alike).
+fn early_tile(schedule: &Schedule) -> bool {
+    let blocks: Vec<bool> = schedule
         .kernels
         .iter()
         .filter(|k| k.label.starts_with("fused_attention"))
+        .map(|k| k.spirv.contains(&0x7f3a_5c11))
         .collect();
     assert!(!blocks.is_empty());
-    for k in blocks {
-        assert_eq!(k.spirv.contains(&0x7f3a_5c11), f16_dots, "{}", k.label);
+    assert!(blocks.iter().all(|&b| b == blocks[0]), "{blocks:?}");
+    blocks[0]
+}
+
+fn longer_positions(format: Option<WeightFormat>, f16_dots: bool, defines: &str) {
+    let what = format!("llama-gqa ({format:?}, f16 dots {f16_dots}, {defines:?})");
+    let (weights, schedule) = split_schedule(format, f16_dots, defines);
+    if defines.is_empty() {
+        assert_eq!(early_tile(&schedule), f16_dots, "{what}");
     }
     let (device, log) = validated_device();
-    let load = |handoffs| loaded_with_handoffs(&device, schedule.clone(), &model.tensors, handoffs);
+    let load = |handoffs| loaded_with_handoffs(&device, schedule.clone(), &weights, handoffs);
     let mut eager = Eager::new(load(Handoffs::Off)).unwrap();
     let mut replay = Replay::new(load(Handoffs::On)).unwrap();
     assert!(replay.handed_levels() > 0);
@@ -177,7 +220,7 @@ fn longer_positions(f16_dots: bool) {
         let e = eager.step(Some(token)).unwrap();
         let r = replay.step(Some(token)).unwrap().logits;
         same_kernels_agree_within(
-            &format!("{name} (f16 dots {f16_dots}) position {i}"),
+            &format!("{what} position {i}"),
             &r,
             &e.logits,
             atomics,
@@ -185,7 +228,7 @@ fn longer_positions(f16_dots: bool) {
         );
         token = e.next_token;
     }
-    assert!(log.is_clean(), "{}", log.report());
+    assert!(log.is_clean(), "{what}: {}", log.report());
 }
 
 /// `compile-model --ablate` (timing probes): every ablated kernel still publishes every word

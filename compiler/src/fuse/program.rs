@@ -650,8 +650,10 @@ impl Builder<'_> {
                         .max(head_dim.next_power_of_two() as u32),
                     polled_combine: false,
                     // Measured with the block formats' f16 dots, where it gains (and against
-                    // bf16, where it loses): those schedules only.
-                    early_tile: self.opts.f16_dots,
+                    // bf16, where it loses): those schedules only, not float weights under a
+                    // forced `--dots f16`.
+                    early_tile: self.opts.f16_dots
+                        && super::prefetch::matvec_dtype(self.p).is_quantized(),
                 };
                 let generated = ablate::apply(&self.opts.ablate, codegen::attention(&spec));
                 let alternatives = self.attention_bands(&spec)?;
