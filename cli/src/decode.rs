@@ -299,6 +299,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.ids.is_empty() {
         bail!("--ids needs at least one token id");
     }
+    // Before the decode, not after it: the folder the logits go to must exist.
+    if let Some(path) = &args.logits_out {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
+            bail!(
+                "--logits-out {}: the folder {} does not exist",
+                path.display(),
+                dir.display()
+            );
+        }
+    }
     let source = Source::open(args)?;
     let (vocab, capacity) = source.vocab_and_capacity();
     let steps = positions(

@@ -223,10 +223,22 @@ fn zero_new_tokens_gives_one_row_per_id() {
 fn bad_input_is_a_clear_error_not_a_panic() {
     let dir = fixture_dir("qwen3-tied");
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["run", "/nonexistent/model", "--ids", "1"],
             "/nonexistent/model",
+        ),
+        // Refused before the decode, naming the folder.
+        (
+            &[
+                "run",
+                d,
+                "--ids",
+                "1",
+                "--logits-out",
+                "/nonexistent/dir/l.npy",
+            ],
+            "the folder /nonexistent/dir does not exist",
         ),
         // A model directory where a schedule file belongs.
         (&["inspect", d], "is a directory, not a schedule file"),

@@ -52,10 +52,17 @@ pub fn to_bytes(a: &Array2) -> Vec<u8> {
     out
 }
 
+/// Writes `a` to `path` (through a device or a link, as any write does); a regular file that a
+/// failed write left short is removed rather than left with a header that claims every row.
 pub fn write(path: &Path, a: &Array2) -> Result<(), NpyError> {
-    std::fs::write(path, to_bytes(a)).map_err(|source| NpyError::Write {
-        path: path.display().to_string(),
-        source,
+    std::fs::write(path, to_bytes(a)).map_err(|source| {
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {
+            let _ = std::fs::remove_file(path);
+        }
+        NpyError::Write {
+            path: path.display().to_string(),
+            source,
+        }
     })
 }
 
