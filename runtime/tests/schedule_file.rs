@@ -889,12 +889,15 @@ fn should_reject_at_open_a_schedule_that_does_not_validate() {
     let err = open_bytes("invalid", &b).unwrap_err();
     match &err {
         ScheduleFileError::Invalid {
-            source: ScheduleError::Invalid(m),
+            error: ScheduleError::Invalid(m),
             ..
         } => assert!(m.contains("vocab_size"), "{m}"),
         e => panic!("{e}"),
     }
     assert!(err.to_string().contains("invalid-"), "{err}");
+    // Named once: the validation error is in the message and not also the source, which a
+    // caller printing the chain (`{:#}`) would print again.
+    assert!(std::error::Error::source(&err).is_none(), "{err}");
 }
 
 #[test]

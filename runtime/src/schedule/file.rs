@@ -162,12 +162,13 @@ pub enum ScheduleFileError {
         message: String,
     },
     /// The file decodes, but the schedule does not validate.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Invalid {
         /// The file.
         path: PathBuf,
-        /// What [`Schedule::validate`] found.
-        source: ScheduleError,
+        /// What [`Schedule::validate`] found (in the message, so not also a `source()`:
+        /// callers printing the chain would repeat it).
+        error: ScheduleError,
     },
     /// Writing to a stream failed ([`Schedule::write_file`] reports [`Self::Io`] instead).
     #[error("cannot write the schedule file: {0}")]
@@ -1214,7 +1215,7 @@ fn parse(
     }
     schedule
         .validate()
-        .map_err(|source| ScheduleFileError::Invalid { path: p(), source })?;
+        .map_err(|error| ScheduleFileError::Invalid { path: p(), error })?;
     // Last, as the only check that reads every weight byte.
     if verify == Verify::All {
         let computed = crc32::checksum(&file[weights_offset..weights_end]);
