@@ -146,6 +146,39 @@ fn the_output_path_is_a_file_or_a_link_to_one() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A config that names fewer layers than the checkpoint holds compiles (the first layers are
+/// a model too), with a warning naming both counts; the fixture as it is gets none.
+#[test]
+fn a_config_cut_short_of_the_checkpoint_is_warned_about() {
+    let dir = std::env::temp_dir().join(format!("vkfuse-short-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(fixture("llama-gqa")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let out_path = dir.join("x.vkf");
+    let out = out_path.to_str().unwrap();
+    let run = || {
+        let o = compile_model(&[dir.to_str().unwrap(), "-o", out]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stderr).to_string()
+    };
+    assert!(!run().contains("warning"));
+    let config = dir.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    assert_eq!(c["num_hidden_layers"], 2);
+    c["num_hidden_layers"] = 1.into();
+    std::fs::write(&config, c.to_string()).unwrap();
+    let stderr = run();
+    assert!(
+        stderr.contains("num_hidden_layers is 1, but the checkpoint holds 2 layers"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn device_cost_file_sets_the_costs_and_bad_ones_are_named() {
     let dir = std::env::temp_dir().join(format!("vkfuse-cost-{}", std::process::id()));

@@ -253,6 +253,41 @@ fn tokenizer_json_is_read_verbatim_when_present_and_named_when_broken() {
     assert!(err.contains("invalid JSON"), "{err}");
 }
 
+/// generation_config.json's eos ids (transformers' generate stops at them) follow config.json's,
+/// each once; a broken file or an id past the vocabulary is named.
+#[test]
+fn generation_config_eos_ids_are_added_and_a_broken_file_is_named() {
+    let (dir, m) = good_llama("generation");
+    let base = m.config.eos_token_ids.clone();
+    assert_eq!(base, vec![2], "Llama's default");
+    dir.write("generation_config.json", "{\"eos_token_id\": [2, 7, 9]}");
+    assert_eq!(
+        load(dir.path()).unwrap().config.eos_token_ids,
+        vec![2, 7, 9]
+    );
+    dir.write(
+        "generation_config.json",
+        "{\"eos_token_id\": 5, \"do_sample\": true}",
+    );
+    assert_eq!(load(dir.path()).unwrap().config.eos_token_ids, vec![2, 5]);
+    dir.write("generation_config.json", "{\"bos_token_id\": 1}");
+    assert_eq!(load(dir.path()).unwrap().config.eos_token_ids, base);
+    for (text, needle) in [
+        ("{\"eos_token_id\": ", "generation_config.json:1:"),
+        ("[1]", "expected an object"),
+        ("{\"eos_token_id\": \"x\"}", "eos_token_id"),
+        (
+            "{\"eos_token_id\": [2, 99999]}",
+            "99999 is outside the vocabulary",
+        ),
+    ] {
+        dir.write("generation_config.json", text);
+        let err = load_err(dir.path()).to_string();
+        assert!(err.contains("generation_config.json"), "{text}: {err}");
+        assert!(err.contains(needle), "{text}: {err}");
+    }
+}
+
 #[test]
 fn llama_loads_with_head_dim_derived_from_hidden_over_heads() {
     let (dir, m) = good_llama("llama");

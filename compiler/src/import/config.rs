@@ -18,6 +18,8 @@
 //!
 //! `rms_norm_eps` 1e-6, no biases and untied embeddings in all three. Qwen3 and Qwen3-Next have
 //! no `mlp_bias` field (their MLPs have no bias). `dtype` wins over the legacy `torch_dtype`.
+//! `generation_config.json`'s `eos_token_id`, where the directory has one, is added after
+//! config.json's ([`ModelConfig::add_generation_eos`]).
 
 use std::fmt;
 use std::path::Path;
@@ -125,15 +127,40 @@ impl ModelConfig {
     /// Resolves config.json's text; `file` names it in errors.
     pub fn from_json(text: &str, file: &Path) -> R<ModelConfig> {
         let root: Value = serde_json::from_str(text).map_err(|e| ImportError::json(file, &e))?;
-        let Some(obj) = root.as_object() else {
-            return Err(ImportError::BadJson {
-                file: file.to_path_buf(),
-                line: 1,
-                column: 1,
-                message: format!("expected an object at the top level, found {}", show(&root)),
-            });
-        };
+        let obj = top_object(&root, file)?;
         parse(Fields::new(file, obj, ""))
+    }
+
+    /// Adds `generation_config.json`'s `eos_token_id` (an int, a list or null) after config.json's
+    /// own, where the directory has that file: transformers' generate stops at those, and
+    /// instruct checkpoints often name their end-of-turn token there only (Llama 3's
+    /// `<|eot_id|>`). A file that is not JSON, or an id past the vocabulary, is an error naming
+    /// the file.
+    pub fn add_generation_eos(&mut self, file: &Path) -> R<()> {
+        let text = match std::fs::read_to_string(file) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(ImportError::io(file)(e)),
+        };
+        let root: Value = serde_json::from_str(&text).map_err(|e| ImportError::json(file, &e))?;
+        let obj = top_object(&root, file)?;
+        let f = Fields::new(file, obj, "");
+        for id in f.token_ids_opt("eos_token_id")?.unwrap_or_default() {
+            if id as usize >= self.vocab_size {
+                return Err(inconsistent(
+                    &f,
+                    format!(
+                        "eos_token_id {id} is outside the vocabulary of {} (config.json's \
+                         vocab_size)",
+                        self.vocab_size
+                    ),
+                ));
+            }
+            if !self.eos_token_ids.contains(&id) {
+                self.eos_token_ids.push(id);
+            }
+        }
+        Ok(())
     }
 
     /// The number of layers of each type: `(linear attention, full attention)`; all layers are
@@ -151,6 +178,16 @@ impl ModelConfig {
             }
         }
     }
+}
+
+/// A JSON file's top-level object; `file` names it in the error.
+fn top_object<'a>(root: &'a Value, file: &Path) -> R<&'a serde_json::Map<String, Value>> {
+    root.as_object().ok_or_else(|| ImportError::BadJson {
+        file: file.to_path_buf(),
+        line: 1,
+        column: 1,
+        message: format!("expected an object at the top level, found {}", show(root)),
+    })
 }
 
 fn inconsistent(f: &Fields<'_>, message: String) -> ImportError {

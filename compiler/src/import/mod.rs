@@ -37,8 +37,32 @@ pub struct Model {
     pub tokenizer: Option<String>,
 }
 
+/// The generation defaults a model directory may have (only its `eos_token_id` is read).
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
 /// The tokenizer file a model directory may have.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+impl Model {
+    /// The decoder layers the checkpoint holds tensors for (`model.layers.N.*`: the largest N
+    /// plus one) where that is more than the config's `num_hidden_layers`: a config cut short
+    /// (or a checkpoint of another model), whose other layers no trace reads.
+    pub fn layers_beyond_config(&self) -> Option<usize> {
+        let held = self
+            .tensors
+            .names()
+            .filter_map(|n| {
+                n.strip_prefix("model.layers.")?
+                    .split('.')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .map(|l: usize| l + 1)
+            .max()?;
+        (held > self.config.num_layers).then_some(held)
+    }
+}
 
 /// Loads the model directory `dir`: `config.json` and its safetensors, memory-mapped, and
 /// `tokenizer.json` if present.
@@ -52,7 +76,8 @@ pub fn load(dir: &Path) -> Result<Model, ImportError> {
             source,
         });
     }
-    let config = ModelConfig::from_file(&dir.join("config.json"))?;
+    let mut config = ModelConfig::from_file(&dir.join("config.json"))?;
+    config.add_generation_eos(&dir.join(GENERATION_CONFIG_FILE))?;
     let tensors = TensorStore::open(dir)?;
     let tokenizer = read_tokenizer(dir)?;
     Ok(Model {
