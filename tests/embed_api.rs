@@ -175,12 +175,22 @@ fn a_generation_cut_short_resumes_and_misuse_is_a_clear_error() {
 
 #[test]
 fn the_pipeline_cache_file_is_written_then_used_and_a_damaged_one_is_ignored() {
-    use vkfuse_runtime::session::CacheStatus;
+    use vkfuse_runtime::session::{pipeline_cache, CacheStatus};
     let path = schedule_file("cache");
     let mut cache = path.clone().into_os_string();
     cache.push(".pipelines");
     let cache = PathBuf::from(cache);
     let _ = std::fs::remove_file(&cache);
+    // The user cache folder is the fallback a missing file beside the schedule is read from:
+    // an entry for this schedule left there (by a run of it from a read-only folder, say)
+    // would be used, not written.
+    let checksum = {
+        let file = vkfuse_runtime::schedule::ScheduleFile::open(&path).unwrap();
+        pipeline_cache::schedule_checksum(file.schedule())
+    };
+    if let Some(user) = pipeline_cache::CacheFile::in_user_cache(checksum) {
+        let _ = std::fs::remove_file(&user.primary);
+    }
     let want = expected(FIXTURE);
     let ids_of = |session: &mut Session| {
         let mut out = Vec::new();
