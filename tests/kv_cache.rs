@@ -11,7 +11,9 @@
 
 use vkfuse_compiler::reference::Reference;
 use vkfuse_compiler::{import, trace};
-use vkfuse_tests::{as_array, assert_rows_close, expected, fixture_dir, validated_device};
+use vkfuse_tests::{
+    as_array, assert_rows_close, expected, fixture_dir, spirv_cache, validated_device,
+};
 
 fn check(name: &str, kv: trace::KvCache) {
     let f16 = kv == trace::KvCache::F16;
@@ -128,4 +130,33 @@ fn f32_llama_gqa() {
 #[test]
 fn f32_qwen3_next() {
     check("qwen3-next", trace::KvCache::F32);
+}
+
+/// A KV cache longer than one binding may cover on this device (`maxStorageBufferRange`) is
+/// refused at load before any buffer is made, naming the dispatch that binds it and
+/// `--max-context`; before, the descriptor write failed with the bare limit.
+#[test]
+fn a_cache_past_the_binding_limit_is_refused_by_name() {
+    let (device, log) = validated_device();
+    let model = import::load(&fixture_dir("qwen3-tied")).unwrap();
+    let c = &model.config;
+    // One slot past the limit at f16, the narrower cache element.
+    let range = device.info().max_storage_buffer_range as usize;
+    let opts = trace::TraceOptions {
+        max_context: Some(range / (c.num_kv_heads * c.head_dim * 2) + 1),
+        kv_cache: trace::KvCache::F16,
+        ..Default::default()
+    };
+    let program = trace::trace(&model, &opts).unwrap();
+    let meta = vkfuse_compiler::lower::Meta::of(&model);
+    let schedule = vkfuse_compiler::lower::lower(&program, &meta, &mut spirv_cache()).unwrap();
+    let options = vkfuse_runtime::session::LoadOptions::default();
+    let err = vkfuse_runtime::session::Loaded::load(device, schedule, &model.tensors, options)
+        .err()
+        .expect("a cache past maxStorageBufferRange loads");
+    let msg = err.to_string();
+    assert!(msg.contains("maxStorageBufferRange"), "{msg}");
+    assert!(msg.contains("--max-context"), "{msg}");
+    assert!(msg.contains("_cache_"), "{msg}");
+    assert!(log.is_clean(), "{}", log.report());
 }

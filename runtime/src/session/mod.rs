@@ -306,6 +306,7 @@ impl Loaded {
             schedule.with_persistent(groups, device.info().max_storage_buffers_per_stage);
         let total: u64 = schedule.buffers.iter().map(|b| b.size).sum();
         device.check_fits(total)?;
+        check_binding_ranges(&schedule, &device)?;
         let mut buffers = Vec::with_capacity(schedule.buffers.len());
         let io_kind = io_buffer_kind();
         for b in &schedule.buffers {
@@ -541,6 +542,40 @@ impl Loaded {
             next_token: self.schedule.io.token_encoding.decode(next),
         })
     }
+}
+
+/// Every binding within what one descriptor may cover (`maxStorageBufferRange`), named before
+/// any buffer is made: a KV cache of a long `--max-context` or a large weight matrix would
+/// otherwise fail at its descriptor write with the bare limit.
+fn check_binding_ranges(schedule: &Schedule, device: &Device) -> Result<(), SessionError> {
+    let max = u64::from(device.info().max_storage_buffer_range);
+    for d in &schedule.dispatches {
+        for (i, s) in d.bindings.iter().enumerate() {
+            if s.size <= max {
+                continue;
+            }
+            let buffer = schedule.buffer(s.buffer);
+            let fix = match buffer.role {
+                BufferRole::State => {
+                    ": a KV cache that long needs a smaller compile-model \
+                                     --max-context"
+                }
+                BufferRole::Weights => ": that matrix is too large for this device",
+                _ => "",
+            };
+            return Err(SessionError::Vulkan(Error::UnsupportedDevice {
+                device: device.info().name.clone(),
+                reason: format!(
+                    "`{}` binds {} bytes of its {} buffer at binding {i}, more than one binding \
+                     may cover here (maxStorageBufferRange {max}){fix}",
+                    d.label,
+                    s.size,
+                    buffer.role.name(),
+                ),
+            }));
+        }
+    }
+    Ok(())
 }
 
 /// The memory of the I/O buffer (token, position, logits), which the step's kernels write and
