@@ -839,9 +839,17 @@ fn should_report_a_flipped_weight_byte_as_a_weights_checksum_mismatch() {
         ),
         "{err}"
     );
-    // Tools that never upload the weights may skip that check.
+    // Tools that never upload the weights may skip that check, and their dump says so.
     let path = temp_path("flip-weights");
-    assert!(ScheduleFile::open_with(&path, Verify::SkipWeightsChecksum).is_ok());
+    let skipped = ScheduleFile::open_with(&path, Verify::SkipWeightsChecksum).unwrap();
+    let dump = skipped.to_string();
+    assert!(
+        dump.contains("(stored, not checked: loading checks it)"),
+        "{dump}"
+    );
+    let (good, _) = sample_file("flip-weights-good");
+    let dump = ScheduleFile::open(&good).unwrap().to_string();
+    assert!(!dump.contains("not checked"), "{dump}");
 }
 
 #[test]

@@ -307,6 +307,8 @@ pub struct ScheduleFile {
     schedule: Schedule,
     weights: FileWeights,
     layout: FileLayout,
+    /// What opening it checked (the dump says whether the weights' checksum was).
+    verified: Verify,
 }
 
 impl ScheduleFile {
@@ -360,6 +362,7 @@ impl ScheduleFile {
                 index,
             },
             layout,
+            verified: verify,
         })
     }
 
@@ -412,10 +415,14 @@ impl fmt::Display for ScheduleFile {
         )?;
         writeln!(
             f,
-            "  weights  @{} +{} crc32 {:#010x}, {} tensors",
+            "  weights  @{} +{} crc32 {:#010x}{}, {} tensors",
             l.weights.0,
             l.weights.1,
             l.weights_crc,
+            match self.verified {
+                Verify::All => "",
+                Verify::SkipWeightsChecksum => " (stored, not checked: loading checks it)",
+            },
             self.weights.tensors.len()
         )?;
         writeln!(f)?;
