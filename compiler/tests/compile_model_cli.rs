@@ -146,17 +146,23 @@ fn the_output_path_is_a_file_or_a_link_to_one() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A fresh copy of the fixture `name` in a temporary folder of its own (`tag`), to damage.
+fn fixture_copy(name: &str, tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("vkfuse-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(fixture(name)).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
 /// A config that names fewer layers than the checkpoint holds compiles (the first layers are
 /// a model too), with a warning naming both counts; the fixture as it is gets none.
 #[test]
 fn a_config_cut_short_of_the_checkpoint_is_warned_about() {
-    let dir = std::env::temp_dir().join(format!("vkfuse-short-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in std::fs::read_dir(fixture("llama-gqa")).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
-    }
+    let dir = fixture_copy("llama-gqa", "short");
     let out_path = dir.join("x.vkf");
     let out = out_path.to_str().unwrap();
     let run = || {
@@ -176,6 +182,34 @@ fn a_config_cut_short_of_the_checkpoint_is_warned_about() {
         stderr.contains("num_hidden_layers is 1, but the checkpoint holds 2 layers"),
         "{stderr}"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A NaN in a weight (a damaged checkpoint) is refused, naming the tensor and the element,
+/// and no schedule is written; it decoded into token 0 at every step before.
+#[test]
+fn a_nan_weight_is_named_and_nothing_is_written() {
+    let dir = fixture_copy("llama-gqa", "nan");
+    // Element 5 of a bf16 matrix set to a NaN in place: the safetensors header gives its bytes.
+    let file = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let tensor = "model.layers.1.mlp.down_proj.weight";
+    assert_eq!(header[tensor]["dtype"], "BF16");
+    let begin = header[tensor]["data_offsets"][0].as_u64().unwrap() as usize;
+    let at = 8 + header_len + begin + 2 * 5;
+    bytes[at..at + 2].copy_from_slice(&half::bf16::NAN.to_le_bytes());
+    std::fs::write(&file, bytes).unwrap();
+    let out_path = dir.join("x.vkf");
+    let out = compile_model(&[dir.to_str().unwrap(), "-o", out_path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("tensor \"{tensor}\" holds NaN at element 5")),
+        "{stderr}"
+    );
+    assert!(!out_path.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -120,6 +120,20 @@ pub enum ImportError {
         expected: Vec<usize>,
     },
 
+    /// A weight holds a NaN or an infinity: a damaged checkpoint, whose every token would be
+    /// garbage.
+    #[error(
+        "{}: tensor \"{tensor}\" holds {value} at element {index}: a damaged checkpoint (every \
+         logit computed from it would be NaN)",
+        file.display()
+    )]
+    NonFinite {
+        file: PathBuf,
+        tensor: String,
+        index: usize,
+        value: String,
+    },
+
     /// A requested tensor is stored in a dtype vkfuse does not read (only F32, F16 and BF16 are).
     #[error(
         "{}: tensor \"{tensor}\" has dtype {dtype}, which vkfuse cannot read (supported: F32, F16, BF16)",
