@@ -50,6 +50,20 @@ pub fn ones_of(name: &str) -> Option<&str> {
     name.strip_suffix(ONES)
 }
 
+/// The checkpoint tensors a name is made from: itself where it derives from none, else the
+/// sources of what [`transposed`], [`folded`] or [`ones`] made it from.
+pub fn sources(name: &str) -> Vec<&str> {
+    if let Some(of) = transposed_of(name) {
+        sources(of)
+    } else if let Some((matrix, norm)) = folded_of(name) {
+        [sources(matrix), sources(norm)].concat()
+    } else if let Some(norm) = ones_of(name) {
+        sources(norm)
+    } else {
+        vec![name]
+    }
+}
+
 /// Row-major `[rows, cols]` matrix `bytes` of element dtype `dtype` with column c multiplied
 /// by `scale[c]`, rounded back to `dtype`; or why not (the block formats are encoded from the
 /// folded values later, as any converted weight is).

@@ -3,7 +3,7 @@
 //! retyped the weight.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::import::layout::{self, Derived};
 use crate::import::{ImportError, TensorInfo, TensorStore};
@@ -36,19 +36,22 @@ impl<S: Borrow<TensorStore>> EncodedWeights<S> {
     /// Converts every `weight` of `program` whose type differs from the checkpoint's dtype.
     pub fn new(store: S, program: &Program) -> Result<Self, ImportError> {
         let mut converted = HashMap::new();
+        let mut checked = HashSet::new();
         let tensors: &TensorStore = store.borrow();
         for op in &program.ops {
             let OpKind::Weight { name } = &op.kind else {
                 continue;
             };
             let ty = program.ty(op.result.expect("weights have a result"));
-            let info = tensors.expect(name, ty.shape.dims())?;
-            let stored = info.dtype;
-            if converted.contains_key(name) {
-                continue;
+            let stored = tensors.expect(name, ty.shape.dims())?.dtype;
+            // The checkpoint's own tensors, each once: a derived name's bytes (a transposed or
+            // folded copy, which the store would make and keep) hold the same values.
+            for source in layout::sources(name) {
+                if let Some(info) = tensors.get(source).filter(|_| checked.insert(source)) {
+                    check_finite(source, info, tensors.bytes(source)?)?;
+                }
             }
-            check_finite(name, info, tensors.bytes(name)?)?;
-            if stored == ty.dtype {
+            if stored == ty.dtype || converted.contains_key(name) {
                 continue;
             }
             // A folded matrix from its f32 products, not from the store's bytes (rounded to
