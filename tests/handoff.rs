@@ -171,11 +171,7 @@ fn split_schedule(
     if let Some(format) = format {
         quant::convert(&mut program, format).unwrap();
     }
-    let meta = Meta {
-        architecture: model.config.architecture.clone(),
-        eos_token_ids: vec![],
-        tokenizer: None,
-    };
+    let meta = Meta::of(&model);
     let opts = FuseOptions {
         attention_splits: Some(4),
         f16_dots,
