@@ -220,13 +220,7 @@ fn run(args: Args) -> Result<()> {
                 dir.display()
             );
         }
-        let target = vkfuse_runtime::schedule::output_target(out)?;
-        let mut probe = target.into_os_string();
-        probe.push(".partial");
-        let probe = PathBuf::from(probe);
-        std::fs::File::create(&probe)
-            .with_context(|| format!("-o {}: cannot write {}", out.display(), probe.display()))?;
-        let _ = std::fs::remove_file(&probe);
+        vkfuse_runtime::schedule::check_output(out)?;
     }
     if let Some(wg) = args.attention_wg {
         if !wg.is_power_of_two() || !(4..=1024).contains(&wg) {

@@ -525,9 +525,7 @@ impl Schedule {
         let given = path.as_ref();
         let target = output_target(given)?;
         let path = target.as_path();
-        let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
-        let partial = PathBuf::from(partial);
+        let partial = partial_of(path);
         let io_err = |p: &Path, error| ScheduleFileError::Io {
             path: p.to_path_buf(),
             error,
@@ -554,10 +552,29 @@ impl Schedule {
     }
 }
 
+/// Whether [`Schedule::write_file`] could write `path`, asked before the work that makes the
+/// schedule: [`output_target`]'s refusals, then the file it writes first created and removed.
+pub fn check_output(path: &Path) -> Result<(), ScheduleFileError> {
+    let partial = partial_of(&output_target(path)?);
+    File::create(&partial).map_err(|error| ScheduleFileError::Io {
+        path: partial.clone(),
+        error,
+    })?;
+    let _ = std::fs::remove_file(&partial);
+    Ok(())
+}
+
+/// The file [`Schedule::write_file`] writes `target`'s bytes to before renaming it.
+fn partial_of(target: &Path) -> PathBuf {
+    let mut partial = target.as_os_str().to_owned();
+    partial.push(".partial");
+    PathBuf::from(partial)
+}
+
 /// Where [`Schedule::write_file`] writes for `path`: `path` where nothing is there (or a
 /// dangling link, replaced by the file), the file a link names where it is one, and an error
 /// where something other than a regular file is there.
-pub fn output_target(path: &Path) -> Result<PathBuf, ScheduleFileError> {
+fn output_target(path: &Path) -> Result<PathBuf, ScheduleFileError> {
     // metadata() follows links: a link to a device is refused as the device is.
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => Ok(std::fs::canonicalize(path).unwrap_or_else(|_| path.into())),

@@ -9,7 +9,7 @@ mod validate;
 
 pub use dump::{dump, Regions};
 pub use file::{
-    crc32, output_target, FileLayout, FileWeights, ScheduleFile, ScheduleFileError, Section,
+    check_output, crc32, FileLayout, FileWeights, ScheduleFile, ScheduleFileError, Section,
     TensorEntry, Verify, END_MAGIC, FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
 };
 pub use validate::ScheduleError;

@@ -557,8 +557,7 @@ fn check_binding_ranges(schedule: &Schedule, device: &Device) -> Result<(), Sess
             let buffer = schedule.buffer(s.buffer);
             let fix = match buffer.role {
                 BufferRole::State => {
-                    ": a KV cache that long needs a smaller compile-model \
-                                     --max-context"
+                    ": a KV cache that long needs a smaller compile-model --max-context"
                 }
                 BufferRole::Weights => ": that matrix is too large for this device",
                 _ => "",
