@@ -148,25 +148,35 @@ fn should_hand_levels_over_with_the_attention_split() {
 /// (`AttnSpec::early_tile`; the tile's consumer runs on the handed-over path only), and with
 /// that consumer's store made unconditional (`EARLY_TILE_STORE_ALWAYS`, test only): it goes
 /// to a slot no result reads before its own split rewrites it, so the logits do not move.
-/// Float weights under f16 dots do not take the early tile (it lost there).
+/// Float weights under f16 dots do not take the early tile (it lost there). And qwen3-tied
+/// (heads of 32) in q4_0, whose block walks its slots in subgroups as well
+/// (`AttnSpec::subgroup_walk`, attend_subgroups.glsl; llama-gqa's heads of 16 do not fit it).
 #[test]
 fn should_hand_q_k_v_to_every_split_at_longer_positions() {
-    longer_positions(None, false, "");
-    longer_positions(Some(WeightFormat::Q8_0), true, "");
-    longer_positions(Some(WeightFormat::Q8_0), true, "EARLY_TILE_STORE_ALWAYS");
-    let (_, schedule) = split_schedule(None, true, "");
+    longer_positions("llama-gqa", None, false, "");
+    longer_positions("llama-gqa", Some(WeightFormat::Q8_0), true, "");
+    longer_positions(
+        "llama-gqa",
+        Some(WeightFormat::Q8_0),
+        true,
+        "EARLY_TILE_STORE_ALWAYS",
+    );
+    longer_positions("qwen3-tied", Some(WeightFormat::Q4_0), true, "");
+    let (_, schedule) = split_schedule("llama-gqa", None, true, "");
     assert!(!early_tile(&schedule));
+    assert!(!subgroup_walk(&schedule));
 }
 
-/// llama-gqa with 4 attention splits, its matvec weights in `format` (`None`: as stored),
+/// Fixture `name` with 4 attention splits, its matvec weights in `format` (`None`: as stored),
 /// fused with `f16_dots` and the probe's `defines`: the weights as the schedule reads them,
 /// and the schedule.
 fn split_schedule(
+    name: &str,
     format: Option<WeightFormat>,
     f16_dots: bool,
     defines: &str,
 ) -> (EncodedWeights<TensorStore>, Schedule) {
-    let model = import::load(&fixture_dir("llama-gqa")).unwrap();
+    let model = import::load(&fixture_dir(name)).unwrap();
     let mut program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
     if let Some(format) = format {
         quant::convert(&mut program, format).unwrap();
@@ -199,11 +209,31 @@ fn early_tile(schedule: &Schedule) -> bool {
     blocks[0]
 }
 
-fn longer_positions(format: Option<WeightFormat>, f16_dots: bool, defines: &str) {
-    let what = format!("llama-gqa ({format:?}, f16 dots {f16_dots}, {defines:?})");
-    let (weights, schedule) = split_schedule(format, f16_dots, defines);
+/// Whether the schedule's attention blocks walk their slots in subgroups: only that walk
+/// shuffles across lanes by xor (`OpGroupNonUniformShuffleXor`, 6 words) in their SPIR-V.
+fn subgroup_walk(schedule: &Schedule) -> bool {
+    const SHUFFLE_XOR: u32 = (6 << 16) | 346;
+    let blocks: Vec<bool> = schedule
+        .kernels
+        .iter()
+        .filter(|k| k.label.starts_with("fused_attention"))
+        .map(|k| k.spirv.contains(&SHUFFLE_XOR))
+        .collect();
+    assert!(!blocks.is_empty());
+    assert!(blocks.iter().all(|&b| b == blocks[0]), "{blocks:?}");
+    blocks[0]
+}
+
+fn longer_positions(name: &str, format: Option<WeightFormat>, f16_dots: bool, defines: &str) {
+    let what = format!("{name} ({format:?}, f16 dots {f16_dots}, {defines:?})");
+    let (weights, schedule) = split_schedule(name, format, f16_dots, defines);
     if defines.is_empty() {
         assert_eq!(early_tile(&schedule), f16_dots, "{what}");
+        assert_eq!(
+            subgroup_walk(&schedule),
+            format == Some(WeightFormat::Q4_0),
+            "{what}"
+        );
     }
     let (device, log) = validated_device();
     let load = |handoffs| loaded_with_handoffs(&device, schedule.clone(), &weights, handoffs);

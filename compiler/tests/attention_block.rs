@@ -58,6 +58,8 @@ struct Shape {
     f16: bool,
     /// The rope's angles and the first tile settled before the wait (`AttnSpec::early_tile`).
     early: bool,
+    /// Subgroups walking their slots alone (`AttnSpec::subgroup_walk`).
+    sg: bool,
 }
 
 impl Shape {
@@ -100,6 +102,7 @@ impl Shape {
             },
             polled_combine: false,
             early_tile: self.early,
+            subgroup_walk: self.sg,
         }
     }
 }
@@ -382,6 +385,7 @@ fn should_match_the_reference_without_splits() {
             wg: 0,
             f16: false,
             early: false,
+            sg: false,
         },
         &POSITIONS,
     );
@@ -399,6 +403,7 @@ const TWO_SPLITS: Shape = Shape {
     wg: 0,
     f16: false,
     early: false,
+    sg: false,
 };
 
 #[test]
@@ -422,6 +427,7 @@ fn should_match_the_reference_split_in_five_with_one_kv_head() {
             wg: 256,
             f16: false,
             early: false,
+            sg: false,
         },
         &POSITIONS,
     );
@@ -443,6 +449,7 @@ fn should_match_the_reference_in_thirty_two_splits() {
             wg: 512,
             f16: true,
             early: false,
+            sg: false,
         },
         &[0, 31, 500, 1023, 1024, 1100, 1399],
     );
@@ -460,6 +467,7 @@ const UNALIGNED: Shape = Shape {
     wg: 0,
     f16: false,
     early: false,
+    sg: false,
 };
 const UNALIGNED_POSITIONS: [i32; 10] = [0, 3, 8, 9, 50, 55, 56, 120, 199, 199];
 
@@ -484,6 +492,7 @@ fn should_match_the_reference_with_f16_caches() {
         wg: 0,
         f16: true,
         early: false,
+        sg: false,
     };
     matches_the_reference_step_after_step(d128, &POSITIONS);
     matches_the_reference_step_after_step(Shape { splits: 2, ..d128 }, &POSITIONS);
@@ -501,23 +510,29 @@ fn should_match_the_reference_with_f16_caches() {
 fn should_match_the_reference_with_the_early_tile() {
     let d128 = Shape {
         early: true,
+        sg: false,
         ..TWO_SPLITS
     };
     matches_the_reference_step_after_step(d128, &POSITIONS);
-    matches_the_reference_step_after_step(
-        Shape {
-            hq: 2,
-            hkv: 1,
-            rot: 128,
-            cap: 1400,
-            splits: codegen::MAX_ATTENTION_SPLITS,
-            wg: 512,
-            f16: true,
-            ..d128
-        },
-        &[0, 31, 500, 1023, 1024, 1100, 1399],
-    );
+    matches_the_reference_step_after_step(thirty_two_splits(d128), &LONG_POSITIONS);
 }
+
+/// `base` over a 1400-slot f16 cache in the most splits, one kv head for two query heads.
+fn thirty_two_splits(base: Shape) -> Shape {
+    Shape {
+        hq: 2,
+        hkv: 1,
+        rot: 128,
+        cap: 1400,
+        splits: codegen::MAX_ATTENTION_SPLITS,
+        wg: 512,
+        f16: true,
+        ..base
+    }
+}
+
+/// Positions of [`thirty_two_splits`]: every split working from 1024 on.
+const LONG_POSITIONS: [i32; 7] = [0, 31, 500, 1023, 1024, 1100, 1399];
 
 /// Median GPU time (µs) of the block at `pos`, its operands rotated over copies totalling more
 /// than the GPU's L2 (a layer's cache comes from DRAM in a real step).
@@ -583,6 +598,7 @@ fn bench_attention_block_splits() {
                 wg,
                 f16: false,
                 early: false,
+                sg: false,
             };
             if let Some(us) = time_block(&gpu, &s, pos) {
                 eprintln!("pos {pos:>5}  splits {splits:>2}  wg {wg:>4}  {us:>8.2} us");
@@ -590,4 +606,53 @@ fn bench_attention_block_splits() {
         }
     }
     assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
+
+/// Subgroups walking their slots alone, their partials folded once (`AttnSpec::subgroup_walk`,
+/// attend_subgroups.glsl): on lavapipe's 8-wide subgroups one slot per subgroup and pass, only
+/// the first 16 subgroups walking (several passes per chunk); f32 and f16 caches, with and
+/// without splits, the early tile, a head of 32 (one chunk per lane), and an unaligned head,
+/// which the path does not fit and which attends as before.
+#[test]
+fn should_match_the_reference_with_subgroups_walking() {
+    let sg = Shape {
+        sg: true,
+        ..TWO_SPLITS
+    };
+    matches_the_reference_step_after_step(sg, &POSITIONS);
+    matches_the_reference_step_after_step(
+        Shape {
+            splits: 1,
+            f16: true,
+            ..sg
+        },
+        &POSITIONS,
+    );
+    matches_the_reference_step_after_step(
+        thirty_two_splits(Shape { early: true, ..sg }),
+        &LONG_POSITIONS,
+    );
+    let d32 = Shape {
+        hq: 4,
+        hkv: 2,
+        d: 32,
+        rot: 32,
+        cap: 300,
+        splits: 4,
+        min_chunk: 16,
+        wg: 0,
+        // f32: with f16 caches this head's fresh key rounds across an f16 step from the
+        // reference's at position 17 (device sine against the host's), in attend() too.
+        f16: false,
+        early: true,
+        sg: true,
+    };
+    matches_the_reference_step_after_step(d32, &[0, 1, 15, 16, 17, 63, 64, 65, 200, 299]);
+    matches_the_reference_step_after_step(
+        Shape {
+            sg: true,
+            ..UNALIGNED
+        },
+        &UNALIGNED_POSITIONS,
+    );
 }

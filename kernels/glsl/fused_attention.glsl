@@ -146,6 +146,26 @@ const uint VP = VP_TILE < 8u ? VP_TILE : 8u;
 #define EARLY 0
 #endif
 
+#ifndef ATTN_SG
+#define ATTN_SG 0
+#endif
+
+#if EARLY
+// consume_tile()'s store (and sg_consume()'s, attend_subgroups.glsl): where the hash of the
+// first tile's words matches a constant, to the split's own partial slot, which only this
+// invocation writes later and nothing reads before that.
+void consume_hash(uint hx, uint slot_at) {
+#ifdef EARLY_TILE_STORE_ALWAYS
+    // Test only (tests/handoff.rs): the store every time, to show that no result depends on it.
+    partial[slot_at] = 0.0;
+#else
+    if (hx == 0x7f3a5c11u) {
+        partial[slot_at] = 0.0;
+    }
+#endif
+}
+#endif
+
 // wg_sum (reduce.glsl) of two values at once: one exchange for both.
 vec2 wg_sum2(vec2 v) {
     v = vec2(subgroupAdd(v.x), subgroupAdd(v.y));
@@ -387,6 +407,10 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
         }
     }
 }
+
+#if ATTN_SG
+#include "attend_subgroups.glsl"
+#endif
 
 #if SPLITS > 1
 // Polled partials (POLLED_COMBINE kernels, where the dispatch runs with handoffs: it publishes
@@ -649,14 +673,7 @@ void consume_tile(KC_RAW kp[KP], VT_RAW vp[VP], uint slot_at) {
         hx ^= floatBitsToUint(vp[i]);
 #endif
     }
-#ifdef EARLY_TILE_STORE_ALWAYS
-    // Test only (tests/handoff.rs): the store every time, to show that no result depends on it.
-    partial[slot_at] = 0.0;
-#else
-    if (hx == 0x7f3a5c11u) {
-        partial[slot_at] = 0.0;
-    }
-#endif
+    consume_hash(hx, slot_at);
 }
 #endif
 
@@ -670,14 +687,6 @@ void main() {
     uint t = gl_LocalInvocationID.x;
     uint group = HQ / HKV;
     uint g = h / group;
-#ifdef ATTN_NORMS_FIRST
-    // Probe: the q/k norm weights loaded first of all, consumed with the first tile.
-    vec2 wn = vec2(1.0);
-    vec2 pwn = vec2(1.0);
-    if (t < D) {
-        qk_norm_weights(t, t < HALF_ROT ? t + HALF_ROT : (t < ROT ? t - HALF_ROT : t), wn, pwn);
-    }
-#endif
     // The position, the split's chunk and its first K/V tile depend on nothing this step's
     // q/k/v level writes: taken before the q/k/v words are waited for (handoffs launch this
     // level while q/k/v still runs), so that the tile's latency hides behind that wait and an
@@ -699,6 +708,14 @@ void main() {
     uint fresh = in_cache ? uint(p) : 0xffffffffu;
     bool writer = split == 0u && h % group == 0u;
 
+#if ATTN_SG
+    bool sgp = attend_sg_fits();
+    SG_RAW skp[SG_KL];
+    SG_RAW svp[SG_VF];
+    if (sgp && gl_SubgroupID < sg_walkers()) {
+        sg_load(kv_base, lo, hi, skp, svp);
+    }
+#endif
 #if PREFETCH
     // The first tile's K and V rows do not depend on q or on the fresh row: loaded now, their
     // latency overlaps the wait for q/k/v and the norms and rope below. The fresh slot's
@@ -707,6 +724,9 @@ void main() {
     // stores it does not matter; slots past the chunk are clamped into it and never used.
     KC_RAW kp[KP];
     VT_RAW vp[VP];
+#if ATTN_SG
+    if (!sgp)
+#endif
     {
         uint slot = t / P;
         uint row = kv_base + min(lo + slot, hi - 1u) * D;
@@ -737,10 +757,8 @@ void main() {
     vec2 raw = vec2(0.0);
     vec2 praw = vec2(0.0);
     float vv = 0.0;
-#ifndef ATTN_NORMS_FIRST
     vec2 wn = vec2(1.0);
     vec2 pwn = vec2(1.0);
-#endif
     if (t < D && handoff_reading()) {
         // All five polled before any is waited on, and those still empty polled again together
         // until none is: one round trip after the last lands, where waiting on each in turn
@@ -757,18 +775,15 @@ void main() {
         // the wait instead of following it. Loaded before the polls (with the rope's angle)
         // they delayed them: bf16 +0.6%, q8_0 -0.7%, q4_0 -1.0% on an H100 (docs/perf.md,
         // session 28).
-#ifndef ATTN_NORMS_FIRST
         qk_norm_weights(t, pt, wn, pwn);
-#endif
-#if EARLY
-        consume_tile(kp, vp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
-#ifdef ATTN_NORMS_FIRST
-        // The norm weights consumed as the tile is (the same store, the same slot).
-        if ((floatBitsToUint(wn.x) ^ floatBitsToUint(wn.y) ^ floatBitsToUint(pwn.x) ^
-             floatBitsToUint(pwn.y)) == 0x7f3a5c11u) {
-            partial[(h * NSPLITS + split) * (D + 2u) + 2u + t] = 0.0;
+#if EARLY && ATTN_SG
+        if (sgp) {
+            sg_consume(skp, svp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
+        } else {
+            consume_tile(kp, vp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
         }
-#endif
+#elif EARLY
+        consume_tile(kp, vp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
 #endif
         while (any(equal(got, uvec4(HANDOFF_EMPTY))) || pv == HANDOFF_EMPTY) {
             got = uvec4(got.x != HANDOFF_EMPTY ? got.x : handoff_poll(at.x),
@@ -784,9 +799,7 @@ void main() {
         raw = vec2(q[h * D + t], k_new[g * D + t]);
         praw = vec2(q[h * D + pt], k_new[g * D + pt]);
         vv = v_new[g * D + t];
-#ifndef ATTN_NORMS_FIRST
         qk_norm_weights(t, pt, wn, pwn);
-#endif
     }
     TIMELINE_MARK(0);
 #ifdef ABLATE_EMPTY
@@ -832,6 +845,11 @@ void main() {
     }
 #endif
     float m, total, lsum;
+#if ATTN_SG
+    if (sgp) {
+        attend_sg(kv_base, lo, hi, fresh, skp, svp, m, total, lsum);
+    } else
+#endif
     attend(kv_base, lo, hi, fresh,
 #if PREFETCH
            kp, vp,

@@ -75,6 +75,10 @@ pub const HEADERS: &[(&str, &str)] = &[
         include_str!("../glsl/fused_attention.glsl"),
     ),
     (
+        "attend_subgroups.glsl",
+        include_str!("../glsl/attend_subgroups.glsl"),
+    ),
+    (
         "fused_argmax.glsl",
         include_str!("../glsl/fused_argmax.glsl"),
     ),

@@ -376,6 +376,10 @@ pub struct AttnSpec {
     /// q/k/v words (fused_attention.glsl's `EARLY`): faster beside the block formats' f16
     /// dots, slower beside bf16's kernels (docs/perf.md, session 39).
     pub early_tile: bool,
+    /// Each subgroup walks its slots with its own online softmax, the subgroups' partials
+    /// folded once at the end (attend_subgroups.glsl), instead of the workgroup's phases
+    /// meeting at barriers on every tile.
+    pub subgroup_walk: bool,
 }
 
 impl AttnSpec {
@@ -1093,6 +1097,7 @@ pub fn attention(spec: &AttnSpec) -> Generated {
         u8::from(spec.polled_combine)
     );
     let _ = writeln!(s, "#define EARLY_TILE {}", u8::from(spec.early_tile));
+    let _ = writeln!(s, "#define ATTN_SG {}", u8::from(spec.subgroup_walk));
     // The first tile's K and V loaded before the norms and rope (whole 16-byte chunks per lane).
     let _ = writeln!(
         s,

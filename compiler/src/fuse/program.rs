@@ -654,6 +654,7 @@ impl Builder<'_> {
                     // forced `--dots f16`.
                     early_tile: self.opts.f16_dots
                         && super::prefetch::matvec_dtype(self.p).is_quantized(),
+                    subgroup_walk: subgroup_walk(self.p, self.opts.f16_dots),
                 };
                 let generated = ablate::apply(&self.opts.ablate, codegen::attention(&spec));
                 let alternatives = self.attention_bands(&spec)?;
@@ -1159,6 +1160,19 @@ impl FusedUnit {
             refusals,
             kept,
         })
+    }
+}
+
+/// Whether the attention block walks its slots in subgroups (`AttnSpec::subgroup_walk`,
+/// attend_subgroups.glsl): for q4_0 matvecs with f16 dots, where it gained 1.4% on an H200; beside
+/// q8_0's and bf16's kernels it lost 6.5% and 2.5% (docs/perf.md, session 40).
+/// `VKFUSE_ATTN_SG=1` or `=0` forces it on or off at compile time (the A/B knob of those
+/// measurements).
+fn subgroup_walk(p: &Program, f16_dots: bool) -> bool {
+    match std::env::var("VKFUSE_ATTN_SG").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => f16_dots && super::prefetch::matvec_dtype(p) == DType::Q4_0,
     }
 }
 
