@@ -140,11 +140,32 @@ fn a_cache_past_the_binding_limit_is_refused_by_name() {
     let (device, log) = validated_device();
     let model = import::load(&fixture_dir("qwen3-tied")).unwrap();
     let c = &model.config;
-    // One slot past the limit at f16, the narrower cache element.
+    // One slot past the limit, at f16 where that many slots are a context the trace takes, else
+    // at f32 (an H200's 4 GiB range is 2^25 f16 slots of this fixture, 2^24 f32 ones).
     let range = device.info().max_storage_buffer_range as usize;
+    let past = |bytes: usize| range / (c.num_kv_heads * c.head_dim * bytes) + 1;
+    let limit = trace::TraceOptions::MAX_CONTEXT_LIMIT;
+    let Some((kv_cache, slots)) = [(trace::KvCache::F16, 2), (trace::KvCache::F32, 4)]
+        .into_iter()
+        .map(|(kv, bytes)| (kv, past(bytes)))
+        .find(|&(_, slots)| slots <= limit)
+    else {
+        // No context the trace takes reaches past this device's range: it refuses the longer
+        // one by name before anything is lowered.
+        let opts = trace::TraceOptions {
+            max_context: Some(past(4)),
+            ..Default::default()
+        };
+        let err = trace::trace(&model, &opts)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("--max-context"), "{err}");
+        return;
+    };
     let opts = trace::TraceOptions {
-        max_context: Some(range / (c.num_kv_heads * c.head_dim * 2) + 1),
-        kv_cache: trace::KvCache::F16,
+        max_context: Some(slots),
+        kv_cache,
         ..Default::default()
     };
     let program = trace::trace(&model, &opts).unwrap();
