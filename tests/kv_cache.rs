@@ -157,8 +157,7 @@ fn a_cache_past_the_binding_limit_is_refused_by_name() {
             ..Default::default()
         };
         let err = trace::trace(&model, &opts)
-            .err()
-            .expect("refused")
+            .expect_err("refused")
             .to_string();
         assert!(err.contains("--max-context"), "{err}");
         return;
