@@ -263,7 +263,7 @@ fn round3(x: f64) -> f64 {
 }
 
 pub fn run(args: &CalibrateArgs) -> Result<()> {
-    // Before measuring: the folder the costs go to must exist.
+    // Before measuring: the costs must have somewhere to go.
     if let Some(out) = &args.output {
         let dir = out.parent().filter(|d| !d.as_os_str().is_empty());
         if let Some(dir) = dir.filter(|d| !d.is_dir()) {
@@ -273,6 +273,7 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
                 dir.display()
             );
         }
+        vkfuse_runtime::schedule::check_output(out).context("-o: the costs cannot go there")?;
     }
     let device = crate::decode::open_device(args.device)?;
     let mut out = std::io::stdout().lock();
@@ -280,8 +281,9 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
     let json = serde_json::to_string_pretty(&cost)?;
     match &args.output {
         Some(path) => {
-            std::fs::write(path, json + "\n")
-                .with_context(|| format!("writing {}", path.display()))?;
+            // Whole or not at all: a failed write keeps an earlier file.
+            vkfuse_runtime::schedule::write_whole(path, (json + "\n").as_bytes())
+                .context("writing the costs")?;
             writeln!(
                 out,
                 "wrote {} (use: compile-model MODEL -o FILE --device-cost {})",

@@ -592,6 +592,27 @@ fn calibrate_writes_costs_that_compile_model_reads() {
     vkfuse_compiler::fuse::cost::DeviceCost::from_json(stdout.lines().last().unwrap()).unwrap();
 }
 
+/// `calibrate -o` onto something that is not a file (a folder here) is refused before anything
+/// is measured, as compile-model's -o is: the costs go through a partial file renamed over the
+/// path, which would replace it.
+#[test]
+fn calibrate_refuses_an_output_that_is_not_a_file() {
+    let dir = std::env::temp_dir().join(format!("vkfuse-calibrate-dir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = vkfuse(&["calibrate", "-o", dir.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("-o"), "{stderr}");
+    assert!(
+        stderr.contains("not a regular file") || stderr.contains("give a file path"),
+        "{stderr}"
+    );
+    // Nothing measured, nothing left beside it.
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("GB/s"));
+    assert!(std::fs::read_dir(&dir).unwrap().next().is_none());
+    std::fs::remove_dir(&dir).unwrap();
+}
+
 /// `vkfuse kernels FILE`: one row per kernel of the schedule, with the dispatches that run it
 /// (a band's alternative counts), its workgroup size on this device and the driver's
 /// statistics where it offers them (lavapipe does not: then it says so). The schedule has an

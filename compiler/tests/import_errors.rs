@@ -1023,9 +1023,29 @@ fn directory_without_weights_says_so() {
     dir.write("config.json", LLAMA);
     let e = load_err(dir.path());
     assert!(
-        matches!(&e, ImportError::NoWeights { dir: d } if d == dir.path()),
+        matches!(&e, ImportError::NoWeights { dir: d, others } if d == dir.path() && others.is_empty()),
         "{e:?}"
     );
+}
+
+/// PyTorch's pickled weights alone: named in the error, with what to do instead.
+#[test]
+fn directory_with_only_pytorch_weights_names_them() {
+    let dir = TempDir::new("pytorch-weights");
+    dir.write("config.json", LLAMA);
+    dir.write("pytorch_model.bin", "not read");
+    dir.write("tokenizer.json", "{}");
+    let e = load_err(dir.path());
+    assert!(
+        matches!(&e, ImportError::NoWeights { others, .. } if others == &["pytorch_model.bin"]),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("pytorch_model.bin, which vkfuse does not read"),
+        "{msg}"
+    );
+    assert!(msg.contains("safe_serialization=True"), "{msg}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -60,12 +60,14 @@ pub enum ImportError {
         message: String,
     },
 
-    /// The directory has neither model.safetensors, an index, nor any *.safetensors file.
+    /// The directory has neither model.safetensors, an index, nor any *.safetensors file;
+    /// `others` names the weight files of other formats it does have (PyTorch's, GGUF).
     #[error(
-        "{}: no weights found (expected model.safetensors, model.safetensors.index.json or *.safetensors)",
-        dir.display()
+        "{}: no weights found (expected model.safetensors, model.safetensors.index.json or *.safetensors){}",
+        dir.display(),
+        other_formats(others)
     )]
-    NoWeights { dir: PathBuf },
+    NoWeights { dir: PathBuf, others: Vec<String> },
 
     /// The index names a shard that is not in the directory.
     #[error("{}: shard \"{shard}\" is listed in weight_map but {} does not exist", index.display(), path.display())]
@@ -182,4 +184,16 @@ impl ImportError {
             message,
         }
     }
+}
+
+/// [`ImportError::NoWeights`]'s word on the weight files of other formats it found.
+fn other_formats(others: &[String]) -> String {
+    if others.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; it has {}, which vkfuse does not read: save the model as safetensors (transformers: \
+         model.save_pretrained(DIR, safe_serialization=True))",
+        others.join(", ")
+    )
 }

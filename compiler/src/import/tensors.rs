@@ -161,15 +161,25 @@ impl TensorStore {
         }
         let entries = std::fs::read_dir(dir).map_err(ImportError::io(dir))?;
         let mut files = Vec::new();
+        // Weight files of formats vkfuse does not read, named in the error if nothing else is.
+        let mut others = Vec::new();
         for entry in entries {
             let path = entry.map_err(ImportError::io(dir))?.path();
-            if path.extension().is_some_and(|e| e == "safetensors") {
-                files.push(path);
+            match path.extension().and_then(|e| e.to_str()) {
+                Some("safetensors") => files.push(path),
+                Some("bin" | "pt" | "pth" | "ckpt" | "gguf") => {
+                    if let Some(name) = path.file_name() {
+                        others.push(name.to_string_lossy().into_owned());
+                    }
+                }
+                _ => {}
             }
         }
         if files.is_empty() {
+            others.sort();
             return Err(ImportError::NoWeights {
                 dir: dir.to_path_buf(),
+                others,
             });
         }
         files.sort();

@@ -90,7 +90,7 @@ pub enum ScheduleFileError {
     /// Writing: something other than a file is at the path (a device such as /dev/null, a
     /// fifo, a directory), which the write's final rename would replace.
     #[error(
-        "{}: exists and is not a regular file (a device, fifo or directory): the schedule is \
+        "{}: exists and is not a regular file (a device, fifo or directory): the output is \
          written beside the path and renamed over it, which would replace it; give a file path",
         path.display()
     )]
@@ -562,6 +562,24 @@ pub fn check_output(path: &Path) -> Result<(), ScheduleFileError> {
     })?;
     let _ = std::fs::remove_file(&partial);
     Ok(())
+}
+
+/// `bytes` written to `path` whole or not at all, by [`Schedule::write_file`]'s rules: through
+/// a partial file renamed over the target (a full disk leaves the old file, not a short one),
+/// links written through, anything but a regular file refused (a small file beside a schedule:
+/// `vkfuse calibrate -o`'s costs).
+pub fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), ScheduleFileError> {
+    let target = output_target(path)?;
+    let partial = partial_of(&target);
+    std::fs::write(&partial, bytes)
+        .and_then(|()| std::fs::rename(&partial, &target))
+        .map_err(|error| {
+            let _ = std::fs::remove_file(&partial);
+            ScheduleFileError::Io {
+                path: path.to_path_buf(),
+                error,
+            }
+        })
 }
 
 /// The file [`Schedule::write_file`] writes `target`'s bytes to before renaming it.
