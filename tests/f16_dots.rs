@@ -189,12 +189,15 @@ fn qwen3_next_f16_dots_stay_within_f16_rounding_of_the_f32_dots() {
 /// A split attention block takes the early tile with f16 dots (its rope angles before the
 /// wait, its first K/V tile consumed after its first polls): against the same oracles, with
 /// its levels handed over in replay (the fixtures' 32 positions fit one 32-slot chunk, so a
-/// single split works at each; tests/handoff.rs combines them at longer positions).
+/// single split works at each; tests/handoff.rs combines them at longer positions). In q4_0,
+/// qwen3-tied's heads of 32 take the subgroup walk too (`AttnSpec::subgroup_walk`, in the band
+/// below position 256, whose chunks take one pass).
 #[test]
 fn a_split_attention_block_with_the_early_tile_stays_within_f16_rounding() {
     for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
         check_split("qwen3-untied", format, "", Some(4));
     }
+    check_split("qwen3-tied", WeightFormat::Q4_0, "", Some(4));
 }
 
 #[test]

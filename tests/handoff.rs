@@ -209,8 +209,10 @@ fn early_tile(schedule: &Schedule) -> bool {
     blocks[0]
 }
 
-/// Whether the schedule's attention blocks walk their slots in subgroups: only that walk
-/// shuffles across lanes by xor (`OpGroupNonUniformShuffleXor`, 6 words) in their SPIR-V.
+/// Whether any of the schedule's attention blocks walks its slots in subgroups (a band's at
+/// short positions, whose chunks take one pass; not the block's own grid, whose 128-slot chunks
+/// of a 512-slot cache would take several): only that walk shuffles across lanes by xor
+/// (`OpGroupNonUniformShuffleXor`, 6 words) in their SPIR-V.
 fn subgroup_walk(schedule: &Schedule) -> bool {
     const SHUFFLE_XOR: u32 = (6 << 16) | 346;
     let blocks: Vec<bool> = schedule
@@ -220,8 +222,7 @@ fn subgroup_walk(schedule: &Schedule) -> bool {
         .map(|k| k.spirv.contains(&SHUFFLE_XOR))
         .collect();
     assert!(!blocks.is_empty());
-    assert!(blocks.iter().all(|&b| b == blocks[0]), "{blocks:?}");
-    blocks[0]
+    blocks.iter().any(|&b| b)
 }
 
 fn longer_positions(name: &str, format: Option<WeightFormat>, f16_dots: bool, defines: &str) {

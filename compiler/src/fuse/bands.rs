@@ -174,6 +174,22 @@ mod tests {
         assert!(for_weights(DType::F32, 512).is_empty());
     }
 
+    /// The subgroup walk (q4_0) keeps to the default bands below 384, whose chunks take one
+    /// pass: not the 8- and 12-split bands (measured slower with it) nor the long grids.
+    #[test]
+    fn should_walk_in_subgroups_in_the_short_bands_only() {
+        use super::super::codegen::subgroup_walk_fits;
+        let walks: Vec<bool> = for_weights(DType::Q4_0, 512)
+            .iter()
+            .map(|b| subgroup_walk_fits(b.below as usize, b.splits))
+            .collect();
+        assert_eq!(walks, [true, true, false, false, false]);
+        // The block's own grids: a 4096-slot cache's 32 splits, a short cache unsplit.
+        assert!(!subgroup_walk_fits(4096, 32));
+        assert!(!subgroup_walk_fits(128, 1));
+        assert!(subgroup_walk_fits(64, 1));
+    }
+
     #[test]
     fn should_name_what_is_wrong() {
         for (text, why) in [

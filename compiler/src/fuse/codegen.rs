@@ -21,6 +21,25 @@ pub const ELEMENTWISE_WG: u32 = 128;
 pub fn attention_wg(head_dim: usize) -> u32 {
     (8 * head_dim).next_power_of_two().clamp(64, 1024) as u32
 }
+/// Most slots a split walks in one pass of the attention block's subgroup walk
+/// (`AttnSpec::subgroup_walk`): 16 subgroups of four 8-lane octets on a 32-wide device. A longer
+/// chunk takes several passes, each waiting for its own loads, where attend()'s tiles take 128
+/// or 256 slots at once: with the walk on every grid, q4_0 lost 8.3% at 2048 tokens and 12% at
+/// 4000 on an H200 (docs/perf.md, session 40).
+pub const SUBGROUP_WALK_MAX_CHUNK: usize = 64;
+
+/// The first position the subgroup walk does not serve: with it on every one-pass grid (the
+/// bands below 768) q4_0 gained 1.85% at 256 tokens and lost 2.1% at 2048 on an H200, so it
+/// keeps to the bands that the 256-token measure runs (4 and 6 splits below 384; docs/perf.md,
+/// session 40).
+pub const SUBGROUP_WALK_BELOW: usize = 384;
+
+/// Whether a grid of `splits` splits for the positions below `below` takes the subgroup walk:
+/// below [`SUBGROUP_WALK_BELOW`], every chunk in one pass ([`SUBGROUP_WALK_MAX_CHUNK`]).
+pub fn subgroup_walk_fits(below: usize, splits: usize) -> bool {
+    below <= SUBGROUP_WALK_BELOW && below.div_ceil(splits.max(1)) <= SUBGROUP_WALK_MAX_CHUNK
+}
+
 /// Most splits per query head that the default grid takes ([`attention_splits`]) and that a band
 /// may ask for (`--attention-splits` itself may ask for more: the kernel and its scratch follow).
 pub const MAX_ATTENTION_SPLITS: usize = 32;

@@ -214,7 +214,11 @@ impl Builder<'_> {
     /// unsplit, or a band with more splits than the block's scratch holds); else the weights'
     /// default bands that can. Bands that no position reaches (starting at or past the
     /// capacity) and trailing ones on the block's own grid are dropped.
-    fn attention_bands(&self, spec: &AttnSpec) -> Result<Vec<(u32, Generated)>, ProgramError> {
+    fn attention_bands(
+        &self,
+        spec: &AttnSpec,
+        walk: bool,
+    ) -> Result<Vec<(u32, Generated)>, ProgramError> {
         let given = self.opts.attention_bands.as_ref();
         let bands = match given {
             Some(b) => b.clone(),
@@ -251,14 +255,16 @@ impl Builder<'_> {
                 splits: b.splits,
                 workgroup: b.workgroup.max(head),
                 polled_combine: room && b.splits <= super::bands::MAX_POLLED_SPLITS,
+                subgroup_walk: walk && codegen::subgroup_walk_fits(b.below as usize, b.splits),
                 ..spec.clone()
             };
             out.push((b.below, band));
         }
-        while out
-            .last()
-            .is_some_and(|(_, b)| b.splits == spec.splits && b.workgroup == spec.workgroup)
-        {
+        while out.last().is_some_and(|(_, b)| {
+            b.splits == spec.splits
+                && b.workgroup == spec.workgroup
+                && b.subgroup_walk == spec.subgroup_walk
+        }) {
             out.pop();
         }
         Ok(out
@@ -654,10 +660,17 @@ impl Builder<'_> {
                     // forced `--dots f16`.
                     early_tile: self.opts.f16_dots
                         && super::prefetch::matvec_dtype(self.p).is_quantized(),
-                    subgroup_walk: subgroup_walk(self.p, self.opts.f16_dots),
+                    subgroup_walk: false,
+                };
+                // The subgroup walk where the format gains by it and the grid serves short
+                // positions in one pass; the bands decide for themselves.
+                let walk = subgroup_walk(self.p, self.opts.f16_dots);
+                let spec = AttnSpec {
+                    subgroup_walk: walk && codegen::subgroup_walk_fits(capacity, spec.splits),
+                    ..spec
                 };
                 let generated = ablate::apply(&self.opts.ablate, codegen::attention(&spec));
-                let alternatives = self.attention_bands(&spec)?;
+                let alternatives = self.attention_bands(&spec, walk)?;
                 let ty = self.ty(c)?;
                 let bytes = ty.bytes() as u64;
                 let out = self.with_out(
@@ -1163,9 +1176,10 @@ impl FusedUnit {
     }
 }
 
-/// Whether the attention block walks its slots in subgroups (`AttnSpec::subgroup_walk`,
-/// attend_subgroups.glsl): for q4_0 matvecs with f16 dots, where it gained 1.4% on an H200; beside
-/// q8_0's and bf16's kernels it lost 6.5% and 2.5% (docs/perf.md, session 40).
+/// Whether the attention block may walk its slots in subgroups (`AttnSpec::subgroup_walk`,
+/// attend_subgroups.glsl; in the grids [`codegen::subgroup_walk_fits`] names):
+/// for q4_0 matvecs with f16 dots, where it gained 1.4% on an H200 at 256 tokens; beside q8_0's
+/// and bf16's kernels it lost 6.5% and 2.5% (docs/perf.md, session 40).
 /// `VKFUSE_ATTN_SG=1` or `=0` forces it on or off at compile time (the A/B knob of those
 /// measurements).
 fn subgroup_walk(p: &Program, f16_dots: bool) -> bool {
