@@ -99,6 +99,15 @@ fn check_split(name: &str, format: WeightFormat, defines: &str, splits: Option<u
             "{what}: no early tile"
         );
     }
+    // The split block's band below 256 walks in subgroups for q4_0 with heads of 32 to 128
+    // (here qwen3-tied's 32).
+    if splits.is_some_and(|s| s > 1) {
+        assert_eq!(
+            vkfuse_tests::walks_in_subgroups(&schedule),
+            format == WeightFormat::Q4_0 && model.config.head_dim.is_multiple_of(32),
+            "{what}: the subgroup walk"
+        );
+    }
     assert!(
         schedule.float16_kernel().is_some(),
         "{what}: no kernel declares f16 arithmetic"

@@ -150,7 +150,8 @@ fn should_hand_levels_over_with_the_attention_split() {
 /// to a slot no result reads before its own split rewrites it, so the logits do not move.
 /// Float weights under f16 dots do not take the early tile (it lost there). And qwen3-tied
 /// (heads of 32) in q4_0, whose block walks its slots in subgroups as well
-/// (`AttnSpec::subgroup_walk`, attend_subgroups.glsl; llama-gqa's heads of 16 do not fit it).
+/// (`AttnSpec::subgroup_walk`, attend_subgroups.glsl; llama-gqa's heads of 16 do not fit it),
+/// also with the early tile's store made unconditional.
 #[test]
 fn should_hand_q_k_v_to_every_split_at_longer_positions() {
     longer_positions("llama-gqa", None, false, "");
@@ -162,9 +163,15 @@ fn should_hand_q_k_v_to_every_split_at_longer_positions() {
         "EARLY_TILE_STORE_ALWAYS",
     );
     longer_positions("qwen3-tied", Some(WeightFormat::Q4_0), true, "");
+    longer_positions(
+        "qwen3-tied",
+        Some(WeightFormat::Q4_0),
+        true,
+        "EARLY_TILE_STORE_ALWAYS",
+    );
     let (_, schedule) = split_schedule("llama-gqa", None, true, "");
     assert!(!early_tile(&schedule));
-    assert!(!subgroup_walk(&schedule));
+    assert!(!vkfuse_tests::walks_in_subgroups(&schedule));
 }
 
 /// Fixture `name` with 4 attention splits, its matvec weights in `format` (`None`: as stored),
@@ -209,29 +216,13 @@ fn early_tile(schedule: &Schedule) -> bool {
     blocks[0]
 }
 
-/// Whether any of the schedule's attention blocks walks its slots in subgroups (a band's at
-/// short positions, whose chunks take one pass; not the block's own grid, whose 128-slot chunks
-/// of a 512-slot cache would take several): only that walk shuffles across lanes by xor
-/// (`OpGroupNonUniformShuffleXor`, 6 words) in their SPIR-V.
-fn subgroup_walk(schedule: &Schedule) -> bool {
-    const SHUFFLE_XOR: u32 = (6 << 16) | 346;
-    let blocks: Vec<bool> = schedule
-        .kernels
-        .iter()
-        .filter(|k| k.label.starts_with("fused_attention"))
-        .map(|k| k.spirv.contains(&SHUFFLE_XOR))
-        .collect();
-    assert!(!blocks.is_empty());
-    blocks.iter().any(|&b| b)
-}
-
 fn longer_positions(name: &str, format: Option<WeightFormat>, f16_dots: bool, defines: &str) {
     let what = format!("{name} ({format:?}, f16 dots {f16_dots}, {defines:?})");
     let (weights, schedule) = split_schedule(name, format, f16_dots, defines);
     if defines.is_empty() {
         assert_eq!(early_tile(&schedule), f16_dots, "{what}");
         assert_eq!(
-            subgroup_walk(&schedule),
+            vkfuse_tests::walks_in_subgroups(&schedule),
             format == Some(WeightFormat::Q4_0),
             "{what}"
         );

@@ -412,3 +412,19 @@ pub fn as_array(rows: &[Vec<f32>]) -> Array2 {
         data: rows.concat(),
     }
 }
+
+/// Whether any of `schedule`'s attention blocks walks its slots in subgroups
+/// (`AttnSpec::subgroup_walk`: a band's at short positions, whose chunks take one pass, not a
+/// grid whose chunks would take several): only that walk shuffles across lanes by xor
+/// (`OpGroupNonUniformShuffleXor`, 6 words) in their SPIR-V.
+pub fn walks_in_subgroups(schedule: &vkfuse_runtime::schedule::Schedule) -> bool {
+    const SHUFFLE_XOR: u32 = (6 << 16) | 346;
+    let blocks: Vec<bool> = schedule
+        .kernels
+        .iter()
+        .filter(|k| k.label.starts_with("fused_attention"))
+        .map(|k| k.spirv.contains(&SHUFFLE_XOR))
+        .collect();
+    assert!(!blocks.is_empty(), "no attention block");
+    blocks.iter().any(|&b| b)
+}

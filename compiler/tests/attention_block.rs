@@ -60,6 +60,8 @@ struct Shape {
     early: bool,
     /// Subgroups walking their slots alone (`AttnSpec::subgroup_walk`).
     sg: bool,
+    /// Test-only defines of the kernel (comma-separated names, each defined as 1).
+    defines: &'static str,
 }
 
 impl Shape {
@@ -210,8 +212,12 @@ fn gpu() -> Gpu {
     Gpu { device, instance }
 }
 
-fn pipeline(device: &Device, spec: &AttnSpec) -> (Pipeline, codegen::Generated) {
-    let gen = codegen::attention(spec);
+fn pipeline(device: &Device, s: &Shape) -> (Pipeline, codegen::Generated) {
+    let gen = codegen::attention(&s.spec());
+    let gen = codegen::Generated {
+        source: vkfuse_compiler::kernels::with_defines(&gen.source, s.defines),
+        ..gen
+    };
     (common::generated_pipeline(device, &gen), gen)
 }
 
@@ -269,7 +275,7 @@ fn matches_the_reference_step_after_step(s: Shape, positions: &[i32]) {
     let gpu = gpu();
     let log = gpu.instance.validation_log();
     let device = &gpu.device;
-    let (pipeline, gen) = pipeline(device, &s.spec());
+    let (pipeline, gen) = pipeline(device, &s);
     let mut bufs = block_buffers(device, &s);
     let mut cmd = common::record_generated(device, &pipeline, &gen, &bufs);
 
@@ -386,6 +392,7 @@ fn should_match_the_reference_without_splits() {
             f16: false,
             early: false,
             sg: false,
+            defines: "",
         },
         &POSITIONS,
     );
@@ -404,6 +411,7 @@ const TWO_SPLITS: Shape = Shape {
     f16: false,
     early: false,
     sg: false,
+    defines: "",
 };
 
 #[test]
@@ -428,6 +436,7 @@ fn should_match_the_reference_split_in_five_with_one_kv_head() {
             f16: false,
             early: false,
             sg: false,
+            defines: "",
         },
         &POSITIONS,
     );
@@ -450,6 +459,7 @@ fn should_match_the_reference_in_thirty_two_splits() {
             f16: true,
             early: false,
             sg: false,
+            defines: "",
         },
         &[0, 31, 500, 1023, 1024, 1100, 1399],
     );
@@ -468,6 +478,7 @@ const UNALIGNED: Shape = Shape {
     f16: false,
     early: false,
     sg: false,
+    defines: "",
 };
 const UNALIGNED_POSITIONS: [i32; 10] = [0, 3, 8, 9, 50, 55, 56, 120, 199, 199];
 
@@ -493,6 +504,7 @@ fn should_match_the_reference_with_f16_caches() {
         f16: true,
         early: false,
         sg: false,
+        defines: "",
     };
     matches_the_reference_step_after_step(d128, &POSITIONS);
     matches_the_reference_step_after_step(Shape { splits: 2, ..d128 }, &POSITIONS);
@@ -511,6 +523,7 @@ fn should_match_the_reference_with_the_early_tile() {
     let d128 = Shape {
         early: true,
         sg: false,
+        defines: "",
         ..TWO_SPLITS
     };
     matches_the_reference_step_after_step(d128, &POSITIONS);
@@ -540,7 +553,7 @@ fn time_block(gpu: &Gpu, s: &Shape, pos: i32) -> Option<f64> {
     const ITERS: u32 = 40;
     const ROTATE_BYTES: u64 = 256 << 20;
     let device = &gpu.device;
-    let (pipeline, gen) = pipeline(device, &s.spec());
+    let (pipeline, gen) = pipeline(device, s);
     let cache_bytes = (2 * s.hkv * s.cap * s.d * 4) as u64;
     let copies = (ROTATE_BYTES / cache_bytes).clamp(1, 8) as usize;
     let sets: Vec<Vec<Buffer>> = (0..copies).map(|_| block_buffers(device, s)).collect();
@@ -599,6 +612,7 @@ fn bench_attention_block_splits() {
                 f16: false,
                 early: false,
                 sg: false,
+                defines: "",
             };
             if let Some(us) = time_block(&gpu, &s, pos) {
                 eprintln!("pos {pos:>5}  splits {splits:>2}  wg {wg:>4}  {us:>8.2} us");
@@ -607,6 +621,25 @@ fn bench_attention_block_splits() {
     }
     assert!(log.is_clean(), "validation errors:\n{}", log.report());
 }
+
+/// A head of 32 (the qwen3 fixtures'), walked in subgroups with the early tile, four splits of
+/// 16 slots and more. f32 caches: with f16 ones this head's fresh key rounds across an f16 step
+/// from the reference's at position 17 (device sine against the host's), in attend() too.
+const HEAD_32: Shape = Shape {
+    hq: 4,
+    hkv: 2,
+    d: 32,
+    rot: 32,
+    cap: 300,
+    splits: 4,
+    min_chunk: 16,
+    wg: 0,
+    f16: false,
+    early: true,
+    sg: true,
+    defines: "",
+};
+const HEAD_32_POSITIONS: [i32; 10] = [0, 1, 15, 16, 17, 63, 64, 65, 200, 299];
 
 /// Subgroups walking their slots alone, their partials folded once (`AttnSpec::subgroup_walk`,
 /// attend_subgroups.glsl): on lavapipe's 8-wide subgroups one slot per subgroup and pass, only
@@ -617,6 +650,7 @@ fn bench_attention_block_splits() {
 fn should_match_the_reference_with_subgroups_walking() {
     let sg = Shape {
         sg: true,
+        defines: "",
         ..TWO_SPLITS
     };
     matches_the_reference_step_after_step(sg, &POSITIONS);
@@ -632,27 +666,44 @@ fn should_match_the_reference_with_subgroups_walking() {
         thirty_two_splits(Shape { early: true, ..sg }),
         &LONG_POSITIONS,
     );
-    let d32 = Shape {
-        hq: 4,
-        hkv: 2,
-        d: 32,
-        rot: 32,
-        cap: 300,
-        splits: 4,
-        min_chunk: 16,
-        wg: 0,
-        // f32: with f16 caches this head's fresh key rounds across an f16 step from the
-        // reference's at position 17 (device sine against the host's), in attend() too.
-        f16: false,
-        early: true,
-        sg: true,
-    };
-    matches_the_reference_step_after_step(d32, &[0, 1, 15, 16, 17, 63, 64, 65, 200, 299]);
+    matches_the_reference_step_after_step(HEAD_32, &HEAD_32_POSITIONS);
     matches_the_reference_step_after_step(
         Shape {
             sg: true,
+            defines: "",
             ..UNALIGNED
         },
         &UNALIGNED_POSITIONS,
+    );
+}
+
+/// The subgroup walk's paths of several slots per subgroup, which lavapipe's 8-wide subgroups
+/// take only with pairs of lanes per slot (`SG_PAIRS`, test only: four slots a subgroup and
+/// pass, as 32-wide subgroups take with octets): each slot's score broadcast from its lanes,
+/// the V chunks of several slots per lane, the weight sum once per slot; and fewer walkers than
+/// subgroups, the fold's last block part-full (`SG_FEW`, test only: 5 walkers).
+#[test]
+fn should_match_the_reference_with_several_slots_per_subgroup() {
+    let sg = Shape {
+        sg: true,
+        ..TWO_SPLITS
+    };
+    for defines in ["SG_PAIRS", "SG_FEW", "SG_PAIRS,SG_FEW"] {
+        matches_the_reference_step_after_step(Shape { defines, ..sg }, &POSITIONS);
+    }
+    matches_the_reference_step_after_step(
+        thirty_two_splits(Shape {
+            early: true,
+            defines: "SG_PAIRS",
+            ..sg
+        }),
+        &LONG_POSITIONS,
+    );
+    matches_the_reference_step_after_step(
+        Shape {
+            defines: "SG_PAIRS",
+            ..HEAD_32
+        },
+        &HEAD_32_POSITIONS,
     );
 }

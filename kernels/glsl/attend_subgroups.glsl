@@ -5,7 +5,7 @@
 // Why: at the positions a decode spends most of its steps in, a split walks one tile of a few
 // dozen slots, and attend()'s score and value phases exchange through shared memory with five
 // workgroup barriers per tile, each waiting for the slowest of 16 subgroups. Here a subgroup
-// takes NO = subgroup size / 8 slots per pass, one per octet of lanes:
+// takes NO = subgroup size / 8 slots per pass, one per octet of lanes (LPS below):
 // - scores: lane i of an octet dots 4-element chunks i * KL .. i * KL + KL - 1 of the query (from
 //   q_s) with those of its slot's K row, and three shuffles within the octet sum them;
 // - the softmax: the octets' scores broadcast to the whole subgroup (NO shuffles), every lane
@@ -30,18 +30,38 @@
 // below 768 2.1%.
 //
 // Layout constraints (checked at run time by attend_sg_fits(), uniform, so a device the path
-// does not fit takes attend() instead; NVIDIA's 32-wide subgroups and lavapipe's 8 fit heads of
-// 128 and 32): the subgroup at least 8 wide, D a multiple of 32 and D / 4 a multiple of the
-// subgroup size. Only the first SGU subgroups work (the fold's array is sized for them).
+// does not fit takes attend() instead): the subgroup at least 8 wide, D a multiple of 32 and
+// D / 4 a multiple of the subgroup size. So 8-wide subgroups (lavapipe) fit heads of 32, 64, 128
+// and 256, 32-wide ones (NVIDIA) 128 and 256, 64-wide ones none below 256. The compiler asks for
+// it only for heads of 32 to 128 (`fuse::program::subgroup_walk`: the fold's array is 64 D bytes
+// of shared memory, which attend() also declares beside it). Only the first SGU subgroups work
+// (the fold's array is sized for them).
 //
 // The including source provides q_s, kf_s, vf_s (the query, fresh K and V rows, after the norms
 // and rope, as the cache holds them), the caches (kv_cache.glsl), D, SCALE and NEG_BIG.
 
-// 4-element chunks of a K row per lane of an octet, and of V chunks per lane per pass.
-const uint SG_KL = (D + 31u) / 32u;
-const uint SG_VF = (D + 31u) / 32u;
+// Lanes per slot: an octet. SG_PAIRS (test only) takes pairs, so that lavapipe's 8-wide
+// subgroups walk four slots a pass, as NVIDIA's 32-wide ones do, and the paths of several
+// slots per subgroup run in the suite.
+#ifdef SG_PAIRS
+const uint LPS = 2u;
+#else
+const uint LPS = 8u;
+#endif
+// 4-element chunks of a K row per lane of a slot's lanes, and V chunks per lane per pass (the
+// subgroup's NO = width / LPS slots times its VCH = D / 4 / width output chunks per lane).
+const uint SG_KL = (D + 4u * LPS - 1u) / (4u * LPS);
+const uint SG_VF = SG_KL;
+// Output chunks per lane (VCH), at most for 8-wide subgroups.
+const uint SG_OV = (D + 31u) / 32u;
 // The subgroups that walk (and whose partials the fold's array holds).
+#ifdef SG_FEW
+// Test only: fewer walkers than a test's workgroup has subgroups, and a part-full block of the
+// fold.
+const uint SGU = 5u;
+#else
 const uint SGU = 16u;
+#endif
 
 #if KV_DTYPE == F16
 #define SG_RAW uvec2
@@ -63,7 +83,7 @@ shared vec2 sg_ml[SGU];
 shared vec4 sg_o[SGU * ((D + 3u) / 4u)];
 
 bool attend_sg_fits() {
-    return gl_SubgroupSize >= 8u && D % 32u == 0u && (D / 4u) % gl_SubgroupSize == 0u;
+    return gl_SubgroupSize >= 8u && D % (4u * LPS) == 0u && (D / 4u) % gl_SubgroupSize == 0u;
 }
 
 // The subgroups this workgroup walks with.
@@ -74,10 +94,10 @@ uint sg_walkers() { return min(gl_NumSubgroups, SGU); }
 void sg_load(uint kv_base, uint tile, uint hi, out SG_RAW kr[SG_KL], out SG_RAW vr[SG_VF]) {
     uint sgs = gl_SubgroupSize;
     uint lane = gl_SubgroupInvocationID;
-    uint no = sgs / 8u;
+    uint no = sgs / LPS;
     uint first = tile + gl_SubgroupID * no;
-    uint j = min(first + lane / 8u, hi - 1u);
-    uint li = lane % 8u;
+    uint j = min(first + lane / LPS, hi - 1u);
+    uint li = lane % LPS;
     [[unroll]] for (uint i = 0u; i < SG_KL; i++) {
         kr[i] = sg_k_raw(kv_base, j, li * SG_KL + i);
     }
@@ -98,15 +118,15 @@ void attend_sg(uint kv_base, uint lo, uint hi, uint fresh, in SG_RAW kp0[SG_KL],
     uint sgs = gl_SubgroupSize;
     uint lane = gl_SubgroupInvocationID;
     uint sg = gl_SubgroupID;
-    uint no = sgs / 8u;
+    uint no = sgs / LPS;
     uint vch = D / 4u / sgs;
     uint walkers = sg_walkers();
     uint per = walkers * no;
-    uint li = lane % 8u;
+    uint li = lane % LPS;
     float mm = NEG_BIG;
     float ll = 0.0;
-    vec4 o[SG_VF];
-    [[unroll]] for (uint i = 0u; i < SG_VF; i++) {
+    vec4 o[SG_OV];
+    [[unroll]] for (uint i = 0u; i < SG_OV; i++) {
         o[i] = vec4(0.0);
     }
     if (sg < walkers) {
@@ -123,7 +143,7 @@ void attend_sg(uint kv_base, uint lo, uint hi, uint fresh, in SG_RAW kp0[SG_KL],
                 sg_load(kv_base, tile, hi, kc, vc);
             }
             uint first = tile + sg * no;
-            uint j = first + lane / 8u;
+            uint j = first + lane / LPS;
             float d = 0.0;
             if (j < hi) {
                 [[unroll]] for (uint i = 0u; i < SG_KL; i++) {
@@ -134,25 +154,26 @@ void attend_sg(uint kv_base, uint lo, uint hi, uint fresh, in SG_RAW kp0[SG_KL],
                     d += dot(qv, kv);
                 }
             }
-            d += subgroupShuffleXor(d, 1u);
-            d += subgroupShuffleXor(d, 2u);
-            d += subgroupShuffleXor(d, 4u);
+            [[unroll]] for (uint x = 1u; x < LPS; x *= 2u) {
+                d += subgroupShuffleXor(d, x);
+            }
             float s = j < hi ? d * SCALE : NEG_BIG;
             float m_new = mm;
             float sk[SG_VF];
             [[unroll]] for (uint k = 0u; k < SG_VF; k++) {
                 // no <= SG_VF: D / 4 is a multiple of the subgroup size.
                 if (k < no) {
-                    sk[k] = subgroupShuffle(s, 8u * k);
+                    sk[k] = subgroupShuffle(s, LPS * k);
                     m_new = max(m_new, sk[k]);
                 }
             }
-            // The pass's first slot is in the chunk (tile < hi) for subgroup 0 only; a later
-            // subgroup's may not be, and then m_new stays NEG_BIG and nothing is added.
+            // The pass's first slot is in the chunk (tile < hi) for subgroup 0; a later
+            // subgroup's may not be, and then m_new stays mm (NEG_BIG if it had no slot in an
+            // earlier pass either, where alpha = exp(0) only scales zeros) and nothing is added.
             float alpha = exp(mm - m_new);
             mm = m_new;
             ll *= alpha;
-            [[unroll]] for (uint i = 0u; i < SG_VF; i++) {
+            [[unroll]] for (uint i = 0u; i < SG_OV; i++) {
                 o[i] *= alpha;
             }
             [[unroll]] for (uint f = 0u; f < SG_VF; f++) {
@@ -175,7 +196,7 @@ void attend_sg(uint kv_base, uint lo, uint hi, uint fresh, in SG_RAW kp0[SG_KL],
         if (lane == 0u) {
             sg_ml[sg] = vec2(mm, ll);
         }
-        [[unroll]] for (uint i = 0u; i < SG_VF; i++) {
+        [[unroll]] for (uint i = 0u; i < SG_OV; i++) {
             if (i < vch) {
                 sg_o[sg * (D / 4u) + lane + sgs * i] = o[i];
             }

@@ -26,7 +26,8 @@
 // KV_DTYPE (the caches', F32 or F16),
 // NORM_ZC, ROT (rotary dims, even), SPLITS (>= 1), MIN_CHUNK (>= 1), PREFETCH (0/1: D % 16 == 0,
 // the first tile's K and V rows loaded before the q/k/v words are waited for: they depend on
-// none of them), EARLY_TILE (0/1: see EARLY below),
+// none of them), EARLY_TILE (0/1: see EARLY below), ATTN_SG (0/1: the subgroup walk of
+// attend_subgroups.glsl in place of attend() where the device's subgroups fit it),
 // `float inv_freq(uint i)` for i < ROT/2 and, when SPLITS > 1, PART_BINDING and COUNT_BINDING.
 // Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D], 2 = k f32[HKV, D], 3 = v f32[HKV, D],
 // 4 = k cache [HKV, CAP, D], 5 = v cache [HKV, CAP, D] (f32, or f16 with KV_DTYPE F16, the
@@ -152,8 +153,9 @@ const uint VP = VP_TILE < 8u ? VP_TILE : 8u;
 
 #if EARLY
 // consume_tile()'s store (and sg_consume()'s, attend_subgroups.glsl): where the hash of the
-// first tile's words matches a constant, to the split's own partial slot, which only this
-// invocation writes later and nothing reads before that.
+// first tile's words matches a constant, to the split's own partial slot, which no other
+// invocation writes and nothing reads before this invocation's combine() rewrites it (or, where
+// its split publishes by polling or works alone, never reads).
 void consume_hash(uint hx, uint slot_at) {
 #ifdef EARLY_TILE_STORE_ALWAYS
     // Test only (tests/handoff.rs): the store every time, to show that no result depends on it.
@@ -506,7 +508,7 @@ void publish_partial(uint h, uint split, float m, float total, float lsum) {
 void gather(uint h, uint me, uint used, float m, float total, float lsum) {
     uint t = gl_LocalInvocationID.x;
     // Its own partial through shared memory, for the group that folds it (lsum is invocation
-    // 0's; q_s and w_s were last read in attend(), before its closing barrier).
+    // 0's; q_s and w_s were last read in attend() or attend_sg(), before its closing barrier).
     if (t < D) {
         q_s[t] = total;
     }
@@ -719,9 +721,9 @@ void main() {
 #if PREFETCH
     // The first tile's K and V rows do not depend on q or on the fresh row: loaded now, their
     // latency overlaps the wait for q/k/v and the norms and rope below. The fresh slot's
-    // entries (the writer stores them after the wait) are never
-    // used (attend() takes that slot from shared memory), so reading it while the writer
-    // stores it does not matter; slots past the chunk are clamped into it and never used.
+    // entries (the writer stores them after the wait) are never used (attend() and attend_sg()
+    // take that slot from shared memory), so reading it while the writer stores it does not
+    // matter; slots past the chunk are clamped into it and never used.
     KC_RAW kp[KP];
     VT_RAW vp[VP];
 #if ATTN_SG
@@ -778,7 +780,10 @@ void main() {
         qk_norm_weights(t, pt, wn, pwn);
 #if EARLY && ATTN_SG
         if (sgp) {
-            sg_consume(skp, svp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
+            // The subgroups past the walkers loaded nothing.
+            if (gl_SubgroupID < sg_walkers()) {
+                sg_consume(skp, svp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
+            }
         } else {
             consume_tile(kp, vp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
         }

@@ -22,7 +22,8 @@ pub fn attention_wg(head_dim: usize) -> u32 {
     (8 * head_dim).next_power_of_two().clamp(64, 1024) as u32
 }
 /// Most slots a split walks in one pass of the attention block's subgroup walk
-/// (`AttnSpec::subgroup_walk`): 16 subgroups of four 8-lane octets on a 32-wide device. A longer
+/// (`AttnSpec::subgroup_walk`): 16 subgroups of four 8-lane octets on a 32-wide device, in a
+/// workgroup of 512 invocations or more (an 8-wide one walks 16 a pass: the same results). A longer
 /// chunk takes several passes, each waiting for its own loads, where attend()'s tiles take 128
 /// or 256 slots at once: with the walk on every grid, q4_0 lost 8.3% at 2048 tokens and 12% at
 /// 4000 on an H200 (docs/perf.md, session 40).

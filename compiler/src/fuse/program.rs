@@ -213,7 +213,8 @@ impl Builder<'_> {
     /// not served, kernel): the options' bands, an error where one cannot apply (the block
     /// unsplit, or a band with more splits than the block's scratch holds); else the weights'
     /// default bands that can. Bands that no position reaches (starting at or past the
-    /// capacity) and trailing ones on the block's own grid are dropped.
+    /// capacity) and trailing ones on the block's own grid (its splits, workgroup and walk)
+    /// are dropped.
     fn attention_bands(
         &self,
         spec: &AttnSpec,
@@ -664,7 +665,7 @@ impl Builder<'_> {
                 };
                 // The subgroup walk where the format gains by it and the grid serves short
                 // positions in one pass; the bands decide for themselves.
-                let walk = subgroup_walk(self.p, self.opts.f16_dots);
+                let walk = subgroup_walk(self.p, self.opts.f16_dots, head_dim);
                 let spec = AttnSpec {
                     subgroup_walk: walk && codegen::subgroup_walk_fits(capacity, spec.splits),
                     ..spec
@@ -1176,18 +1177,22 @@ impl FusedUnit {
     }
 }
 
-/// Whether the attention block may walk its slots in subgroups (`AttnSpec::subgroup_walk`,
-/// attend_subgroups.glsl; in the grids [`codegen::subgroup_walk_fits`] names):
-/// for q4_0 matvecs with f16 dots, where it gained 1.4% on an H200 at 256 tokens; beside q8_0's
-/// and bf16's kernels it lost 6.5% and 2.5% (docs/perf.md, session 40).
-/// `VKFUSE_ATTN_SG=1` or `=0` forces it on or off at compile time (the A/B knob of those
-/// measurements).
-fn subgroup_walk(p: &Program, f16_dots: bool) -> bool {
-    match std::env::var("VKFUSE_ATTN_SG").as_deref() {
+/// Whether the attention block of heads of `head_dim` may walk its slots in subgroups
+/// (`AttnSpec::subgroup_walk`, attend_subgroups.glsl; in the grids
+/// [`codegen::subgroup_walk_fits`] names): for q4_0 matvecs with f16 dots, where it gained 1.4%
+/// on an H200 at 256 tokens; beside q8_0's and bf16's kernels it lost 6.5% and 2.5% (docs/perf.md,
+/// session 40). Only heads of 32 to 128, a multiple of 32: another head never fits the walk's
+/// layout on 8- or 32-wide subgroups (the kernel would carry it unused), and a head of 256 would
+/// take its fold's 16 KiB of shared memory beside attend()'s arrays, past lavapipe's 32 KiB.
+/// `VKFUSE_ATTN_SG=1` or `=0` lifts or sets the format's condition at compile time (the A/B knob
+/// of those measurements); the head's and the grids' stay.
+fn subgroup_walk(p: &Program, f16_dots: bool, head_dim: usize) -> bool {
+    let format = match std::env::var("VKFUSE_ATTN_SG").as_deref() {
         Ok("1") => true,
         Ok("0") => false,
         _ => f16_dots && super::prefetch::matvec_dtype(p) == DType::Q4_0,
-    }
+    };
+    format && head_dim.is_multiple_of(32) && (32..=128).contains(&head_dim)
 }
 
 /// The kernel whose run makes value `v` available.
