@@ -18,6 +18,7 @@ use vkfuse_runtime::schedule::Schedule;
 use vkfuse_runtime::session::{
     writeback, Eager, LoadOptions, Loaded, Replay, TensorBytes, WriteBack,
 };
+use vkfuse_runtime::DeviceChoice;
 use vkfuse_runtime::{Device, Handoffs, Persistence};
 
 #[derive(clap::Args)]
@@ -28,10 +29,11 @@ pub struct BenchArgs {
     /// Greedy tokens to decode per configuration.
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
-    /// The Vulkan device, by index in `vkfuse devices` (default: VKFUSE_DEVICE, else the
-    /// first discrete GPU, then integrated, then CPU).
-    #[arg(long, value_name = "N")]
-    pub device: Option<usize>,
+    /// The Vulkan device: its index in `vkfuse devices`, or a case-insensitive part of its
+    /// name (default: VKFUSE_DEVICE, which takes the same, else the first discrete GPU, then
+    /// integrated, then CPU).
+    #[arg(long, value_name = "N|NAME")]
+    pub device: Option<DeviceChoice>,
     /// Print a JSON array (one object per configuration) as the last stdout line.
     #[arg(long)]
     pub json: bool,
@@ -232,7 +234,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             bail!("--tokens {tokens} needs {tokens} positions; the schedule reserves {capacity}");
         }
     }
-    let device = crate::decode::open_device(args.device)?;
+    let device = crate::decode::open_device(args.device.as_ref())?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "device: {}", device.info().name)?;
     writeln!(

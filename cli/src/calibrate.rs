@@ -24,16 +24,18 @@ use std::path::PathBuf;
 use std::time::Duration;
 use vkfuse_compiler::fuse::cost::DeviceCost;
 use vkfuse_compiler::kernels::compile_source;
+use vkfuse_runtime::DeviceChoice;
 use vkfuse_runtime::{
     BufferBinding, BufferKind, Device, DeviceType, Pipeline, SpecConstants, Stages, TimestampPool,
 };
 
 #[derive(clap::Args)]
 pub struct CalibrateArgs {
-    /// The Vulkan device, by index in `vkfuse devices` (default: VKFUSE_DEVICE, else the
-    /// first discrete GPU, then integrated, then CPU).
-    #[arg(long, value_name = "N")]
-    pub device: Option<usize>,
+    /// The Vulkan device: its index in `vkfuse devices`, or a case-insensitive part of its
+    /// name (default: VKFUSE_DEVICE, which takes the same, else the first discrete GPU, then
+    /// integrated, then CPU).
+    #[arg(long, value_name = "N|NAME")]
+    pub device: Option<DeviceChoice>,
     /// Write the costs to this file (JSON), for `compile-model --device-cost FILE`; without it
     /// the JSON is printed as the last line.
     #[arg(short, long, value_name = "FILE")]
@@ -275,7 +277,7 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
         }
         vkfuse_runtime::schedule::check_output(out).context("-o: the costs cannot go there")?;
     }
-    let device = crate::decode::open_device(args.device)?;
+    let device = crate::decode::open_device(args.device.as_ref())?;
     let mut out = std::io::stdout().lock();
     let cost = measure(&device, &mut out)?;
     let json = serde_json::to_string_pretty(&cost)?;

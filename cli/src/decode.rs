@@ -17,6 +17,7 @@ use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::{
     pipeline_cache, CacheFile, Eager, LoadOptions, Loaded, Replay, TensorBytes,
 };
+use vkfuse_runtime::DeviceChoice;
 use vkfuse_runtime::{
     Counters, Device, Handoffs, Instance, InstanceOptions, Persistence, Requirements,
 };
@@ -101,16 +102,16 @@ impl Engine for ReplayEngine {
 }
 
 /// Opens a Vulkan device (`--device`, else `VKFUSE_DEVICE`, else the best one).
-pub fn open_device(index: Option<usize>) -> Result<Device> {
+pub fn open_device(choice: Option<&DeviceChoice>) -> Result<Device> {
     let instance = Instance::new(&InstanceOptions::default())?;
-    let adapter = instance.select_adapter(index)?;
+    let adapter = instance.choose_adapter(choice)?;
     Ok(Device::new(&instance, &adapter, &Requirements::none())?)
 }
 
 /// How `vkfuse run` executes: the backend, the device and replay's options.
 struct EngineChoice<'a> {
     backend: Backend,
-    device: Option<usize>,
+    device: Option<&'a DeviceChoice>,
     /// Tokens per submit to record ahead (replay).
     chains: &'a [u32],
     persistence: Persistence,
@@ -348,7 +349,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let chains = [k, greedy % k].map(|c| c as u32);
     let mut engine = source.engine(&EngineChoice {
         backend: backend_kind,
-        device: args.device,
+        device: args.device.as_ref(),
         chains: &chains,
         persistence: args.run.persistent,
         handoffs: args.run.handoffs,

@@ -10,6 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use vkfuse_runtime::session::timeline::{DispatchRun, TIMELINE_STEPS};
 use vkfuse_runtime::session::{LoadOptions, Loaded, Replay};
+use vkfuse_runtime::DeviceChoice;
 use vkfuse_runtime::Handoffs;
 
 #[derive(clap::Args)]
@@ -37,9 +38,11 @@ pub struct TimelineArgs {
     /// (a mark is 0 where the kernel names none).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// The Vulkan device, by index in `vkfuse devices`.
-    #[arg(long, value_name = "N")]
-    pub device: Option<usize>,
+    /// The Vulkan device: its index in `vkfuse devices`, or a case-insensitive part of its
+    /// name (default: VKFUSE_DEVICE, which takes the same, else the first discrete GPU, then
+    /// integrated, then CPU).
+    #[arg(long, value_name = "N|NAME")]
+    pub device: Option<DeviceChoice>,
 }
 
 #[derive(serde::Serialize)]
@@ -69,7 +72,7 @@ pub fn run(args: &TimelineArgs) -> Result<()> {
             args.steps
         );
     }
-    let device = crate::decode::open_device(args.device)?;
+    let device = crate::decode::open_device(args.device.as_ref())?;
     let options = LoadOptions {
         handoffs: args.handoffs,
         ..LoadOptions::default()

@@ -340,6 +340,41 @@ fn vulkan_problems_are_clear_errors_not_panics() {
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+    // --device by part of a name, as VKFUSE_DEVICE takes: this machine's device, then none.
+    let listing = String::from_utf8_lossy(&vkfuse_ok(&["devices"]).stdout).to_string();
+    // "device 0 ...:" then its name's line.
+    let mut lines = listing.lines().skip_while(|l| !l.starts_with("device 0"));
+    let name = lines
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next())
+        .expect("device 0 listed")
+        .to_lowercase();
+    vkfuse_ok(&[
+        "run",
+        d,
+        "--backend",
+        "eager",
+        "--ids",
+        "1",
+        "--device",
+        &name,
+    ]);
+    let out = vkfuse(&[
+        "run",
+        d,
+        "--backend",
+        "eager",
+        "--ids",
+        "1",
+        "--device",
+        "no-such-gpu",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--device=\"no-such-gpu\" matches no device"),
+        "{stderr}"
+    );
     // No driver at all: the loader finds no ICD.
     let out = Command::new(env!("CARGO_BIN_EXE_vkfuse"))
         .args(["run", d, "--backend", "eager", "--ids", "1"])

@@ -44,7 +44,7 @@ fn open_device(options: &SessionOptions) -> Result<Device, SessionError> {
         validation: options.validation,
         ..InstanceOptions::default()
     })?;
-    let adapter = instance.select_adapter(options.device)?;
+    let adapter = instance.choose_adapter(options.device.as_ref())?;
     // The kernels reduce with subgroup arithmetic (kernels/glsl/reduce.glsl): a device without
     // it is refused here, by name, rather than by the validation layer or the driver.
     let needs = Requirements::new(&[Feature::SubgroupBasic, Feature::SubgroupArithmetic]);
@@ -65,10 +65,10 @@ pub enum Backend {
 /// How to open a [`Session`].
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
-    /// The Vulkan device by index (as `vkfuse devices` lists them; errors name it `--device`,
-    /// the CLI's flag); `None`: `VKFUSE_DEVICE`, else the first discrete GPU, then integrated,
-    /// then CPU.
-    pub device: Option<usize>,
+    /// The Vulkan device, by index (as `vkfuse devices` lists them) or part of its name (errors
+    /// name it `--device`, the CLI's flag); `None`: `VKFUSE_DEVICE`, else the first discrete
+    /// GPU, then integrated, then CPU.
+    pub device: Option<crate::DeviceChoice>,
     /// The executor.
     pub backend: Backend,
     /// Greedy steps chained on the device in one submit (replay only), 1 to

@@ -71,12 +71,15 @@ pub enum Error {
         list: String,
     },
 
-    /// `VKFUSE_DEVICE` named no device (neither an index nor part of a device name).
+    /// `--device` or `VKFUSE_DEVICE` named no device (neither an index nor part of a device
+    /// name).
     #[error(
-        "VKFUSE_DEVICE={value:?} matches no device (give an index or part of a name):\n{list}"
+        "{source_of_choice}={value:?} matches no device (give an index or part of a name):\n{list}"
     )]
     AdapterName {
-        /// The value of the variable.
+        /// Where the name came from (`--device` or `VKFUSE_DEVICE`).
+        source_of_choice: String,
+        /// The text given.
         value: String,
         /// One line per device.
         list: String,

@@ -734,11 +734,38 @@ fn listing(infos: &[AdapterInfo]) -> String {
         .join("\n")
 }
 
-/// Chooses among `infos`: `explicit` index, else `env` (`VKFUSE_DEVICE`: an index, or a
-/// case-insensitive part of a name), else by type: discrete, integrated, virtual, CPU.
+/// A device asked for by the caller (the CLI's `--device`): its index in the instance's list
+/// (`vkfuse devices`), or a case-insensitive part of its name, as `VKFUSE_DEVICE` takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The device's index in the instance's list.
+    Index(usize),
+    /// A case-insensitive part of the device's name; the first that holds it.
+    Name(String),
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+
+    /// A number is an index; any other text part of a name (empty text is neither).
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err("give a device index or part of a device name".into());
+        }
+        Ok(match text.parse::<usize>() {
+            Ok(index) => DeviceChoice::Index(index),
+            Err(_) => DeviceChoice::Name(text.to_string()),
+        })
+    }
+}
+
+/// Chooses among `infos`: `explicit` (the caller's, named `--device` in errors), else `env`
+/// (`VKFUSE_DEVICE`: an index, or a case-insensitive part of a name), else by type: discrete,
+/// integrated, virtual, CPU.
 pub(crate) fn pick(
     infos: &[AdapterInfo],
-    explicit: Option<usize>,
+    explicit: Option<&DeviceChoice>,
     env: Option<&str>,
 ) -> Result<usize> {
     if infos.is_empty() {
@@ -756,23 +783,29 @@ pub(crate) fn pick(
             })
         }
     };
-    if let Some(index) = explicit {
-        // An explicit index is the CLI's `--device` (embedders pass `SessionOptions::device`);
-        // the variable names itself below.
-        return by_index(index, "--device");
+    let by_name = |value: &str, source: &str| {
+        let needle = value.to_lowercase();
+        infos
+            .iter()
+            .position(|i| i.name.to_lowercase().contains(&needle))
+            .ok_or_else(|| Error::AdapterName {
+                source_of_choice: source.to_string(),
+                value: value.to_string(),
+                list: listing(infos),
+            })
+    };
+    // An explicit choice is the CLI's `--device` (embedders pass `SessionOptions::device`);
+    // the variable names itself below.
+    match explicit {
+        Some(DeviceChoice::Index(index)) => return by_index(*index, "--device"),
+        Some(DeviceChoice::Name(name)) => return by_name(name, "--device"),
+        None => {}
     }
     if let Some(value) = env.map(str::trim).filter(|v| !v.is_empty()) {
         if let Ok(index) = value.parse::<usize>() {
             return by_index(index, &format!("VKFUSE_DEVICE={value}"));
         }
-        let needle = value.to_lowercase();
-        return infos
-            .iter()
-            .position(|i| i.name.to_lowercase().contains(&needle))
-            .ok_or_else(|| Error::AdapterName {
-                value: value.to_string(),
-                list: listing(infos),
-            });
+        return by_name(value, "VKFUSE_DEVICE");
     }
     // `min_by_key` keeps the first of equals: the driver's order breaks ties.
     infos
@@ -841,7 +874,30 @@ pub(crate) mod tests {
             fake("cpu", DeviceType::Cpu),
             fake("dgpu", DeviceType::Discrete),
         ];
-        assert_eq!(pick(&infos, Some(0), Some("1")).ok(), Some(0));
+        assert_eq!(
+            pick(&infos, Some(&DeviceChoice::Index(0)), Some("1")).ok(),
+            Some(0)
+        );
+        let name = DeviceChoice::Name("CPU".into());
+        assert_eq!(pick(&infos, Some(&name), Some("1")).ok(), Some(0));
+    }
+
+    #[test]
+    fn explicit_choice_parses_an_index_or_a_name() {
+        let infos = [
+            fake("llvmpipe", DeviceType::Cpu),
+            fake("NVIDIA H100", DeviceType::Discrete),
+        ];
+        let choose = |text: &str| pick(&infos, Some(&text.parse().unwrap()), None);
+        assert_eq!(choose("0").ok(), Some(0));
+        assert_eq!(choose(" h100 ").ok(), Some(1));
+        let err = choose("radeon").unwrap_err().to_string();
+        assert!(
+            err.starts_with("--device=\"radeon\" matches no device"),
+            "{err}"
+        );
+        assert!(err.contains("llvmpipe"), "{err}");
+        assert!("  ".parse::<DeviceChoice>().is_err());
     }
 
     #[test]
@@ -854,13 +910,16 @@ pub(crate) mod tests {
         assert_eq!(pick(&infos, None, Some("h100")).ok(), Some(1));
         assert_eq!(pick(&infos, None, Some("  ")).ok(), Some(1));
         let err = pick(&infos, None, Some("radeon")).unwrap_err().to_string();
-        assert!(err.contains("radeon") && err.contains("llvmpipe"), "{err}");
+        assert!(
+            err.contains("VKFUSE_DEVICE=\"radeon\"") && err.contains("llvmpipe"),
+            "{err}"
+        );
     }
 
     #[test]
     fn index_out_of_range_names_the_count_and_lists_devices() {
         let infos = [fake("llvmpipe", DeviceType::Cpu)];
-        let err = pick(&infos, Some(3), None).unwrap_err();
+        let err = pick(&infos, Some(&DeviceChoice::Index(3)), None).unwrap_err();
         assert!(matches!(
             err,
             Error::AdapterIndex {

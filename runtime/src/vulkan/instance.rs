@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ash::vk;
 
-use super::adapter::{self, Adapter};
+use super::adapter::{self, Adapter, DeviceChoice};
 use super::debug::{self, Message, ValidationLog};
 use super::validated_turn::ValidatedTurn;
 use crate::error::{vk_err, Error, Result};
@@ -269,10 +269,16 @@ impl Instance {
     /// Picks an adapter: `index` if given, else `VKFUSE_DEVICE` (an index or part of a name),
     /// else the first discrete GPU, then integrated, virtual, CPU.
     pub fn select_adapter(&self, index: Option<usize>) -> Result<Adapter> {
+        self.choose_adapter(index.map(DeviceChoice::Index).as_ref())
+    }
+
+    /// [`Self::select_adapter`] with the choice an index or part of a name (the CLI's
+    /// `--device`, which errors name).
+    pub fn choose_adapter(&self, choice: Option<&DeviceChoice>) -> Result<Adapter> {
         let mut adapters = self.adapters()?;
         let env = std::env::var("VKFUSE_DEVICE").ok();
         let infos: Vec<_> = adapters.iter().map(|a| a.info().clone()).collect();
-        let chosen = adapter::pick(&infos, index, env.as_deref())?;
+        let chosen = adapter::pick(&infos, choice, env.as_deref())?;
         Ok(adapters.swap_remove(chosen))
     }
 

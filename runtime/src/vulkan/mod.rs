@@ -22,7 +22,8 @@ mod statistics;
 mod validated_turn;
 
 pub use adapter::{
-    Adapter, AdapterInfo, DeviceType, Feature, Requirements, ShaderFeatures, SubgroupOps, Version,
+    Adapter, AdapterInfo, DeviceChoice, DeviceType, Feature, Requirements, ShaderFeatures,
+    SubgroupOps, Version,
 };
 pub use buffer::{Buffer, BufferKind};
 pub use command::{CommandBuffer, CommandRecorder, Stages};
