@@ -322,24 +322,27 @@ fn bad_arguments_are_refused_before_decoding() {
 fn vulkan_problems_are_clear_errors_not_panics() {
     let dir = fixture_dir("qwen3-tied");
     let d = dir.to_str().unwrap();
+    let on_device = |device: &str| {
+        vkfuse(&[
+            "run",
+            d,
+            "--backend",
+            "eager",
+            "--ids",
+            "1",
+            "--device",
+            device,
+        ])
+    };
+    // A refusal: exit status 1, no panic, the message.
+    let refused = |out: std::process::Output, says: &str| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(says), "{says}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    };
     // --device out of range names how many devices there are.
-    let out = vkfuse(&[
-        "run",
-        d,
-        "--backend",
-        "eager",
-        "--ids",
-        "1",
-        "--device",
-        "99",
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("device 99") && stderr.contains("device(s)"),
-        "{stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    refused(on_device("99"), "asks for device 99, but there are");
     // --device by part of a name, as VKFUSE_DEVICE takes: this machine's device, then none.
     let listing = String::from_utf8_lossy(&vkfuse_ok(&["devices"]).stdout).to_string();
     // "device 0 ...:" then its name's line.
@@ -349,31 +352,15 @@ fn vulkan_problems_are_clear_errors_not_panics() {
         .and_then(|l| l.split_whitespace().next())
         .expect("device 0 listed")
         .to_lowercase();
-    vkfuse_ok(&[
-        "run",
-        d,
-        "--backend",
-        "eager",
-        "--ids",
-        "1",
-        "--device",
-        &name,
-    ]);
-    let out = vkfuse(&[
-        "run",
-        d,
-        "--backend",
-        "eager",
-        "--ids",
-        "1",
-        "--device",
-        "no-such-gpu",
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let out = on_device(&name);
     assert!(
-        stderr.contains("--device=\"no-such-gpu\" matches no device"),
-        "{stderr}"
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    refused(
+        on_device("no-such-gpu"),
+        "--device=\"no-such-gpu\" matches no device",
     );
     // No driver at all: the loader finds no ICD.
     let out = Command::new(env!("CARGO_BIN_EXE_vkfuse"))
