@@ -92,10 +92,9 @@ fn check_split(name: &str, format: WeightFormat, defines: &str, splits: Option<u
     if splits.is_some_and(|s| s > 1) {
         // consume_tile()'s constant: the split block takes the early tile (tests/handoff.rs).
         assert!(
-            schedule
-                .kernels
+            vkfuse_tests::attention_blocks_holding(&schedule, vkfuse_tests::EARLY_TILE_WITNESS)
                 .iter()
-                .any(|k| k.label.starts_with("fused_attention") && k.spirv.contains(&0x7f3a_5c11)),
+                .any(|&b| b),
             "{what}: no early tile"
         );
     }

@@ -155,20 +155,14 @@ fn should_hand_levels_over_with_the_attention_split() {
 #[test]
 fn should_hand_q_k_v_to_every_split_at_longer_positions() {
     longer_positions("llama-gqa", None, false, "");
-    longer_positions("llama-gqa", Some(WeightFormat::Q8_0), true, "");
-    longer_positions(
-        "llama-gqa",
-        Some(WeightFormat::Q8_0),
-        true,
-        "EARLY_TILE_STORE_ALWAYS",
-    );
-    longer_positions("qwen3-tied", Some(WeightFormat::Q4_0), true, "");
-    longer_positions(
-        "qwen3-tied",
-        Some(WeightFormat::Q4_0),
-        true,
-        "EARLY_TILE_STORE_ALWAYS",
-    );
+    for (name, format) in [
+        ("llama-gqa", WeightFormat::Q8_0),
+        ("qwen3-tied", WeightFormat::Q4_0),
+    ] {
+        for defines in ["", "EARLY_TILE_STORE_ALWAYS"] {
+            longer_positions(name, Some(format), true, defines);
+        }
+    }
     let (_, schedule) = split_schedule("llama-gqa", None, true, "");
     assert!(!early_tile(&schedule));
     assert!(!vkfuse_tests::walks_in_subgroups(&schedule));
@@ -205,13 +199,7 @@ fn split_schedule(
 /// Whether the schedule's attention blocks take the early tile: consume_tile()'s constant
 /// witnesses it in their SPIR-V (every block alike).
 fn early_tile(schedule: &Schedule) -> bool {
-    let blocks: Vec<bool> = schedule
-        .kernels
-        .iter()
-        .filter(|k| k.label.starts_with("fused_attention"))
-        .map(|k| k.spirv.contains(&0x7f3a_5c11))
-        .collect();
-    assert!(!blocks.is_empty());
+    let blocks = vkfuse_tests::attention_blocks_holding(schedule, vkfuse_tests::EARLY_TILE_WITNESS);
     assert!(blocks.iter().all(|&b| b == blocks[0]), "{blocks:?}");
     blocks[0]
 }

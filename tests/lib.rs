@@ -413,18 +413,33 @@ pub fn as_array(rows: &[Vec<f32>]) -> Array2 {
     }
 }
 
+/// For each of `schedule`'s attention blocks, whether its SPIR-V holds `word` (a constant or an
+/// instruction that witnesses a variant of the kernel); at least one block.
+pub fn attention_blocks_holding(
+    schedule: &vkfuse_runtime::schedule::Schedule,
+    word: u32,
+) -> Vec<bool> {
+    let blocks: Vec<bool> = schedule
+        .kernels
+        .iter()
+        .filter(|k| k.label.starts_with("fused_attention"))
+        .map(|k| k.spirv.contains(&word))
+        .collect();
+    assert!(!blocks.is_empty(), "no attention block");
+    blocks
+}
+
+/// consume_tile()'s constant (fused_attention.glsl): an attention block whose SPIR-V holds it
+/// takes the early tile (`AttnSpec::early_tile`).
+pub const EARLY_TILE_WITNESS: u32 = 0x7f3a_5c11;
+
 /// Whether any of `schedule`'s attention blocks walks its slots in subgroups
 /// (`AttnSpec::subgroup_walk`: a band's at short positions, whose chunks take one pass, not a
 /// grid whose chunks would take several): only that walk shuffles across lanes by xor
 /// (`OpGroupNonUniformShuffleXor`, 6 words) in their SPIR-V.
 pub fn walks_in_subgroups(schedule: &vkfuse_runtime::schedule::Schedule) -> bool {
     const SHUFFLE_XOR: u32 = (6 << 16) | 346;
-    let blocks: Vec<bool> = schedule
-        .kernels
+    attention_blocks_holding(schedule, SHUFFLE_XOR)
         .iter()
-        .filter(|k| k.label.starts_with("fused_attention"))
-        .map(|k| k.spirv.contains(&SHUFFLE_XOR))
-        .collect();
-    assert!(!blocks.is_empty(), "no attention block");
-    blocks.iter().any(|&b| b)
+        .any(|&b| b)
 }

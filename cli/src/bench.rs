@@ -18,7 +18,6 @@ use vkfuse_runtime::schedule::Schedule;
 use vkfuse_runtime::session::{
     writeback, Eager, LoadOptions, Loaded, Replay, TensorBytes, WriteBack,
 };
-use vkfuse_runtime::DeviceChoice;
 use vkfuse_runtime::{Device, Handoffs, Persistence};
 
 #[derive(clap::Args)]
@@ -29,11 +28,8 @@ pub struct BenchArgs {
     /// Greedy tokens to decode per configuration.
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
-    /// The Vulkan device: its index in `vkfuse devices`, or a case-insensitive part of its
-    /// name (default: VKFUSE_DEVICE, which takes the same, else the first discrete GPU, then
-    /// integrated, then CPU).
-    #[arg(long, value_name = "N|NAME")]
-    pub device: Option<DeviceChoice>,
+    #[command(flatten)]
+    pub device: crate::options::DeviceArg,
     /// Print a JSON array (one object per configuration) as the last stdout line.
     #[arg(long)]
     pub json: bool,
@@ -234,7 +230,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             bail!("--tokens {tokens} needs {tokens} positions; the schedule reserves {capacity}");
         }
     }
-    let device = crate::decode::open_device(args.device.as_ref())?;
+    let device = args.device.open()?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "device: {}", device.info().name)?;
     writeln!(

@@ -24,18 +24,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 use vkfuse_compiler::fuse::cost::DeviceCost;
 use vkfuse_compiler::kernels::compile_source;
-use vkfuse_runtime::DeviceChoice;
 use vkfuse_runtime::{
     BufferBinding, BufferKind, Device, DeviceType, Pipeline, SpecConstants, Stages, TimestampPool,
 };
 
 #[derive(clap::Args)]
 pub struct CalibrateArgs {
-    /// The Vulkan device: its index in `vkfuse devices`, or a case-insensitive part of its
-    /// name (default: VKFUSE_DEVICE, which takes the same, else the first discrete GPU, then
-    /// integrated, then CPU).
-    #[arg(long, value_name = "N|NAME")]
-    pub device: Option<DeviceChoice>,
+    #[command(flatten)]
+    pub device: crate::options::DeviceArg,
     /// Write the costs to this file (JSON), for `compile-model --device-cost FILE`; without it
     /// the JSON is printed as the last line.
     #[arg(short, long, value_name = "FILE")]
@@ -267,17 +263,9 @@ fn round3(x: f64) -> f64 {
 pub fn run(args: &CalibrateArgs) -> Result<()> {
     // Before measuring: the costs must have somewhere to go.
     if let Some(out) = &args.output {
-        let dir = out.parent().filter(|d| !d.as_os_str().is_empty());
-        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
-            anyhow::bail!(
-                "-o {}: the folder {} does not exist",
-                out.display(),
-                dir.display()
-            );
-        }
         vkfuse_runtime::schedule::check_output(out).context("-o: the costs cannot go there")?;
     }
-    let device = crate::decode::open_device(args.device.as_ref())?;
+    let device = args.device.open()?;
     let mut out = std::io::stdout().lock();
     let cost = measure(&device, &mut out)?;
     let json = serde_json::to_string_pretty(&cost)?;

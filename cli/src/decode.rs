@@ -349,7 +349,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let chains = [k, greedy % k].map(|c| c as u32);
     let mut engine = source.engine(&EngineChoice {
         backend: backend_kind,
-        device: args.device.as_ref(),
+        device: args.device.choice.as_ref(),
         chains: &chains,
         persistence: args.run.persistent,
         handoffs: args.run.handoffs,

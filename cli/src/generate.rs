@@ -17,7 +17,6 @@ use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::schedule::Schedule;
 use vkfuse_runtime::session::TensorBytes;
 use vkfuse_runtime::session::{pipeline_cache, CacheFile, LoadOptions};
-use vkfuse_runtime::DeviceChoice;
 use vkfuse_runtime::{Backend, Session, SessionOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -65,11 +64,8 @@ pub struct GenerateArgs {
     /// Greedy steps recorded back to back in one submit (replay).
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub tokens_per_submit: u32,
-    /// The Vulkan device: its index in `vkfuse devices`, or a case-insensitive part of its
-    /// name (default: VKFUSE_DEVICE, which takes the same, else the first discrete GPU, then
-    /// integrated, then CPU).
-    #[arg(long, value_name = "N|NAME")]
-    pub device: Option<DeviceChoice>,
+    #[command(flatten)]
+    pub device: crate::options::DeviceArg,
     /// KV-cache capacity in tokens, for a model directory (default: the model's
     /// max_position_embeddings, at most 4096).
     #[arg(long, value_name = "N")]
@@ -97,7 +93,7 @@ struct GenerateReport {
 pub fn run(args: &GenerateArgs) -> Result<()> {
     // Everything a user can get wrong is checked before the model is loaded on the device.
     let opts = SessionOptions {
-        device: args.device.clone(),
+        device: args.device.choice.clone(),
         backend: match args.backend {
             GenerateBackend::Replay => Backend::Replay,
             GenerateBackend::Eager => Backend::Eager,

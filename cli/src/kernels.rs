@@ -7,24 +7,20 @@ use anyhow::Result;
 use std::io::Write;
 use std::path::PathBuf;
 use vkfuse_runtime::session::kernel_pipeline;
-use vkfuse_runtime::DeviceChoice;
 use vkfuse_runtime::Statistic;
 
 #[derive(clap::Args)]
 pub struct KernelsArgs {
     /// A schedule file (from `compile-model -o`).
     pub file: PathBuf,
-    /// The Vulkan device: its index in `vkfuse devices`, or a case-insensitive part of its
-    /// name (default: VKFUSE_DEVICE, which takes the same, else the first discrete GPU, then
-    /// integrated, then CPU).
-    #[arg(long, value_name = "N|NAME")]
-    pub device: Option<DeviceChoice>,
+    #[command(flatten)]
+    pub device: crate::options::DeviceArg,
 }
 
 pub fn run(args: &KernelsArgs) -> Result<()> {
     let file = crate::options::open_schedule(&args.file)?;
     let schedule = file.schedule();
-    let device = crate::decode::open_device(args.device.as_ref())?;
+    let device = args.device.open()?;
     let info = device.info();
     // A timeline probe's kernels need the device clock and buffer addresses (built here
     // without the records' address, they show the kernel's own statistics, the recording

@@ -20,7 +20,6 @@ use clap::{Parser, Subcommand, ValueEnum};
 use options::RunOptions;
 use std::io::Write;
 use std::path::PathBuf;
-use vkfuse_runtime::DeviceChoice;
 
 /// vkfuse: LLM decode with the host out of the way.
 ///
@@ -122,11 +121,8 @@ pub struct RunArgs {
     /// (compile-model --max-context).
     #[arg(long, value_name = "N")]
     pub max_context: Option<usize>,
-    /// The Vulkan device: its index in `vkfuse devices`, or a case-insensitive part of its
-    /// name (default: VKFUSE_DEVICE, which takes the same, else the first discrete GPU, then
-    /// integrated, then CPU).
-    #[arg(long, value_name = "N|NAME")]
-    pub device: Option<DeviceChoice>,
+    #[command(flatten)]
+    pub device: crate::options::DeviceArg,
     #[command(flatten)]
     pub run: RunOptions,
 }

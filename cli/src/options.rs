@@ -6,7 +6,24 @@ use vkfuse_compiler::import::Model;
 use vkfuse_compiler::ir::Program;
 use vkfuse_compiler::quant::{self, WeightFormat};
 use vkfuse_compiler::{fuse, trace};
-use vkfuse_runtime::{Handoffs, Persistence};
+use vkfuse_runtime::{Device, DeviceChoice, Handoffs, Persistence};
+
+/// `--device`, for the commands that open one.
+#[derive(clap::Args)]
+pub struct DeviceArg {
+    /// The Vulkan device: its index in `vkfuse devices`, or a case-insensitive part of its
+    /// name (default: VKFUSE_DEVICE, which takes the same, else the first discrete GPU, then
+    /// integrated, then CPU).
+    #[arg(long = "device", value_name = "N|NAME")]
+    pub choice: Option<DeviceChoice>,
+}
+
+impl DeviceArg {
+    /// The device it names ([`crate::decode::open_device`]).
+    pub fn open(&self) -> Result<Device> {
+        crate::decode::open_device(self.choice.as_ref())
+    }
+}
 
 #[derive(clap::Args)]
 pub struct RunOptions {

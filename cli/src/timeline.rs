@@ -10,7 +10,6 @@ use std::io::Write;
 use std::path::PathBuf;
 use vkfuse_runtime::session::timeline::{DispatchRun, TIMELINE_STEPS};
 use vkfuse_runtime::session::{LoadOptions, Loaded, Replay};
-use vkfuse_runtime::DeviceChoice;
 use vkfuse_runtime::Handoffs;
 
 #[derive(clap::Args)]
@@ -38,11 +37,8 @@ pub struct TimelineArgs {
     /// (a mark is 0 where the kernel names none).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// The Vulkan device: its index in `vkfuse devices`, or a case-insensitive part of its
-    /// name (default: VKFUSE_DEVICE, which takes the same, else the first discrete GPU, then
-    /// integrated, then CPU).
-    #[arg(long, value_name = "N|NAME")]
-    pub device: Option<DeviceChoice>,
+    #[command(flatten)]
+    pub device: crate::options::DeviceArg,
 }
 
 #[derive(serde::Serialize)]
@@ -72,7 +68,7 @@ pub fn run(args: &TimelineArgs) -> Result<()> {
             args.steps
         );
     }
-    let device = crate::decode::open_device(args.device.as_ref())?;
+    let device = args.device.open()?;
     let options = LoadOptions {
         handoffs: args.handoffs,
         ..LoadOptions::default()

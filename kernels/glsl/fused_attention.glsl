@@ -712,9 +712,11 @@ void main() {
 
 #if ATTN_SG
     bool sgp = attend_sg_fits();
+    // The subgroups that walk load their first pass now (and consume it with the early tile).
+    bool sg_loads = sgp && gl_SubgroupID < sg_walkers();
     SG_RAW skp[SG_KL];
     SG_RAW svp[SG_VF];
-    if (sgp && gl_SubgroupID < sg_walkers()) {
+    if (sg_loads) {
         sg_load(kv_base, lo, hi, skp, svp);
     }
 #endif
@@ -778,17 +780,14 @@ void main() {
         // they delayed them: bf16 +0.6%, q8_0 -0.7%, q4_0 -1.0% on an H100 (docs/perf.md,
         // session 28).
         qk_norm_weights(t, pt, wn, pwn);
-#if EARLY && ATTN_SG
-        if (sgp) {
-            // The subgroups past the walkers loaded nothing.
-            if (gl_SubgroupID < sg_walkers()) {
-                sg_consume(skp, svp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
-            }
-        } else {
-            consume_tile(kp, vp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
-        }
-#elif EARLY
-        consume_tile(kp, vp, (h * NSPLITS + split) * (D + 2u) + 2u + t);
+#if EARLY
+        uint slot_at = (h * NSPLITS + split) * (D + 2u) + 2u + t;
+#if ATTN_SG
+        if (sg_loads) {
+            sg_consume(skp, svp, slot_at);
+        } else if (!sgp)
+#endif
+        consume_tile(kp, vp, slot_at);
 #endif
         while (any(equal(got, uvec4(HANDOFF_EMPTY))) || pv == HANDOFF_EMPTY) {
             got = uvec4(got.x != HANDOFF_EMPTY ? got.x : handoff_poll(at.x),

@@ -212,15 +212,7 @@ fn run(args: Args) -> Result<()> {
     // Before the compile, not after it: the folder the schedule goes to must exist and take a
     // file, and the path must not be a device or the like, which the final rename would replace.
     if let Some(out) = &args.output {
-        let dir = out.parent().filter(|d| !d.as_os_str().is_empty());
-        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
-            bail!(
-                "-o {}: the folder {} does not exist",
-                out.display(),
-                dir.display()
-            );
-        }
-        vkfuse_runtime::schedule::check_output(out)?;
+        vkfuse_runtime::schedule::check_output(out).context("-o")?;
     }
     if let Some(wg) = args.attention_wg {
         if !wg.is_power_of_two() || !(4..=1024).contains(&wg) {

@@ -87,6 +87,14 @@ pub enum ScheduleFileError {
         /// The path.
         path: PathBuf,
     },
+    /// Writing: the folder the path names does not exist.
+    #[error("{}: the folder {} does not exist", path.display(), folder.display())]
+    NoFolder {
+        /// The path.
+        path: PathBuf,
+        /// Its folder.
+        folder: PathBuf,
+    },
     /// Writing: something other than a file is at the path (a device such as /dev/null, a
     /// fifo, a directory), which the write's final rename would replace.
     #[error(
@@ -552,9 +560,17 @@ impl Schedule {
     }
 }
 
-/// Whether [`Schedule::write_file`] could write `path`, asked before the work that makes the
-/// schedule: [`output_target`]'s refusals, then the file it writes first created and removed.
+/// Whether [`Schedule::write_file`] (or [`write_whole`]) could write `path`, asked before the
+/// work that makes what goes there: its folder exists, [`output_target`]'s refusals, then the
+/// file it writes first created and removed.
 pub fn check_output(path: &Path) -> Result<(), ScheduleFileError> {
+    let folder = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(folder) = folder.filter(|d| !d.is_dir()) {
+        return Err(ScheduleFileError::NoFolder {
+            path: path.into(),
+            folder: folder.into(),
+        });
+    }
     let partial = partial_of(&output_target(path)?);
     File::create(&partial).map_err(|error| ScheduleFileError::Io {
         path: partial.clone(),

@@ -795,17 +795,16 @@ pub(crate) fn pick(
             })
     };
     // An explicit choice is the CLI's `--device` (embedders pass `SessionOptions::device`);
-    // the variable names itself below.
-    match explicit {
-        Some(DeviceChoice::Index(index)) => return by_index(*index, "--device"),
-        Some(DeviceChoice::Name(name)) => return by_name(name, "--device"),
-        None => {}
-    }
-    if let Some(value) = env.map(str::trim).filter(|v| !v.is_empty()) {
-        if let Ok(index) = value.parse::<usize>() {
-            return by_index(index, &format!("VKFUSE_DEVICE={value}"));
+    // the variable, parsed the same way (empty: unset), names itself.
+    let from_env = env.and_then(|v| v.parse::<DeviceChoice>().ok());
+    match (explicit, &from_env) {
+        (Some(DeviceChoice::Index(index)), _) => return by_index(*index, "--device"),
+        (Some(DeviceChoice::Name(name)), _) => return by_name(name, "--device"),
+        (None, Some(DeviceChoice::Index(index))) => {
+            return by_index(*index, &format!("VKFUSE_DEVICE={index}"))
         }
-        return by_name(value, "VKFUSE_DEVICE");
+        (None, Some(DeviceChoice::Name(name))) => return by_name(name, "VKFUSE_DEVICE"),
+        (None, None) => {}
     }
     // `min_by_key` keeps the first of equals: the driver's order breaks ties.
     infos
