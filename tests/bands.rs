@@ -362,8 +362,13 @@ fn bands_the_block_cannot_take_are_errors_when_asked_for() {
     // out.
     let far = vec![band(16, 2, 64), band(600, 2, 128), band(700, 2, 64)];
     assert_eq!(with(Some(4), far).unwrap().bands(), vec![16, 600]);
-    let own = vec![band(16, 2, 64), band(32, 4, 128)];
+    let own = vec![band(16, 2, 64), band(400, 4, 128)];
     assert_eq!(with(Some(4), own).unwrap().bands(), vec![16]);
+    // Unless the band's kernel differs: below position 384, where its chunks take one pass, a
+    // bf16 block walks its slots in subgroups (`AttnSpec::subgroup_walk`) and the block's own
+    // grid, whose chunks of its 512-slot capacity take two, does not.
+    let walking = vec![band(16, 2, 64), band(32, 4, 128)];
+    assert_eq!(with(Some(4), walking).unwrap().bands(), vec![16, 32]);
     // By default none at all here: 16-bit float weights have three bands (4, 6 and 8 splits below
     // 256, 384 and 512), which the fixture's unsplit block cannot take, and a default the block
     // cannot take is left out.

@@ -22,14 +22,7 @@ use vkfuse_compiler::import;
 use vkfuse_compiler::lower::{Meta, SpirvCache};
 use vkfuse_compiler::quant::{self, EncodedWeights, WeightFormat};
 use vkfuse_compiler::trace::{self, TraceOptions};
-use vkfuse_tests::{expected, fixture_dir, rel_l2, validated_device};
-
-/// Relative L2 between two runs of the same f16-dot kernels: the chain's float atomics sum in
-/// another order from run to run, and where an f32 rounding of a sum moves the next layer's
-/// input across an f16 rounding boundary, that element moves by a whole f16 step (2^-11 of
-/// it). On the 96-wide fixtures that reached 5.1e-4 between two eager runs (qwen3-untied
-/// q8_0, position 4), against 0 at f32 dots; a wrong kernel moves them by ~1.
-const F16_ATOMICS_TOL: f64 = 2e-3;
+use vkfuse_tests::{expected, fixture_dir, rel_l2, validated_device, F16_ATOMICS_TOL};
 
 /// The hybrid fixture's bound against the reference: its Gated DeltaNet state carries each
 /// step's f16 rounding into the next (q8_0 grows from 1e-3 to 9.3e-3 over its 32 positions);

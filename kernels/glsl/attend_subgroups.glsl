@@ -24,10 +24,13 @@
 // against attend()'s 58-64, and beside q8_0's 1024 q/k/v workgroups (4096 registers each, about
 // eight an SM) a 512-invocation block of more than 64 no longer fits an SM's 64K, so it starts
 // only as they leave. With only 8 subgroups walking it took 40 registers (why was not found)
-// and lost 1% in q8_0, 0.3% in q4_0. The compiler takes it for q4_0 schedules only, and there
-// for the grids of positions below 384 whose chunks take one pass (`AttnSpec::subgroup_walk`,
+// and lost 1% in q8_0, 0.3% in q4_0. With bf16's q/k/v in 8 rows a workgroup, half the
+// workgroups, bf16 gains 1.7-2.5% with it (session 41; that fit is not the whole story: at 4
+// rows bf16's attend() block did not fit beside q/k/v either, and q8_0 lost 2.2% with 8 rows).
+// The compiler takes it for q4_0 and 16-bit float schedules, and there for the grids of
+// positions below 384 whose chunks take one pass (`AttnSpec::subgroup_walk`,
 // `codegen::subgroup_walk_fits`): on every grid q4_0 lost 8.3% at 2048 tokens, on the bands
-// below 768 2.1%.
+// below 768 2.1%, and as kept it is level there (+0.03%).
 //
 // Layout constraints (checked at run time by attend_sg_fits(), uniform, so a device the path
 // does not fit takes attend() instead): the subgroup at least 8 wide, D a multiple of 32 and

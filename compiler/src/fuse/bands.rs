@@ -184,6 +184,11 @@ mod tests {
             .map(|b| subgroup_walk_fits(b.below as usize, b.splits))
             .collect();
         assert_eq!(walks, [true, true, false, false, false]);
+        let walks: Vec<bool> = for_weights(DType::BF16, 512)
+            .iter()
+            .map(|b| subgroup_walk_fits(b.below as usize, b.splits))
+            .collect();
+        assert_eq!(walks, [true, true, false, false]);
         // The block's own grids: a 4096-slot cache's 32 splits, a short cache unsplit.
         assert!(!subgroup_walk_fits(4096, 32));
         assert!(!subgroup_walk_fits(128, 1));

@@ -32,7 +32,7 @@ pub const SUBGROUP_WALK_MAX_CHUNK: usize = 64;
 /// The first position the subgroup walk does not serve: with it on every one-pass grid (the
 /// bands below 768) q4_0 gained 1.85% at 256 tokens and lost 2.1% at 2048 on an H200, so it
 /// keeps to the bands that the 256-token measure runs (4 and 6 splits below 384; docs/perf.md,
-/// session 40).
+/// session 40), and is level with attend() at 2048 tokens (+0.03%, session 41).
 pub const SUBGROUP_WALK_BELOW: usize = 384;
 
 /// Whether a grid of `splits` splits for the positions below `below` takes the subgroup walk:

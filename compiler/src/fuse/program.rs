@@ -1179,9 +1179,11 @@ impl FusedUnit {
 
 /// Whether the attention block of heads of `head_dim` may walk its slots in subgroups
 /// (`AttnSpec::subgroup_walk`, attend_subgroups.glsl; in the grids
-/// [`codegen::subgroup_walk_fits`] names): for q4_0 matvecs with f16 dots, where it gained 1.4%
-/// on an H200 at 256 tokens; beside q8_0's and bf16's kernels it lost 6.5% and 2.5% (docs/perf.md,
-/// session 40). Only heads of 32 to 128, a multiple of 32: another head never fits the walk's
+/// [`codegen::subgroup_walk_fits`] names): for q4_0 matvecs with f16 dots and for 16-bit float
+/// ones, whose q/k/v matvecs take 8 rows a workgroup (`kernels::matvec_tuning`). On an H200 at
+/// 256 tokens it gained 1.4-1.9% for q4_0 (docs/perf.md, session 40) and 1.7-2.5% for bf16
+/// with 8-row q/k/v, where with 4 rows bf16 lost 2.5%; beside q8_0's 4-row q/k/v it lost 6.5%,
+/// and with 8 rows there q8_0 lost 2.2% (session 41). Only heads of 32 to 128, a multiple of 32: another head never fits the walk's
 /// layout on 8- or 32-wide subgroups (the kernel would carry it unused), and a head of 256 would
 /// take its fold's 16 KiB of shared memory beside attend()'s arrays, past lavapipe's 32 KiB.
 /// `VKFUSE_ATTN_SG=1` or `=0` lifts or sets the format's condition at compile time (the A/B knob
@@ -1190,7 +1192,11 @@ fn subgroup_walk(p: &Program, f16_dots: bool, head_dim: usize) -> bool {
     let format = match std::env::var("VKFUSE_ATTN_SG").as_deref() {
         Ok("1") => true,
         Ok("0") => false,
-        _ => f16_dots && super::prefetch::matvec_dtype(p) == DType::Q4_0,
+        _ => match super::prefetch::matvec_dtype(p) {
+            DType::Q4_0 => f16_dots,
+            DType::BF16 | DType::F16 => true,
+            _ => false,
+        },
     };
     format && head_dim.is_multiple_of(32) && (32..=128).contains(&head_dim)
 }

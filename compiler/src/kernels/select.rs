@@ -360,10 +360,15 @@ fn row_wg(n: usize) -> u32 {
 pub(crate) fn matvec_tuning(o: usize, w: DType) -> (u32, u32) {
     // Rows per workgroup trade loads in flight per invocation (more rows) against workgroups
     // to spread over the device (fewer rows): 2 below 4096 output rows, 4 from there; 8 for
-    // q4_0, whose rows are the shortest (an H200, the Qwen3-0.6B shape, where that is the
-    // stacked q/k/v's 4096 rows; the chained gate/up has its own grid: q4_0 +1.2% tokens/s
-    // with f32 dots and with f16 ones, q8_0 -1.7% and -3.3%; docs/perf.md session 38).
-    let large = if w == DType::Q4_0 { 8 } else { 4 };
+    // q4_0, whose rows are the shortest, and for 16-bit floats (an H200, the Qwen3-0.6B shape,
+    // where that is the stacked q/k/v's 4096 rows; the chained gate/up has its own grid: q4_0
+    // +1.2% tokens/s with f32 dots and with f16 ones, q8_0 -1.7% and -3.3%, docs/perf.md
+    // session 38; bf16 +0.9%, and +1.7 to +2.5% with the attention block's subgroup walk
+    // that goes with it, session 41; q8_0 with the walk -2.2%; 5, 6 or 7 rows lost 4-11%).
+    let large = match w {
+        DType::Q4_0 | DType::BF16 | DType::F16 => 8,
+        _ => 4,
+    };
     let (wg, small, large) = tuning_override().unwrap_or((128, 2, large));
     // Vocabulary-sized (lm_head, ~38k workgroups in waves): 8 rows for block-quantised
     // weights, whose rows are short (H100: lm_head q8_0 92.7 -> 84.4 µs, q4_0 101.9 -> 85.8
