@@ -27,6 +27,10 @@
 // and lost 1% in q8_0, 0.3% in q4_0. With bf16's q/k/v in 8 rows a workgroup, half the
 // workgroups, bf16 gains 1.7-2.5% with it (session 41; that fit is not the whole story: at 4
 // rows bf16's attend() block did not fit beside q/k/v either, and q8_0 lost 2.2% with 8 rows).
+// The first pass's K and V held in shared memory across the wait instead of registers (probe,
+// branch experiment/s41-sg-stage) brought the block to 40-43 registers and q8_0's loss to
+// 0.5-0.8% against attend(), but cost q4_0 8-10% (bf16 +1%, with 32 KiB more shared memory
+// than lavapipe offers at heads of 128): registers were most of q8_0's loss, not all of it.
 // The compiler takes it for q4_0 and 16-bit float schedules, and there for the grids of
 // positions below 384 whose chunks take one pass (`AttnSpec::subgroup_walk`,
 // `codegen::subgroup_walk_fits`): on every grid q4_0 lost 8.3% at 2048 tokens, on the bands
