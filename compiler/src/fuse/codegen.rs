@@ -1155,7 +1155,7 @@ pub fn attention(spec: &AttnSpec) -> Generated {
     ];
     Generated {
         label: format!(
-            "fused_attention[hq={},hkv={},d={},rot={}{}{},splits={splits}]",
+            "fused_attention[hq={},hkv={},d={},rot={}{}{}{}{},splits={splits}]",
             spec.hq,
             spec.hkv,
             spec.head_dim,
@@ -1165,7 +1165,11 @@ pub fn attention(spec: &AttnSpec) -> Generated {
                 ",kv=f16"
             } else {
                 ""
-            }
+            },
+            // The paths the compiler asked for (the walk falls back to attend() on a device
+            // whose subgroups do not fit it), for `vkfuse kernels` and `inspect` readers.
+            if spec.early_tile { ",early" } else { "" },
+            if spec.subgroup_walk { ",walk" } else { "" },
         ),
         source: s,
         spec_constants,
