@@ -229,3 +229,34 @@ fn the_pipeline_cache_file_is_written_then_used_and_a_damaged_one_is_ignored() {
     let again = Session::open(&path, &options(Backend::Replay, 1)).unwrap();
     assert_eq!(again.pipeline_cache(), &CacheStatus::Used(cache));
 }
+
+/// A folder where the pipeline cache file should be: the cache goes to the fallback, and the
+/// warning says where (not only that the folder could not be read).
+#[test]
+fn a_pipeline_cache_in_the_way_says_where_the_cache_went() {
+    use vkfuse_runtime::session::{CacheFile, LoadOptions, Loaded};
+    let (model, schedule) = vkfuse_tests::fixture_schedule(FIXTURE);
+    let dir = std::env::temp_dir().join(format!("vkfuse-cache-in-the-way-{}", std::process::id()));
+    let folder = dir.join("s.vkf.pipelines");
+    std::fs::create_dir_all(&folder).unwrap();
+    let elsewhere = dir.join("fallback.pipelines");
+    let (device, log) = vkfuse_tests::validated_device();
+    let options = LoadOptions {
+        pipeline_cache: Some(CacheFile {
+            primary: folder.clone(),
+            fallback: Some(elsewhere.clone()),
+        }),
+        ..LoadOptions::default()
+    };
+    let loaded = Loaded::load(device, schedule, &model.tensors, options).unwrap();
+    let warning = loaded.pipeline_cache.warning().expect("a warning");
+    assert!(
+        warning.contains(&folder.display().to_string())
+            && warning.contains(&format!("written to {} instead", elsewhere.display())),
+        "{warning}"
+    );
+    assert!(elsewhere.is_file());
+    drop(loaded);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(log.is_clean(), "{}", log.report());
+}

@@ -16,7 +16,7 @@ use vkfuse_compiler::quant::EncodedWeights;
 use vkfuse_compiler::{fuse, import, trace};
 use vkfuse_runtime::schedule::Schedule;
 use vkfuse_runtime::session::{
-    writeback, Eager, LoadOptions, Loaded, Replay, TensorBytes, WriteBack,
+    handoff, writeback, Eager, LoadOptions, Loaded, Replay, TensorBytes, WriteBack,
 };
 use vkfuse_runtime::{Device, Handoffs, Persistence};
 
@@ -198,7 +198,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut schedules: Vec<(bool, Schedule)> = vec![];
     let weights: Box<dyn TensorBytes> = if args.model.is_file() {
         args.run.check_file()?;
-        let (s, w) = crate::options::open_schedule(&args.model)?.into_parts();
+        let (s, w) = crate::options::open_to_decode(&args.model)?.into_parts();
         let fused = s.kernels.iter().any(|k| k.label.starts_with("fused_"));
         schedules.push((fused, s));
         Box::new(w)
@@ -272,8 +272,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 handoffs: args.run.handoffs,
             }));
         }
-        // With handoffs running, the fused replay rows without them too.
-        if fused && args.run.handoffs.enabled(device.info()) {
+        // With handoffs running, the fused replay rows without them too (where the schedule
+        // hands a level over at all: else both rows would run the same barriers).
+        let plan = handoff::plan(schedule, &handoff::accesses(schedule));
+        // (Unfused kernels never take a handoff role: nothing to say about them.)
+        if fused && args.run.handoffs == Handoffs::On && plan.handed_levels() == 0 {
+            eprintln!(
+                "note: --handoffs on: no level of the fused schedule is handed over: none has \
+                 one reader of what one kernel of the level before publishes (`vkfuse inspect` \
+                 lists the levels), so it runs once, with its barriers"
+            );
+        }
+        if fused && args.run.handoffs.enabled(device.info()) && plan.handed_levels() > 0 {
             configs.extend([1u32, 8].map(|k| Config {
                 k,
                 write_back: WriteBack::default(),

@@ -215,7 +215,7 @@ impl Source {
             if args.max_context.is_some() {
                 bail!("--max-context is fixed when the schedule is compiled (compile-model --max-context)");
             }
-            return Ok(Source::File(Box::new(crate::options::open_schedule(
+            return Ok(Source::File(Box::new(crate::options::open_to_decode(
                 &args.model,
             )?)));
         }
@@ -266,7 +266,8 @@ impl Source {
                 let schedule = f.schedule().clone();
                 let cache =
                     CacheFile::beside(f.path(), pipeline_cache::schedule_checksum(&schedule));
-                vulkan_engine(choice, schedule, f.weights(), Some(cache))?
+                vulkan_engine(choice, schedule, f.weights(), Some(cache))
+                    .with_context(|| f.path().display().to_string())?
             }
         })
     }
@@ -300,16 +301,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.ids.is_empty() {
         bail!("--ids needs at least one token id");
     }
-    // Before the decode, not after it: the folder the logits go to must exist.
     if let Some(path) = &args.logits_out {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
-            bail!(
-                "--logits-out {}: the folder {} does not exist",
-                path.display(),
-                dir.display()
-            );
-        }
+        crate::options::check_out_folder("--logits-out", path)?;
     }
     let source = Source::open(args)?;
     let (vocab, capacity) = source.vocab_and_capacity();
@@ -421,9 +414,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
     } else {
         writeln!(
             std::io::stdout().lock(),
-            "{steps} steps (a token through the model each: the prompt's, then every generated one \
+            "{steps} step{} (a token through the model each: the prompt's, then every generated one \
              but the last) in {:.3} s: {:.1} tokens/s, host {:.1} us/token, {:.0} dispatches, {:.0} barriers, \
              {:.0} descriptor writes per token ({} backend)",
+            if steps == 1 { "" } else { "s" },
             elapsed.as_secs_f64(),
             report.tokens_per_s,
             report.host_us_per_token,

@@ -16,7 +16,7 @@ pub fn list() -> Result<()> {
         };
         writeln!(
             std::io::stdout().lock(),
-            "device {}{mark}:\n{}",
+            "device {}{mark}: {}",
             a.index(),
             a.info()
         )?;

@@ -48,11 +48,14 @@ pub struct GenerateArgs {
     )]
     pub ids: Option<Vec<u32>>,
     /// The most tokens to generate.
+    // A negative count reaches the parser (a clear "invalid digit"), not clap's "use '-- -1'"
+    // tip, which would make it the model path.
     #[arg(
         short = 'n',
         long = "max-new-tokens",
         default_value_t = 64,
-        value_name = "N"
+        value_name = "N",
+        allow_negative_numbers = true
     )]
     pub max_new_tokens: usize,
     /// Go on past an end-of-sequence id (the schedule's eos ids) up to N tokens.
@@ -61,7 +64,7 @@ pub struct GenerateArgs {
     /// Which executor runs the decode step.
     #[arg(long, value_enum, default_value_t = GenerateBackend::Replay)]
     pub backend: GenerateBackend,
-    /// Greedy steps recorded back to back in one submit (replay).
+    /// Greedy steps recorded back to back in one submit (replay; 1 to 64).
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub tokens_per_submit: u32,
     #[command(flatten)]
@@ -118,8 +121,14 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let prompt = match (&args.prompt, &args.ids, &text) {
         (Some(prompt), _, Some(text)) => {
             let ids = text.encode(prompt)?;
-            if ids.is_empty() {
+            if ids.is_empty() && prompt.is_empty() {
                 bail!("the prompt is empty: it gives no token ids");
+            }
+            if ids.is_empty() {
+                bail!(
+                    "the tokenizer gives no token ids for the prompt {prompt:?} (its vocabulary \
+                     covers none of it): give ids with --ids instead"
+                );
             }
             ids
         }
@@ -161,7 +170,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         handoffs: args.run.handoffs,
     };
     let mut session = Session::load_with(schedule, weights.as_ref(), &opts, load)
-        .context("loading the schedule on the device")?;
+        .with_context(|| format!("loading {} on the device", args.model.display()))?;
     if let Some(w) = session.pipeline_cache().warning() {
         eprintln!("{w}");
     }
@@ -238,7 +247,7 @@ fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)>
                 "--max-context is fixed when the schedule is compiled (compile-model --max-context)"
             );
         }
-        let (schedule, weights) = crate::options::open_schedule(&args.model)?.into_parts();
+        let (schedule, weights) = crate::options::open_to_decode(&args.model)?.into_parts();
         return Ok((schedule, Box::new(weights), origin));
     }
     args.run.check_unfused()?;

@@ -90,8 +90,9 @@ pub struct RunArgs {
     /// a model directory).
     #[arg(long, value_enum)]
     pub backend: Option<Backend>,
-    /// Greedy steps recorded back to back in one submit (replay), position and token chained on
-    /// the device. Without --logits-out the prompt's last token is the first chain's input.
+    /// Greedy steps recorded back to back in one submit (replay; 1 to 64), position and token
+    /// chained on the device. Without --logits-out the prompt's last token is the first chain's
+    /// input.
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub tokens_per_submit: u32,
     /// Prompt token ids, comma-separated (e.g. 1,2,3).
@@ -107,7 +108,13 @@ pub struct RunArgs {
     )]
     pub ids: Vec<u32>,
     /// How many tokens to generate greedily after the prompt.
-    #[arg(long, default_value_t = 16, value_name = "N")]
+    // As generate's -n: a negative count reaches the parser.
+    #[arg(
+        long,
+        default_value_t = 16,
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
     pub max_new_tokens: usize,
     /// Write the logits after every fed and generated token but the last as float32 .npy
     /// of shape [positions, vocab].

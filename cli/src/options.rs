@@ -72,8 +72,30 @@ pub fn parse_token_id(text: &str) -> std::result::Result<u32, String> {
     if id.is_empty() {
         return Err("an empty token id: give comma-separated integers, e.g. --ids 1,2,3".into());
     }
-    id.parse()
-        .map_err(|_| format!("token ids are integers from 0 to {}: {id}", u32::MAX))
+    id.parse().map_err(|_| {
+        // `--ids 1 2 3 MODEL` takes the model as one more id (space-separated ids are
+        // accepted too): say so where the text names a file.
+        let hint = if std::path::Path::new(id).exists() {
+            " (a file: give the model before --ids, or end the ids with `--`)"
+        } else {
+            ""
+        };
+        format!("token ids are integers from 0 to {}: {id}{hint}", u32::MAX)
+    })
+}
+
+/// Refuses an output file (`flag`'s `path`) whose folder does not exist, before the work that
+/// fills it: found after a decode or a timeline, that work would be lost.
+pub fn check_out_folder(flag: &str, path: &std::path::Path) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(dir) = dir.filter(|d| !d.is_dir()) {
+        bail!(
+            "{flag} {}: the folder {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// Opens a schedule file, with a warning where compile-model built it for timing only
@@ -91,6 +113,21 @@ pub fn open_schedule(path: &std::path::Path) -> Result<vkfuse_runtime::schedule:
         eprintln!(
             "warning: {} was compiled with --ablate ({ablated} kernels reduced for timing): its \
              tokens and logits are wrong by design",
+            path.display()
+        );
+    }
+    Ok(file)
+}
+
+/// [`open_schedule`] for the commands that decode with it (`run`, `generate`, `bench`), with a
+/// note where compile-model built it with `--timeline`: its kernels record every workgroup's
+/// times, which makes it slower than the plain schedule (its tokens are the same).
+pub fn open_to_decode(path: &std::path::Path) -> Result<vkfuse_runtime::schedule::ScheduleFile> {
+    let file = open_schedule(path)?;
+    if file.schedule().kernels.iter().any(|k| k.records_timeline()) {
+        eprintln!(
+            "note: {} was compiled with --timeline (for `vkfuse timeline`): its kernels record \
+             their workgroups' times and run slower than a plain schedule's",
             path.display()
         );
     }

@@ -234,6 +234,15 @@ fn bad_input_to_generate_is_a_clear_error_not_a_panic() {
             vec!["generate", "/no/such/model", "--ids", "1"],
             "/no/such/model",
         ),
+        (
+            vec!["generate", qwen, "--ids", "1", "-n", "-1"],
+            "invalid value '-1' for '--max-new-tokens <N>'",
+        ),
+        // Space-separated ids take the model after them as one more id: the error says so.
+        (
+            vec!["generate", "--ids", "1", "2", qwen],
+            "give the model before --ids",
+        ),
     ] {
         let out = vkfuse(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -241,6 +250,39 @@ fn bad_input_to_generate_is_a_clear_error_not_a_panic() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
     }
+}
+
+/// A prompt the tokenizer covers none of is not called empty: the error names it and points
+/// to --ids.
+#[test]
+fn a_prompt_the_tokenizer_gives_no_ids_for_is_named() {
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("no-vocab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture_dir("qwen3-tied")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        r#"{"version":"1.0","model":{"type":"BPE","vocab":{},"merges":[]}}"#,
+    )
+    .unwrap();
+    let out = vkfuse(&[
+        "generate",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "-n",
+        "1",
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the tokenizer gives no token ids for the prompt \"hi\""),
+        "{stderr}"
+    );
 }
 
 #[test]

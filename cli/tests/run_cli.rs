@@ -345,11 +345,12 @@ fn vulkan_problems_are_clear_errors_not_panics() {
     refused(on_device("99"), "asks for device 99, but there are");
     // --device by part of a name, as VKFUSE_DEVICE takes: this machine's device, then none.
     let listing = String::from_utf8_lossy(&vkfuse_ok(&["devices"]).stdout).to_string();
-    // "device 0 ...:" then its name's line.
-    let mut lines = listing.lines().skip_while(|l| !l.starts_with("device 0"));
-    let name = lines
-        .nth(1)
-        .and_then(|l| l.split_whitespace().next())
+    // "device 0 (default): NAME (...)".
+    let name = listing
+        .lines()
+        .find(|l| l.starts_with("device 0"))
+        .and_then(|l| l.split_once(": "))
+        .and_then(|(_, rest)| rest.split_whitespace().next())
         .expect("device 0 listed")
         .to_lowercase();
     let out = on_device(&name);
@@ -548,6 +549,35 @@ fn bench_measures_fused_replay_with_and_without_handoffs() {
     assert!(stdout.contains(" lv "), "{stdout}");
 }
 
+/// A fused schedule that hands no level over (qwen3-next's here) gets no rows without
+/// handoffs beside its rows with them (the same barriers twice), and a note says why.
+#[test]
+fn bench_says_when_a_fused_schedule_hands_nothing_over() {
+    let (model, schedule, _) = vkfuse_tests::fused_schedule("qwen3-next");
+    let path = std::env::temp_dir().join(format!("vkfuse-bench-next-{}.vkf", std::process::id()));
+    schedule.write_file(&path, &model.tensors).unwrap();
+    let out = vkfuse_ok(&[
+        "bench",
+        path.to_str().unwrap(),
+        "--tokens",
+        "3",
+        "--handoffs",
+        "on",
+        "--json",
+    ]);
+    std::fs::remove_file(&path).ok();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("note: --handoffs on: no level of the fused schedule is handed over"),
+        "{stderr}"
+    );
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let replay = rows.iter().filter(|r| r["backend"] == "replay").count();
+    assert_eq!(replay, 2, "K=1 and K=8 once each: {stdout}");
+}
+
 #[test]
 fn run_says_when_handoffs_asked_for_do_not_run() {
     let dir = fixture_dir("qwen3-untied");
@@ -728,7 +758,13 @@ fn timeline_runs_a_probed_schedule_and_refuses_others() {
         json.to_str().unwrap(),
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    for needle in ["step 1, dispatch by dispatch", "per kernel", "clock check"] {
+    // The records and the submits' timestamps read one clock: the check says they agree.
+    for needle in [
+        "step 1, dispatch by dispatch",
+        "per kernel",
+        "clock check",
+        "about 1 : 1",
+    ] {
         assert!(stdout.contains(needle), "`{needle}` in {stdout}");
     }
     let records: serde_json::Value =
@@ -755,6 +791,33 @@ fn timeline_runs_a_probed_schedule_and_refuses_others() {
     let zero = vkfuse(&["timeline", p, "--position", "0"]);
     assert!(!zero.status.success());
     assert!(String::from_utf8_lossy(&zero.stderr).contains("--position"));
+    let past = vkfuse(&["timeline", p, "--steps", "3", "--show-step", "3"]);
+    let stderr = String::from_utf8_lossy(&past.stderr);
+    assert_eq!(past.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--show-step 3: the timed steps are 0 to 2"),
+        "{stderr}"
+    );
+    // A --json folder that does not exist is refused before anything is timed.
+    let missing = dir
+        .join(format!("vkfuse-timeline-none-{id}"))
+        .join("t.json");
+    let lost = vkfuse(&["timeline", p, "--json", missing.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&lost.stderr);
+    assert_eq!(lost.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--json") && stderr.contains("does not exist"),
+        "{stderr}"
+    );
+    assert!(
+        lost.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&lost.stdout)
+    );
+    // Decoding with the probed schedule says what it is.
+    let run = vkfuse_ok(&["run", p, "--ids", "1", "--max-new-tokens", "2"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("compiled with --timeline"), "{stderr}");
     for f in [&path, &plain, &json] {
         std::fs::remove_file(f).ok();
     }

@@ -646,6 +646,20 @@ fn should_name_the_file_it_cannot_open() {
     assert!(err.to_string().contains("does-not-exist"), "{err}");
 }
 
+/// A device (or a fifo, whose opening would wait for a writer) is refused before it is opened.
+#[test]
+fn should_refuse_a_device_or_fifo_before_opening_it() {
+    let err = ScheduleFile::open("/dev/null").unwrap_err();
+    assert!(
+        matches!(err, ScheduleFileError::SpecialFile { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("/dev/null: not a regular file"),
+        "{err}"
+    );
+}
+
 #[test]
 fn should_say_a_file_with_another_magic_is_not_a_schedule() {
     for (name, content) in [
@@ -884,6 +898,38 @@ fn should_reject_bytes_after_the_trailer() {
         ),
         "{err}"
     );
+}
+
+/// A section length or offset whose sum overflows names the field it is stored in: the
+/// metadata's length (byte 24), the weights section's offset and length (32).
+#[test]
+fn should_name_the_header_field_whose_sum_overflows() {
+    let (_, b) = sample_file("overflow-src");
+    // The weights' offset must stay a multiple of 4096 to reach the sum.
+    let aligned_max = u64::MAX - 4095;
+    for (at, value, want) in [
+        (24usize, u64::MAX, 24u64),
+        (32, aligned_max, 32),
+        (40, u64::MAX, 32),
+    ] {
+        let mut b = b.clone();
+        b[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        if at == 32 {
+            // A length that takes the offset past 2^64.
+            b[40..48].copy_from_slice(&8192u64.to_le_bytes());
+        }
+        fix_checksums(&mut b);
+        let err = open_bytes("overflow", &b).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ScheduleFileError::Malformed { section: Section::Header, offset, .. }
+                    if offset == want
+            ),
+            "byte {at}: {err}"
+        );
+        assert!(err.to_string().contains("overflow"), "byte {at}: {err}");
+    }
 }
 
 #[test]

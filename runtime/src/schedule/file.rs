@@ -87,6 +87,16 @@ pub enum ScheduleFileError {
         /// The path.
         path: PathBuf,
     },
+    /// Reading: the path is a device, fifo or socket (opening a fifo would wait for a writer).
+    #[error(
+        "{}: not a regular file (a device, fifo or socket), not a schedule file \
+         (compile-model MODEL_DIR -o FILE writes one)",
+        path.display()
+    )]
+    SpecialFile {
+        /// The path.
+        path: PathBuf,
+    },
     /// Writing: the folder the path names does not exist.
     #[error("{}: the folder {} does not exist", path.display(), folder.display())]
     NoFolder {
@@ -335,6 +345,13 @@ impl ScheduleFile {
             path: path.to_path_buf(),
             error,
         };
+        // Before opening: opening a fifo for reading waits for a writer.
+        let kind = std::fs::metadata(path).map_err(io_err)?;
+        if !kind.is_file() && !kind.is_dir() {
+            return Err(ScheduleFileError::SpecialFile {
+                path: path.to_path_buf(),
+            });
+        }
         let file = File::open(path).map_err(io_err)?;
         let metadata = file.metadata().map_err(io_err)?;
         if metadata.is_dir() {
@@ -1157,8 +1174,17 @@ fn parse(
             format!("the metadata must start at byte {HEADER_LEN}, not {meta_offset}"),
         ));
     }
-    let overflow = || malformed(Section::Header, 24, "section lengths overflow".into());
-    let meta_end = meta_offset.checked_add(meta_len).ok_or_else(overflow)?;
+    // Where the sum that overflows is stored (the metadata's offset is fixed: its length).
+    let overflow = |at: u64, what: &str| {
+        malformed(
+            Section::Header,
+            at,
+            format!("{what} overflow a 64-bit offset"),
+        )
+    };
+    let meta_end = meta_offset
+        .checked_add(meta_len)
+        .ok_or_else(|| overflow(24, "the metadata's offset and length"))?;
     if meta_end > len {
         return Err(truncated(Section::Metadata, meta_end));
     }
@@ -1174,8 +1200,10 @@ fn parse(
     }
     let weights_end = weights_offset
         .checked_add(weights_len)
-        .ok_or_else(overflow)?;
-    let file_end = weights_end.checked_add(TRAILER_LEN).ok_or_else(overflow)?;
+        .ok_or_else(|| overflow(32, "the weights section's offset and length (bytes 32, 40)"))?;
+    let file_end = weights_end
+        .checked_add(TRAILER_LEN)
+        .ok_or_else(|| overflow(32, "the weights section's end and the trailer"))?;
     if weights_end > len {
         return Err(truncated(Section::Weights, weights_end));
     }

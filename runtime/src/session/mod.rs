@@ -37,6 +37,17 @@ pub enum SessionError {
     /// Vulkan failed (out of memory, device lost, timeout, ...).
     #[error(transparent)]
     Vulkan(#[from] Error),
+    /// The driver could not build a kernel's pipeline (its SPIR-V damaged past the file's
+    /// checksums, or a driver fault): which kernel.
+    #[error("kernel {kernel} `{label}`: {source}")]
+    Kernel {
+        /// The kernel.
+        kernel: crate::schedule::KernelId,
+        /// Its label.
+        label: String,
+        /// What the driver said.
+        source: Error,
+    },
     /// A weight's bytes are missing or of the wrong size.
     #[error("weight `{tensor}`: {message}")]
     Weight {
@@ -353,7 +364,9 @@ impl Loaded {
         if let Some(t) = &timeline {
             for (p, kernel) in t.pipeline_kernels().enumerate() {
                 let k = &schedule.kernels[kernel.index()];
-                probe_pipelines.push(kernel_pipeline(&device, k, None, false, Some((t, p)))?);
+                let pipeline = kernel_pipeline(&device, k, None, false, Some((t, p)))
+                    .map_err(|source| kernel_error(kernel.index(), k, source))?;
+                probe_pipelines.push(pipeline);
             }
         }
         let output = device.create_buffer_labeled(
@@ -615,6 +628,15 @@ pub fn kernel_pipeline(
     })
 }
 
+/// [`SessionError::Kernel`] for kernel `i` of a schedule.
+fn kernel_error(i: usize, k: &crate::schedule::KernelDecl, source: Error) -> SessionError {
+    SessionError::Kernel {
+        kernel: crate::schedule::KernelId(i as u32),
+        label: k.label.clone(),
+        source,
+    }
+}
+
 /// Creates the schedule's pipelines, through the cache file when one is given.
 fn create_pipelines(
     device: &Device,
@@ -650,8 +672,10 @@ fn create_pipelines(
     let mut pipelines = Vec::with_capacity(schedule.kernels.len());
     // A timeline probe's kernels built here have no records' address: they record nothing
     // (the dispatches run the probe's pipelines, `Loaded::dispatch_pipeline`).
-    for k in &schedule.kernels {
-        pipelines.push(kernel_pipeline(device, k, cache.as_ref(), false, None)?);
+    for (i, k) in schedule.kernels.iter().enumerate() {
+        let pipeline = kernel_pipeline(device, k, cache.as_ref(), false, None)
+            .map_err(|source| kernel_error(i, k, source))?;
+        pipelines.push(pipeline);
     }
     // Written when the file was missing, stale or damaged (the warning stays reported).
     if let (Some(f), Some(c)) = (file, &cache) {
@@ -662,6 +686,20 @@ fn create_pipelines(
                 .and_then(|data| f.write(&key, checksum, &data));
             match (written, &status) {
                 (Ok(path), CacheStatus::Written(_)) => status = CacheStatus::Written(path),
+                // The file that could not be read was not replaced either (a folder, say):
+                // the warning says where the cache went instead.
+                (
+                    Ok(path),
+                    CacheStatus::Ignored {
+                        path: unread,
+                        warning,
+                    },
+                ) if path != *unread => {
+                    status = CacheStatus::Ignored {
+                        path: unread.clone(),
+                        warning: format!("{warning}; written to {} instead", path.display()),
+                    }
+                }
                 (Ok(_), _) => {}
                 (Err(warning), _) => {
                     status = CacheStatus::Ignored {
