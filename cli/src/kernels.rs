@@ -18,7 +18,11 @@ pub struct KernelsArgs {
 }
 
 pub fn run(args: &KernelsArgs) -> Result<()> {
-    let file = crate::options::open_schedule(&args.file)?;
+    // Only the kernels are built: the weights' checksum is left out, as `inspect` leaves it.
+    let file = crate::options::open_schedule_with(
+        &args.file,
+        vkfuse_runtime::schedule::Verify::SkipWeightsChecksum,
+    )?;
     let schedule = file.schedule();
     let device = args.device.open()?;
     let info = device.info();

@@ -101,7 +101,16 @@ pub fn check_out_folder(flag: &str, path: &std::path::Path) -> Result<()> {
 /// Opens a schedule file, with a warning where compile-model built it for timing only
 /// (`--ablate`: its kernels are marked, its tokens wrong by design).
 pub fn open_schedule(path: &std::path::Path) -> Result<vkfuse_runtime::schedule::ScheduleFile> {
-    let file = vkfuse_runtime::schedule::ScheduleFile::open(path)?;
+    open_schedule_with(path, vkfuse_runtime::schedule::Verify::All)
+}
+
+/// [`open_schedule`], checking as much as `verify` asks (`vkfuse kernels` never uploads the
+/// weights: their checksum, a read of every weight byte, is left out).
+pub fn open_schedule_with(
+    path: &std::path::Path,
+    verify: vkfuse_runtime::schedule::Verify,
+) -> Result<vkfuse_runtime::schedule::ScheduleFile> {
+    let file = vkfuse_runtime::schedule::ScheduleFile::open_with(path, verify)?;
     let mark = vkfuse_compiler::fuse::ablate::MARK;
     let ablated = file
         .schedule()

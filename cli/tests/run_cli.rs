@@ -683,6 +683,18 @@ fn kernels_lists_every_kernel_with_its_driver_statistics() {
     let (model, schedule, _) = vkfuse_tests::fused_schedule_with("qwen3-tied", &opts);
     let path = std::env::temp_dir().join(format!("vkfuse-kernels-{}.vkf", std::process::id()));
     schedule.write_file(&path, &model.tensors).unwrap();
+    // A damaged weight byte (the last before the 16-byte trailer): the kernels are still
+    // listed, since no weight is uploaded (as `inspect`), where a decode refuses the file.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() - 17;
+    bytes[at] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let refused = vkfuse(&["run", path.to_str().unwrap(), "--ids", "1"]);
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("checksum"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     let out = vkfuse_ok(&["kernels", path.to_str().unwrap()]);
     std::fs::remove_file(&path).ok();
     let stdout = String::from_utf8_lossy(&out.stdout);

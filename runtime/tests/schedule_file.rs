@@ -883,6 +883,19 @@ fn should_report_a_flipped_header_byte_as_a_header_checksum_mismatch() {
     );
 }
 
+/// No checksum covers the padding between the metadata and the weights: a byte there is
+/// found by the zeros it must be, and named by its offset.
+#[test]
+fn should_reject_a_nonzero_byte_in_the_padding() {
+    let (_, mut b) = sample_file("padding-src");
+    let at = meta_range(&b).end;
+    assert!(at < u64_at(&b, 32) as usize, "the sample has padding");
+    b[at] = 1;
+    let err = open_bytes("padding", &b).unwrap_err();
+    assert_malformed_metadata_at(&err, at);
+    assert!(err.to_string().contains("padding"), "{err}");
+}
+
 #[test]
 fn should_reject_bytes_after_the_trailer() {
     let (_, mut b) = sample_file("trailing-src");

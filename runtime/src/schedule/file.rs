@@ -1234,6 +1234,14 @@ fn parse(
             computed,
         });
     }
+    // The padding to the weights is zeros (no checksum covers it: a byte there is damage).
+    if let Some(i) = file[meta_end..weights_offset].iter().position(|&b| b != 0) {
+        return Err(malformed(
+            Section::Metadata,
+            (meta_end + i) as u64,
+            "the padding after the metadata must be zero bytes".into(),
+        ));
+    }
     let trailer = &file[weights_end..];
     if trailer[8..16] != END_MAGIC || read_u32(trailer, 4) != 0 {
         return Err(malformed(
