@@ -181,6 +181,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let mut stream = text.as_ref().map(Text::stream);
     let mut ids = vec![];
+    // Bytes of text printed: none for ids the tokenizer has no text for is worth a note.
+    let mut printed = 0;
     let mut generated = session.generate(args.max_new_tokens);
     if !args.ignore_eos {
         generated = generated.stop_at_eos();
@@ -188,7 +190,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     for id in generated {
         let id = id?;
         match &mut stream {
-            Some(s) => write!(out, "{}", s.push(id)?)?,
+            Some(s) => {
+                let piece = s.push(id)?;
+                printed += piece.len();
+                write!(out, "{piece}")?
+            }
             None if ids.is_empty() => write!(out, "{id}")?,
             None => write!(out, ",{id}")?,
         }
@@ -196,10 +202,19 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         ids.push(id);
     }
     if let Some(s) = &mut stream {
-        write!(out, "{}", s.finish()?)?;
+        let piece = s.finish()?;
+        printed += piece.len();
+        write!(out, "{piece}")?;
     }
     writeln!(out)?;
     out.flush()?;
+    if stream.is_some() && printed == 0 && !ids.is_empty() {
+        eprintln!(
+            "note: the tokenizer has no text for any of the {} generated ids (`--json` lists \
+             them)",
+            ids.len()
+        );
+    }
 
     let stopped_at_eos = ids.last().is_some_and(|t| eos.contains(t)) && !args.ignore_eos;
     let counters = session.counters();

@@ -276,11 +276,19 @@ fn a_prompt_the_tokenizer_gives_no_ids_for_is_named() {
         "-n",
         "1",
     ]);
-    std::fs::remove_dir_all(&dir).ok();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
         stderr.contains("the tokenizer gives no token ids for the prompt \"hi\""),
+        "{stderr}"
+    );
+    // Ids decode, but to no text: a note says so instead of an empty line alone.
+    let out = vkfuse(&["generate", dir.to_str().unwrap(), "--ids", "1,2", "-n", "2"]);
+    std::fs::remove_dir_all(&dir).ok();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the tokenizer has no text for any of the 2 generated ids"),
         "{stderr}"
     );
 }
