@@ -87,8 +87,7 @@ pub fn parse_token_id(text: &str) -> std::result::Result<u32, String> {
 /// Refuses an output file (`flag`'s `path`) whose folder does not exist, before the work that
 /// fills it: found after a decode or a timeline, that work would be lost.
 pub fn check_out_folder(flag: &str, path: &std::path::Path) -> Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    if let Some(dir) = dir.filter(|d| !d.is_dir()) {
+    if let Some(dir) = vkfuse_runtime::schedule::missing_folder(path) {
         bail!(
             "{flag} {}: the folder {} does not exist",
             path.display(),

@@ -634,6 +634,9 @@ impl Builder<'_> {
                     let units = self.opts.device.compute_units;
                     codegen::attention_splits(hq, head_dim, capacity, units)
                 });
+                // The subgroup walk where the format gains by it; the block's own grid takes it
+                // where it serves short positions in one pass, the bands decide for themselves.
+                let walk = subgroup_walk(self.p, self.opts.f16_dots, head_dim);
                 let spec = AttnSpec {
                     kv_dtype: tc.dtype,
                     hq,
@@ -661,14 +664,7 @@ impl Builder<'_> {
                     // forced `--dots f16`.
                     early_tile: self.opts.f16_dots
                         && super::prefetch::matvec_dtype(self.p).is_quantized(),
-                    subgroup_walk: false,
-                };
-                // The subgroup walk where the format gains by it and the grid serves short
-                // positions in one pass; the bands decide for themselves.
-                let walk = subgroup_walk(self.p, self.opts.f16_dots, head_dim);
-                let spec = AttnSpec {
-                    subgroup_walk: walk && codegen::subgroup_walk_fits(capacity, spec.splits),
-                    ..spec
+                    subgroup_walk: walk && codegen::subgroup_walk_fits(capacity, splits.max(1)),
                 };
                 let generated = ablate::apply(&self.opts.ablate, codegen::attention(&spec));
                 let alternatives = self.attention_bands(&spec, walk)?;
@@ -1183,18 +1179,20 @@ impl FusedUnit {
 /// ones, whose q/k/v matvecs take 8 rows a workgroup (`kernels::matvec_tuning`). On an H200 at
 /// 256 tokens it gained 1.4-1.9% for q4_0 (docs/perf.md, session 40) and 1.7-2.5% for bf16
 /// with 8-row q/k/v, where with 4 rows bf16 lost 2.5%; beside q8_0's 4-row q/k/v it lost 6.5%,
-/// and with 8 rows there q8_0 lost 2.2% (session 41). Only heads of 32 to 128, a multiple of 32: another head never fits the walk's
-/// layout on 8- or 32-wide subgroups (the kernel would carry it unused), and a head of 256 would
-/// take its fold's 16 KiB of shared memory beside attend()'s arrays, past lavapipe's 32 KiB.
+/// and with 8 rows there q8_0 lost 2.2% (session 41). Only heads of 32 to 128, a multiple of
+/// 32: another head never fits the walk's layout on 8- or 32-wide subgroups (the kernel would
+/// carry it unused), and a head of 256 would take its fold's 16 KiB of shared memory beside
+/// attend()'s arrays, past lavapipe's 32 KiB.
 /// `VKFUSE_ATTN_SG=1` or `=0` lifts or sets the format's condition at compile time (the A/B knob
 /// of those measurements); the head's and the grids' stay.
 fn subgroup_walk(p: &Program, f16_dots: bool, head_dim: usize) -> bool {
     let format = match std::env::var("VKFUSE_ATTN_SG").as_deref() {
         Ok("1") => true,
         Ok("0") => false,
+        // matvec_dtype names every 16-bit float format BF16.
         _ => match super::prefetch::matvec_dtype(p) {
             DType::Q4_0 => f16_dots,
-            DType::BF16 | DType::F16 => true,
+            DType::BF16 => true,
             _ => false,
         },
     };

@@ -581,8 +581,7 @@ impl Schedule {
 /// work that makes what goes there: its folder exists, [`output_target`]'s refusals, then the
 /// file it writes first created and removed.
 pub fn check_output(path: &Path) -> Result<(), ScheduleFileError> {
-    let folder = path.parent().filter(|d| !d.as_os_str().is_empty());
-    if let Some(folder) = folder.filter(|d| !d.is_dir()) {
+    if let Some(folder) = missing_folder(path) {
         return Err(ScheduleFileError::NoFolder {
             path: path.into(),
             folder: folder.into(),
@@ -595,6 +594,13 @@ pub fn check_output(path: &Path) -> Result<(), ScheduleFileError> {
     })?;
     let _ = std::fs::remove_file(&partial);
     Ok(())
+}
+
+/// The folder an output `path` names, where it does not exist (a bare file name's is the
+/// working directory, which does).
+pub fn missing_folder(path: &Path) -> Option<&Path> {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty() && !d.is_dir())
 }
 
 /// `bytes` written to `path` whole or not at all, by [`Schedule::write_file`]'s rules: through

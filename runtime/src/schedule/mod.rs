@@ -9,8 +9,9 @@ mod validate;
 
 pub use dump::{dump, Regions};
 pub use file::{
-    check_output, crc32, write_whole, FileLayout, FileWeights, ScheduleFile, ScheduleFileError,
-    Section, TensorEntry, Verify, END_MAGIC, FORMAT_VERSION, MAGIC, WEIGHT_ALIGN,
+    check_output, crc32, missing_folder, write_whole, FileLayout, FileWeights, ScheduleFile,
+    ScheduleFileError, Section, TensorEntry, Verify, END_MAGIC, FORMAT_VERSION, MAGIC,
+    WEIGHT_ALIGN,
 };
 pub use validate::ScheduleError;
 
