@@ -446,5 +446,32 @@ fn the_block_formats_take_f16_dots_by_default_and_f32_on_request() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("possible values: auto, f16, f32"));
+    // An explicit f16 that the unfused kernels cannot take is refused, before any work and
+    // with no file written; `--no-fuse --dots f32` agrees with them and compiles.
+    std::fs::remove_file(&path).ok();
+    let out = compile_model(&[
+        &fixture("qwen3-untied"),
+        "-o",
+        path.to_str().unwrap(),
+        "--weights",
+        "q8_0",
+        "--no-fuse",
+        "--dots",
+        "f16",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--dots f16 applies to fused schedules") && stderr.contains("--no-fuse"),
+        "{stderr}"
+    );
+    assert!(!path.exists());
+    assert!(!f16_kernels(&[
+        "--weights",
+        "q8_0",
+        "--dots",
+        "f32",
+        "--no-fuse"
+    ]));
     std::fs::remove_file(&path).ok();
 }

@@ -56,7 +56,8 @@ struct Args {
     /// q8_0 itself is 1.3-3.8e-2 from the unquantised fixtures; docs/perf.md session 38;
     /// the device needs `shaderFloat16`) or `f32` (exact dequantisation, as the CPU reference
     /// computes). `auto` (the default) is f16 where `--weights` is q8_0 or q4_0. Float weights
-    /// and the unfused schedule (`--no-fuse`) always take f32.
+    /// and the unfused schedule (`--no-fuse`) always take f32 (`--no-fuse --dots f16` is
+    /// refused).
     #[arg(long, value_name = "TYPE", value_enum, default_value_t = fuse::Dots::Auto)]
     dots: fuse::Dots,
     /// Write the unfused schedule: one dispatch per op (the eager baseline).
@@ -213,6 +214,13 @@ fn run(args: Args) -> Result<()> {
     // file, and the path must not be a device or the like, which the final rename would replace.
     if let Some(out) = &args.output {
         vkfuse_runtime::schedule::check_output(out).context("-o")?;
+    }
+    // An explicit f16 the unfused kernels cannot honour: refused, not quietly computed in f32.
+    if args.no_fuse && args.dots == fuse::Dots::F16 {
+        bail!(
+            "--dots f16 applies to fused schedules, and --no-fuse writes the unfused one, whose \
+             kernels dequantise in f32: drop --no-fuse, or --dots"
+        );
     }
     if let Some(wg) = args.attention_wg {
         if !wg.is_power_of_two() || !(4..=1024).contains(&wg) {
