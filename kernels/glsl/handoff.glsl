@@ -84,7 +84,9 @@ uint handoff_at(uint slot, uint i) {
 // nothing, so they are all in flight at once and the words cost one L2 round trip, where
 // polling each word until it is ready before polling the next costs one per word. Those still
 // empty are polled again together (the attention block's words, handoff_load4's unaligned
-// path), for the same reason.
+// path), for the same reason. One poll per word set is in flight at a time: a second one
+// issued 150-300 ns after the first, to see a landing word up to half a round trip sooner,
+// lost 1-4% on an H200 (docs/perf.md, session 42), as slower polling had (session 26).
 uint handoff_poll(uint at) {
     return atomicLoad(handoff_word[at], gl_ScopeDevice, gl_StorageSemanticsBuffer,
                       gl_SemanticsRelaxed);

@@ -49,7 +49,9 @@ pub const MAX_ATTENTION_SPLITS: usize = 32;
 pub const ATTENTION_LONG_CHUNK: usize = 128;
 /// Fewest slots a split of the attention block attends (unless the context is shorter): a
 /// split costs a fixed prologue (norms, rope, a few barriers) and a share of the combine, so
-/// slivers of a few slots cost more than they save.
+/// slivers of a few slots cost more than they save. Raised to 64 for the walking bands (one
+/// split below position 65, where the walk's pass covers 64 slots, so no gather) it lost 0.2%
+/// on an H200, and 48 or 64 for q8_0's bands was level (docs/perf.md, session 42).
 pub const ATTENTION_MIN_CHUNK: usize = 32;
 /// Fewest bytes of f32 K and V per split at a full cache (half of it past 16 splits: see
 /// [`attention_splits`]): a head whose whole cache is smaller is one workgroup's short walk,
