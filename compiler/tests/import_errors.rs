@@ -1376,3 +1376,19 @@ fn fixture_qwen3_next_config() {
         .expect("model.layers.2.mlp.experts.7.down_proj.weight", &[64, 32])
         .is_ok());
 }
+
+/// A folder where the checkpoint file should be is named as one (mapping it failed with the OS's
+/// "No such device").
+#[test]
+fn a_folder_named_like_the_checkpoint_is_named_as_a_folder() {
+    let dir = TempDir::new("checkpoint-folder");
+    dir.write("config.json", LLAMA);
+    std::fs::create_dir(dir.path().join("model.safetensors")).unwrap();
+    let e = load_err(dir.path());
+    let why = std::error::Error::source(&e).map(|s| s.to_string());
+    assert!(e.to_string().contains("model.safetensors"), "{e}");
+    assert_eq!(
+        why.as_deref(),
+        Some("it is a folder, not a safetensors file")
+    );
+}

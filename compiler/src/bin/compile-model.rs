@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::{fuse, import, quant, trace};
@@ -204,6 +204,46 @@ impl Stages {
     }
 }
 
+/// Refuses an output that is one of the model's own files (its checkpoint, config or tokenizer:
+/// the schedule would replace the input it was compiled from) or a new checkpoint file beside
+/// them (the next import of the folder would read the schedule as one).
+fn refuse_model_file(out: &Path, model: &Path) -> Result<()> {
+    let (Some(name), Ok(model)) = (out.file_name(), std::fs::canonicalize(model)) else {
+        return Ok(());
+    };
+    let folder = match out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(p) => std::fs::canonicalize(p),
+        None => std::env::current_dir(),
+    };
+    // Where -o is a link, the file it names is what would be replaced.
+    let target = std::fs::canonicalize(out).ok();
+    let at = target.or_else(|| folder.ok().map(|f| f.join(name)));
+    let Some(at) = at else {
+        return Ok(());
+    };
+    let ext = at.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if at.parent() != Some(model.as_path()) {
+        return Ok(());
+    }
+    if at.exists() && (ext == "safetensors" || ext == "json") {
+        bail!(
+            "-o {}: that is one of the model's own files (in {}), which the schedule would \
+             replace: give another path, such as a .vkf file",
+            out.display(),
+            model.display()
+        );
+    }
+    if ext == "safetensors" {
+        bail!(
+            "-o {}: a .safetensors file in the model's folder {} would be read as part of its \
+             checkpoint next time: give another path, such as a .vkf file",
+            out.display(),
+            model.display()
+        );
+    }
+    Ok(())
+}
+
 fn run(args: Args) -> Result<()> {
     if !args.emit_trace && args.output.is_none() {
         bail!(
@@ -214,6 +254,7 @@ fn run(args: Args) -> Result<()> {
     // file, and the path must not be a device or the like, which the final rename would replace.
     if let Some(out) = &args.output {
         vkfuse_runtime::schedule::check_output(out).context("-o")?;
+        refuse_model_file(out, &args.model)?;
     }
     // An explicit f16 the unfused kernels cannot honour: refused, not quietly computed in f32.
     if args.no_fuse && args.dots == fuse::Dots::F16 {

@@ -44,8 +44,8 @@ pub enum RopeScaling {
     Linear { factor: f32 },
 }
 
-/// The RoPE types vkfuse implements, for messages.
-const SUPPORTED_TYPES: &str = "default, linear, llama3";
+/// The RoPE types vkfuse reads, for messages (the trace decodes the default only).
+const SUPPORTED_TYPES: &str = "vkfuse reads default, linear and llama3, and decodes default only";
 
 /// Per-layer-type keys that would mean a nested `rope_parameters` (one dict per layer type).
 const LAYER_TYPE_KEYS: [&str; 4] = [
@@ -184,9 +184,7 @@ impl RopeConfig {
                 return Err(ImportError::Unsupported {
                     file: top.file().to_path_buf(),
                     field: p.path(type_key),
-                    message: format!(
-                        "RoPE type \"{other}\" is not supported (supported: {SUPPORTED_TYPES})"
-                    ),
+                    message: format!("RoPE type \"{other}\" is not supported ({SUPPORTED_TYPES})"),
                 })
             }
         };

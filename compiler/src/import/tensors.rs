@@ -93,6 +93,11 @@ impl std::fmt::Debug for TensorStore {
 
 /// Maps `path` read-only.
 fn map_file(path: &Path) -> R<Mmap> {
+    // A folder opens on Linux and then fails to map with "No such device".
+    if path.is_dir() {
+        let e = std::io::Error::other("it is a folder, not a safetensors file");
+        return Err(ImportError::io(path)(e));
+    }
     let file = File::open(path).map_err(ImportError::io(path))?;
     // SAFETY: the map is read-only and lives inside the TensorStore. Mapping a file is unsafe
     // only because another process could modify or truncate it while mapped; vkfuse never

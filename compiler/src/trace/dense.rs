@@ -11,10 +11,11 @@ pub fn trace(t: &mut Tracer<'_>) -> Result<(), TraceError> {
     if c.rope.scaling != RopeScaling::None {
         return Err(crate::import::ImportError::Unsupported {
             file: t.model.dir.join("config.json"),
-            field: "rope_parameters.rope_type".into(),
+            // config.json names it in `rope_scaling` or in `rope_parameters`.
+            field: "rope_type".into(),
             message: format!(
-                "scaled RoPE ({:?}) is not traced yet; only the default rope is",
-                c.rope.scaling
+                "{}: scaled RoPE is not supported yet; vkfuse decodes the default RoPE only",
+                c.rope
             ),
         }
         .into());

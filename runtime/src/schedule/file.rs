@@ -538,8 +538,8 @@ impl Schedule {
         Ok(weights_offset + weights_len + TRAILER_LEN)
     }
 
-    /// [`Self::write_to`] a file at `path`, atomically: the bytes go to `PATH.partial`, which is
-    /// renamed to `path` once complete (and removed on failure). A symlink at `path` is written
+    /// [`Self::write_to`] a file at `path`, atomically: the bytes go to `PATH.PID-N.partial` (this
+    /// process's id, its Nth write), which is renamed to `path` once complete (and removed on failure). A symlink at `path` is written
     /// through (the file it names is replaced, the link stays); anything else that is not a
     /// regular file is refused ([`ScheduleFileError::NotAFile`]): the rename would replace it.
     pub fn write_file(
@@ -555,7 +555,8 @@ impl Schedule {
             path: p.to_path_buf(),
             error,
         };
-        let file = File::create(&partial).map_err(|e| io_err(&partial, e))?;
+        // Named by the path asked for: the partial file is ours, not the user's.
+        let file = File::create(&partial).map_err(|e| io_err(given, e))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         let result = self.write_to(&mut out, weights).and_then(|n| {
             out.into_inner()
@@ -589,7 +590,7 @@ pub fn check_output(path: &Path) -> Result<(), ScheduleFileError> {
     }
     let partial = partial_of(&output_target(path)?);
     File::create(&partial).map_err(|error| ScheduleFileError::Io {
-        path: partial.clone(),
+        path: path.into(),
         error,
     })?;
     let _ = std::fs::remove_file(&partial);
@@ -621,10 +622,15 @@ pub fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), ScheduleFileError> {
         })
 }
 
-/// The file [`Schedule::write_file`] writes `target`'s bytes to before renaming it.
+/// The file [`Schedule::write_file`] writes `target`'s bytes to before renaming it: named for
+/// this process and this write, so that two writers of the same output at once (two compiles
+/// with one `-o`) do not write into one partial file, which one of them then renamed over the
+/// target, a mix of both, saying it wrote it.
 fn partial_of(target: &Path) -> PathBuf {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut partial = target.as_os_str().to_owned();
-    partial.push(".partial");
+    partial.push(format!(".{}-{n}.partial", std::process::id()));
     PathBuf::from(partial)
 }
 
