@@ -205,6 +205,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         let model = import::load(&args.model)
             .with_context(|| format!("loading {}", args.model.display()))?;
+        for w in model.warnings() {
+            eprintln!("warning: {w}");
+        }
         let program = args.run.program(&model, &trace::TraceOptions::default())?;
         let meta = lower::Meta::of(&model);
         let mut spirv = SpirvCache::default();

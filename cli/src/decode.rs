@@ -222,6 +222,9 @@ impl Source {
         args.run.check_unfused()?;
         let model = import::load(&args.model)
             .with_context(|| format!("loading {}", args.model.display()))?;
+        for w in model.warnings() {
+            eprintln!("warning: {w}");
+        }
         let opts = trace::TraceOptions {
             max_context: args.max_context,
             ..Default::default()
@@ -250,7 +253,7 @@ impl Source {
     fn engine(&self, choice: &EngineChoice) -> Result<Box<dyn Engine + '_>> {
         Ok(match (self, choice.backend) {
             (Source::Model { model, program, .. }, Backend::Reference) => Box::new(
-                Reference::owning(program, EncodedWeights::new(&model.tensors, program)?),
+                Reference::try_owning(program, EncodedWeights::new(&model.tensors, program)?)?,
             ),
             (Source::Model { model, program, .. }, _) => {
                 let meta = lower::Meta::of(model);

@@ -267,6 +267,9 @@ fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)>
     }
     args.run.check_unfused()?;
     let model = import::load(&args.model).with_context(|| format!("loading {origin}"))?;
+    for w in model.warnings() {
+        eprintln!("warning: {w}");
+    }
     let opts = trace::TraceOptions {
         max_context: args.max_context,
         ..Default::default()

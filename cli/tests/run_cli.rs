@@ -834,3 +834,28 @@ fn timeline_runs_a_probed_schedule_and_refuses_others() {
         std::fs::remove_file(f).ok();
     }
 }
+
+/// A KV capacity the host cannot allocate for the reference backend is an error naming the
+/// state and its size, not an abort (a process limited to 3 GB of address space asked for
+/// 16777216 slots: 4 GiB per cache).
+#[test]
+fn a_reference_state_the_host_cannot_allocate_is_a_clear_error() {
+    let model = fixture_dir("qwen3-tied");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v 3000000 && exec '{}' run '{}' --backend reference --ids 1,2 \
+             --max-new-tokens 2 --max-context 16777216",
+            env!("CARGO_BIN_EXE_vkfuse"),
+            model.display()
+        ))
+        .output()
+        .expect("sh runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("state `") && stderr.contains("GiB of host memory"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("lower --max-context"), "{stderr}");
+}

@@ -1392,3 +1392,35 @@ fn a_folder_named_like_the_checkpoint_is_named_as_a_folder() {
         Some("it is a folder, not a safetensors file")
     );
 }
+
+/// A tied config over a checkpoint that also stores `lm_head.weight`: the logits come from the
+/// embedding table, as transformers ties them after loading, and the model says so; untied, the
+/// stored lm_head is read and nothing is said.
+#[test]
+fn a_tied_config_sets_a_stored_lm_head_aside_and_says_so() {
+    let reads_lm_head = |m: &Model| {
+        let p = vkfuse_compiler::trace::trace(m, &Default::default()).unwrap();
+        p.ops.iter().any(|op| {
+            matches!(&op.kind, vkfuse_compiler::ir::OpKind::Weight { name } if name == "lm_head.weight")
+        })
+    };
+    // LLAMA's weights hold an lm_head.weight (it is untied).
+    let weights = safetensors_file(&dense_weights(&config(LLAMA), Dtype::BF16));
+    let dir = TempDir::new("tied-lm-head");
+    dir.write("config.json", &set(LLAMA, "tie_word_embeddings", "true"));
+    dir.write("model.safetensors", weights.clone());
+    let m = load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(m.lm_head_set_aside());
+    let warnings = m.warnings();
+    assert!(
+        warnings.iter().any(|w| w.contains("tie_word_embeddings")
+            && w.contains("lm_head.weight")
+            && w.contains("model.embed_tokens.weight")),
+        "{warnings:?}"
+    );
+    assert!(!reads_lm_head(&m));
+
+    let (_dir, untied) = good_llama("untied-lm-head");
+    assert!(!untied.lm_head_set_aside() && untied.warnings().is_empty());
+    assert!(reads_lm_head(&untied));
+}

@@ -274,14 +274,8 @@ fn run(args: Args) -> Result<()> {
     let model = st.run("import", || {
         import::load(&args.model).with_context(|| format!("loading {}", args.model.display()))
     })?;
-    if let Some(held) = model.layers_beyond_config() {
-        eprintln!(
-            "warning: {}: config.json's num_hidden_layers is {}, but the checkpoint holds {held} \
-             layers (model.layers.*): the schedule computes the first {} only",
-            args.model.display(),
-            model.config.num_layers,
-            model.config.num_layers
-        );
+    for w in model.warnings() {
+        eprintln!("warning: {w}");
     }
     let opts = trace::TraceOptions {
         max_context: args.max_context,

@@ -62,6 +62,37 @@ impl Model {
             .max()?;
         (held > self.config.num_layers).then_some(held)
     }
+
+    /// Whether the checkpoint holds an `lm_head.weight` that config.json's tie_word_embeddings
+    /// sets aside: the logits then come from `model.embed_tokens.weight`, as transformers ties
+    /// them after loading (and vLLM skips the tensor).
+    pub fn lm_head_set_aside(&self) -> bool {
+        self.config.tie_word_embeddings && self.tensors.contains("lm_head.weight")
+    }
+
+    /// What a user should hear about this model directory before it is compiled or decoded:
+    /// checkpoint tensors its config sets aside.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = vec![];
+        if let Some(held) = self.layers_beyond_config() {
+            out.push(format!(
+                "{}: config.json's num_hidden_layers is {}, but the checkpoint holds {held} \
+                 layers (model.layers.*): the first {} only are computed",
+                self.dir.display(),
+                self.config.num_layers,
+                self.config.num_layers
+            ));
+        }
+        if self.lm_head_set_aside() {
+            out.push(format!(
+                "{}: config.json sets tie_word_embeddings, and the checkpoint also holds \
+                 lm_head.weight: the logits come from model.embed_tokens.weight, as \
+                 transformers ties them; set tie_word_embeddings to false to use lm_head.weight",
+                self.dir.display()
+            ));
+        }
+        out
+    }
 }
 
 /// Loads the model directory `dir`: `config.json` and its safetensors, memory-mapped, and

@@ -51,6 +51,8 @@ pub enum ReferenceError {
     TokenOutOfRange { token: i64, vocab: usize },
     #[error("the program has no `logits` output")]
     NoLogits,
+    #[error("state `{state}` needs {gib:.2} GiB of host memory for the reference backend, which cannot be allocated (lower --max-context)")]
+    StateTooLarge { state: String, gib: f64 },
 }
 
 /// What one step produced.
@@ -88,6 +90,32 @@ impl<'a> Reference<'a> {
             weights: vec![None; program.ops.len()],
             state,
         }
+    }
+
+    /// [`Reference::owning`], with a state the host cannot allocate (a huge KV capacity) an
+    /// error naming it instead of an abort.
+    pub fn try_owning(
+        program: &'a Program,
+        tensors: impl WeightSource + 'a,
+    ) -> Result<Reference<'a>, ReferenceError> {
+        let state = program
+            .states
+            .iter()
+            .map(|s| {
+                Tensor::try_zeros(&s.ty.shape, !s.ty.dtype.is_float()).ok_or_else(|| {
+                    ReferenceError::StateTooLarge {
+                        state: s.name.clone(),
+                        gib: (s.ty.shape.numel() * 4) as f64 / f64::from(1u32 << 30),
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Reference {
+            program,
+            tensors: Box::new(tensors),
+            weights: vec![None; program.ops.len()],
+            state,
+        })
     }
 
     /// Sets a state's value (tests start kernels from arbitrary state this way).

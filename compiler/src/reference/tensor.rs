@@ -28,6 +28,16 @@ impl Tensor {
             data: Data::I32(data),
         }
     }
+    /// [`Tensor::zeros`], or None where the host cannot allocate it (a huge KV capacity), so
+    /// that the caller can say so instead of the process aborting. The room is asked for
+    /// fallibly first and given back: zeros() then takes zeroed pages the OS maps lazily, where
+    /// writing the zeros into a fallible reservation would touch every page at once.
+    pub fn try_zeros(shape: &Shape, int: bool) -> Option<Tensor> {
+        let mut probe: Vec<u32> = Vec::new();
+        probe.try_reserve_exact(shape.numel()).ok()?;
+        drop(probe);
+        Some(Tensor::zeros(shape, int))
+    }
     pub fn zeros(shape: &Shape, int: bool) -> Tensor {
         let n = shape.numel();
         let data = if int {

@@ -183,7 +183,9 @@ impl<'m> Tracer<'m> {
     pub fn tail(&mut self, h: ValueId, zero_centered: bool) -> R<()> {
         let c = &self.model.config;
         let (vocab, hidden, tied) = (c.vocab_size, c.hidden_size, c.tie_word_embeddings);
-        let shared = tied && !self.model.tensors.contains("lm_head.weight");
+        // Tied: the embedding table, even where the checkpoint also holds an lm_head.weight
+        // (transformers ties them after loading; `Model::warnings` says so).
+        let shared = tied;
         // A table shared with the embedding stays unfolded: folded, lm_head would be a second
         // copy of it (the Qwen3-0.6B shape in q4_0: +311 MB of bf16 embedding beside the q4_0
         // lm_head, for +0.6% on an H200: docs/perf.md session 36).
