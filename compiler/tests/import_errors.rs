@@ -1407,7 +1407,7 @@ fn a_tied_config_sets_a_stored_lm_head_aside_and_says_so() {
     // LLAMA's weights hold an lm_head.weight (it is untied).
     let weights = safetensors_file(&dense_weights(&config(LLAMA), Dtype::BF16));
     let dir = TempDir::new("tied-lm-head");
-    dir.write("config.json", &set(LLAMA, "tie_word_embeddings", "true"));
+    dir.write("config.json", set(LLAMA, "tie_word_embeddings", "true"));
     dir.write("model.safetensors", weights.clone());
     let m = load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
     assert!(m.lm_head_set_aside());
