@@ -539,3 +539,17 @@ fn the_output_is_not_one_of_the_models_own_files() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--max-context` out of range is refused before the import, as itself (no trace stage ran).
+#[test]
+fn a_max_context_out_of_range_is_refused_before_the_import() {
+    for n in ["0", "16777217"] {
+        let out = compile_model(&[&fixture("qwen3-tied"), "--emit-trace", "--max-context", n]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(
+            stderr.trim(),
+            format!("error: --max-context {n} must be between 1 and 16777216")
+        );
+    }
+}

@@ -747,6 +747,15 @@ fn heads_that_do_not_divide_are_inconsistent() {
         matches!(&e, ImportError::Inconsistent { message, .. } if message.contains("hidden_size (25)")),
         "{e}"
     );
+    // A default the config does not write is named as one: Qwen3's 32 kv heads over 4 heads.
+    let (_dir, e) = config_err(&remove(QWEN3, "num_key_value_heads"));
+    assert!(
+        e.to_string().ends_with(
+            "num_attention_heads (4) is not a multiple of num_key_value_heads (32: \
+             Qwen3ForCausalLM's default, since config.json does not set it)"
+        ),
+        "{e}"
+    );
 }
 
 #[test]

@@ -256,6 +256,13 @@ fn run(args: Args) -> Result<()> {
         vkfuse_runtime::schedule::check_output(out).context("-o")?;
         refuse_model_file(out, &args.model)?;
     }
+    // Before the import (a large model's takes long), and without the trace's context.
+    if let Some(n) = args.max_context {
+        let limit = trace::TraceOptions::MAX_CONTEXT_LIMIT;
+        if n == 0 || n > limit {
+            bail!("--max-context {n} must be between 1 and {limit}");
+        }
+    }
     // An explicit f16 the unfused kernels cannot honour: refused, not quietly computed in f32.
     if args.no_fuse && args.dots == fuse::Dots::F16 {
         bail!(

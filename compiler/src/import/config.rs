@@ -370,10 +370,17 @@ fn parse(f: Fields<'_>) -> R<ModelConfig> {
     let head_dim = head_dim(&f, family, hidden_size, num_attention_heads)?;
     let num_kv_heads = kv_heads(&f, family, num_attention_heads)?;
     if num_attention_heads % num_kv_heads != 0 {
+        // A default the user did not write is named as one (Qwen3's 32 surprises).
+        let unset = !f.has("num_key_value_heads");
         return Err(inconsistent(
             &f,
             format!(
-                "num_attention_heads ({num_attention_heads}) is not a multiple of num_key_value_heads ({num_kv_heads})"
+                "num_attention_heads ({num_attention_heads}) is not a multiple of num_key_value_heads ({num_kv_heads}{})",
+                if unset {
+                    format!(": {}'s default, since config.json does not set it", family.architecture())
+                } else {
+                    String::new()
+                }
             ),
         ));
     }

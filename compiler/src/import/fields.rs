@@ -69,6 +69,11 @@ impl<'a> Fields<'a> {
     }
 
     /// Whether the key is present with an explicit `null`.
+    /// Whether the object sets `key` at all (null included).
+    pub fn has(&self, key: &str) -> bool {
+        self.obj.contains_key(key)
+    }
+
     pub fn is_null(&self, key: &str) -> bool {
         self.obj.get(key).is_some_and(Value::is_null)
     }
