@@ -138,10 +138,74 @@ fn bad_safetensors(file: &Path, bytes: &[u8], error: SafeTensorError) -> ImportE
             return truncated(expected, false);
         }
     }
+    // The crate names no tensor for a bad entry: find the first (by name, so the message does
+    // not depend on the header's hash order) and say what is wrong with it.
+    let entry = bytes
+        .first_chunk::<8>()
+        .and_then(|n| usize::try_from(u64::from_le_bytes(*n)).ok())
+        .and_then(|len| bytes.get(8..8usize.checked_add(len)?))
+        .and_then(|h| bad_entry(h, actual.saturating_sub(8 + h.len() as u64)));
     ImportError::BadSafetensors {
         file: file.to_path_buf(),
-        message: error.to_string(),
+        message: match entry {
+            Some(why) => format!("{why} ({error})"),
+            None => error.to_string(),
+        },
     }
+}
+
+/// The first tensor entry of a safetensors `header` (JSON) whose offsets are reversed, pass the
+/// `data` bytes after the header, or span other than its shape's bytes, by name.
+fn bad_entry(header: &[u8], data: u64) -> Option<String> {
+    let json: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    let mut names: Vec<&String> = json.keys().filter(|k| *k != "__metadata__").collect();
+    names.sort();
+    names.into_iter().find_map(|name| {
+        let t = json.get(name)?.as_object()?;
+        let offsets: Vec<u64> = t
+            .get("data_offsets")?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_u64())
+            .collect::<Option<_>>()?;
+        let [begin, end] = offsets[..] else {
+            return Some(format!(
+                "tensor \"{name}\": data_offsets {offsets:?} are not two numbers"
+            ));
+        };
+        if end < begin {
+            return Some(format!(
+                "tensor \"{name}\": data_offsets [{begin}, {end}] are reversed"
+            ));
+        }
+        if end > data {
+            return Some(format!(
+                "tensor \"{name}\": data_offsets [{begin}, {end}] pass the {data} bytes of data"
+            ));
+        }
+        let dtype = t.get("dtype")?.as_str()?;
+        let size: u64 = match dtype {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            "I8" | "U8" | "BOOL" | "F8_E4M3" | "F8_E5M2" => 1,
+            _ => return None,
+        };
+        let shape: Vec<u64> = t
+            .get("shape")?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_u64())
+            .collect::<Option<_>>()?;
+        let bytes = shape.iter().try_fold(size, |acc, &d| acc.checked_mul(d))?;
+        (bytes != end - begin).then(|| {
+            format!(
+                "tensor \"{name}\": shape {shape:?} of {dtype} is {bytes} bytes, but its \
+                 data_offsets [{begin}, {end}] span {}",
+                end - begin
+            )
+        })
+    })
 }
 
 fn readable(dtype: Dtype) -> Option<DType> {
@@ -549,6 +613,42 @@ mod tests {
     fn refusal(bytes: &[u8]) -> String {
         let error = SafeTensors::read_metadata(bytes).map(|_| ()).unwrap_err();
         bad_safetensors(Path::new("m.safetensors"), bytes, error).to_string()
+    }
+
+    /// Two tensors of 16 bytes each with the given header entries for "b" (the bad one).
+    fn with_entry(b: &str) -> Vec<u8> {
+        let header =
+            format!(r#"{{"a":{{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}},"b":{b}}}"#);
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(&[0; 32]);
+        bytes
+    }
+
+    /// A bad header entry is named by its tensor, with what is wrong with it in numbers.
+    #[test]
+    fn a_bad_entry_is_named_by_its_tensor() {
+        for (entry, why) in [
+            (
+                r#"{"dtype":"F32","shape":[2,3],"data_offsets":[16,32]}"#,
+                r#"tensor "b": shape [2, 3] of F32 is 24 bytes, but its data_offsets [16, 32] span 16"#,
+            ),
+            (
+                r#"{"dtype":"I8","shape":[2,2],"data_offsets":[16,32]}"#,
+                r#"tensor "b": shape [2, 2] of I8 is 4 bytes, but its data_offsets [16, 32] span 16"#,
+            ),
+            (
+                r#"{"dtype":"F32","shape":[2,2],"data_offsets":[32,16]}"#,
+                r#"tensor "b": data_offsets [32, 16] are reversed"#,
+            ),
+        ] {
+            let bytes = with_entry(entry);
+            let message = refusal(&bytes);
+            assert!(message.contains(why), "{entry}: {message}");
+        }
+        // A good file has no bad entry.
+        let good = with_entry(r#"{"dtype":"F32","shape":[2,2],"data_offsets":[16,32]}"#);
+        assert!(SafeTensors::read_metadata(&good).is_ok());
     }
 
     #[test]
