@@ -162,12 +162,11 @@ fn bad_entry(header: &[u8], data: u64) -> Option<String> {
     names.sort();
     names.into_iter().find_map(|name| {
         let t = json.get(name)?.as_object()?;
-        let offsets: Vec<u64> = t
-            .get("data_offsets")?
-            .as_array()?
-            .iter()
-            .map(|v| v.as_u64())
-            .collect::<Option<_>>()?;
+        // A JSON array of whole numbers.
+        let numbers = |key: &str| -> Option<Vec<u64>> {
+            t.get(key)?.as_array()?.iter().map(|v| v.as_u64()).collect()
+        };
+        let offsets = numbers("data_offsets")?;
         let [begin, end] = offsets[..] else {
             return Some(format!(
                 "tensor \"{name}\": data_offsets {offsets:?} are not two numbers"
@@ -191,12 +190,7 @@ fn bad_entry(header: &[u8], data: u64) -> Option<String> {
             "I8" | "U8" | "BOOL" | "F8_E4M3" | "F8_E5M2" => 1,
             _ => return None,
         };
-        let shape: Vec<u64> = t
-            .get("shape")?
-            .as_array()?
-            .iter()
-            .map(|v| v.as_u64())
-            .collect::<Option<_>>()?;
+        let shape = numbers("shape")?;
         let bytes = shape.iter().try_fold(size, |acc, &d| acc.checked_mul(d))?;
         (bytes != end - begin).then(|| {
             format!(
