@@ -120,6 +120,7 @@ fn bad_safetensors(file: &Path, bytes: &[u8], error: SafeTensorError) -> ImportE
         actual,
         at_least,
     };
+    let mut header = None;
     if let Some(&n) = bytes.first_chunk::<8>() {
         let header_len = u64::from_le_bytes(n);
         let header_end = header_len.saturating_add(8);
@@ -127,10 +128,11 @@ fn bad_safetensors(file: &Path, bytes: &[u8], error: SafeTensorError) -> ImportE
         if header_end > actual && header_len <= MAX_HEADER_LEN {
             return truncated(header_end, true);
         }
-        // A header that parses but whose offsets pass the end is read as a cut file too.
-        let data_end = usize::try_from(header_end)
+        header = usize::try_from(header_end)
             .ok()
-            .and_then(|end| bytes.get(8..end))
+            .and_then(|end| bytes.get(8..end));
+        // A header that parses but whose offsets pass the end is read as a cut file too.
+        let data_end = header
             .and_then(|h| serde_json::from_slice::<Metadata>(h).ok())
             .and_then(|m| m.tensors().values().map(|t| t.data_offsets.1).max())
             .map(|end| header_end.saturating_add(end as u64));
@@ -138,64 +140,40 @@ fn bad_safetensors(file: &Path, bytes: &[u8], error: SafeTensorError) -> ImportE
             return truncated(expected, false);
         }
     }
-    // The crate names no tensor for a bad entry: find the first (by name, so the message does
-    // not depend on the header's hash order) and say what is wrong with it.
-    let entry = bytes
-        .first_chunk::<8>()
-        .and_then(|n| usize::try_from(u64::from_le_bytes(*n)).ok())
-        .and_then(|len| bytes.get(8..8usize.checked_add(len)?))
-        .and_then(|h| bad_entry(h, actual.saturating_sub(8 + h.len() as u64)));
     ImportError::BadSafetensors {
         file: file.to_path_buf(),
-        message: match entry {
+        message: match header.and_then(bad_entry) {
             Some(why) => format!("{why} ({error})"),
             None => error.to_string(),
         },
     }
 }
 
-/// The first tensor entry of a safetensors `header` (JSON) whose offsets are reversed, pass the
-/// `data` bytes after the header, or span other than its shape's bytes, by name.
-fn bad_entry(header: &[u8], data: u64) -> Option<String> {
-    let json: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
-    let mut names: Vec<&String> = json.keys().filter(|k| *k != "__metadata__").collect();
-    names.sort();
-    names.into_iter().find_map(|name| {
-        let t = json.get(name)?.as_object()?;
-        // A JSON array of whole numbers.
-        let numbers = |key: &str| -> Option<Vec<u64>> {
-            t.get(key)?.as_array()?.iter().map(|v| v.as_u64()).collect()
-        };
-        let offsets = numbers("data_offsets")?;
-        let [begin, end] = offsets[..] else {
-            return Some(format!(
-                "tensor \"{name}\": data_offsets {offsets:?} are not two numbers"
-            ));
-        };
+/// The first entry of a safetensors `header` (JSON), by name (so that the message does not
+/// depend on the header's hash order), whose offsets are reversed or span other than its
+/// shape's bytes: the crate's refusal names no tensor (and its `Metadata` does not parse such
+/// a header, so each entry is read on its own).
+fn bad_entry(header: &[u8]) -> Option<String> {
+    let json: BTreeMap<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    json.into_iter().find_map(|(name, entry)| {
+        let t: safetensors::tensor::TensorInfo = serde_json::from_value(entry).ok()?;
+        let (begin, end) = t.data_offsets;
         if end < begin {
             return Some(format!(
                 "tensor \"{name}\": data_offsets [{begin}, {end}] are reversed"
             ));
         }
-        if end > data {
-            return Some(format!(
-                "tensor \"{name}\": data_offsets [{begin}, {end}] pass the {data} bytes of data"
-            ));
-        }
-        let dtype = t.get("dtype")?.as_str()?;
-        let size: u64 = match dtype {
-            "F64" | "I64" | "U64" => 8,
-            "F32" | "I32" | "U32" => 4,
-            "F16" | "BF16" | "I16" | "U16" => 2,
-            "I8" | "U8" | "BOOL" | "F8_E4M3" | "F8_E5M2" => 1,
-            _ => return None,
-        };
-        let shape = numbers("shape")?;
-        let bytes = shape.iter().try_fold(size, |acc, &d| acc.checked_mul(d))?;
-        (bytes != end - begin).then(|| {
+        let bits = t
+            .shape
+            .iter()
+            .try_fold(t.dtype.bitsize(), |acc, &d| acc.checked_mul(d))?;
+        (bits % 8 == 0 && bits / 8 != end - begin).then(|| {
             format!(
-                "tensor \"{name}\": shape {shape:?} of {dtype} is {bytes} bytes, but its \
-                 data_offsets [{begin}, {end}] span {}",
+                "tensor \"{name}\": shape {:?} of {} is {} bytes, but its data_offsets \
+                 [{begin}, {end}] span {}",
+                t.shape,
+                t.dtype,
+                bits / 8,
                 end - begin
             )
         })
