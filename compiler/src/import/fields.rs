@@ -68,12 +68,12 @@ impl<'a> Fields<'a> {
         self.obj.get(key).filter(|v| !v.is_null())
     }
 
-    /// Whether the key is present with an explicit `null`.
     /// Whether the object sets `key` at all (null included).
     pub fn has(&self, key: &str) -> bool {
         self.obj.contains_key(key)
     }
 
+    /// Whether the key is present with an explicit `null`.
     pub fn is_null(&self, key: &str) -> bool {
         self.obj.get(key).is_some_and(Value::is_null)
     }
