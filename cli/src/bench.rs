@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::quant::EncodedWeights;
-use vkfuse_compiler::{fuse, import, trace};
+use vkfuse_compiler::{fuse, trace};
 use vkfuse_runtime::schedule::Schedule;
 use vkfuse_runtime::session::{
     handoff, writeback, Eager, LoadOptions, Loaded, Replay, TensorBytes, WriteBack,
@@ -203,11 +203,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         schedules.push((fused, s));
         Box::new(w)
     } else {
-        let model = import::load(&args.model)
-            .with_context(|| format!("loading {}", args.model.display()))?;
-        for w in model.warnings() {
-            eprintln!("warning: {w}");
-        }
+        let model = crate::options::load_model(&args.model)?;
         let program = args.run.program(&model, &trace::TraceOptions::default())?;
         let meta = lower::Meta::of(&model);
         let mut spirv = SpirvCache::default();

@@ -12,7 +12,7 @@ use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::npy::{self, Array2};
 use vkfuse_compiler::quant::EncodedWeights;
 use vkfuse_compiler::reference::Reference;
-use vkfuse_compiler::{import, trace};
+use vkfuse_compiler::trace;
 use vkfuse_runtime::schedule::{Schedule, ScheduleFile};
 use vkfuse_runtime::session::{
     pipeline_cache, CacheFile, Eager, LoadOptions, Loaded, Replay, TensorBytes,
@@ -220,11 +220,7 @@ impl Source {
             )?)));
         }
         args.run.check_unfused()?;
-        let model = import::load(&args.model)
-            .with_context(|| format!("loading {}", args.model.display()))?;
-        for w in model.warnings() {
-            eprintln!("warning: {w}");
-        }
+        let model = crate::options::load_model(&args.model)?;
         let opts = trace::TraceOptions {
             max_context: args.max_context,
             ..Default::default()

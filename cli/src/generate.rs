@@ -13,7 +13,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::quant::EncodedWeights;
-use vkfuse_compiler::{import, trace};
+use vkfuse_compiler::trace;
 use vkfuse_runtime::schedule::Schedule;
 use vkfuse_runtime::session::TensorBytes;
 use vkfuse_runtime::session::{pipeline_cache, CacheFile, LoadOptions};
@@ -266,10 +266,7 @@ fn open(args: &GenerateArgs) -> Result<(Schedule, Box<dyn TensorBytes>, String)>
         return Ok((schedule, Box::new(weights), origin));
     }
     args.run.check_unfused()?;
-    let model = import::load(&args.model).with_context(|| format!("loading {origin}"))?;
-    for w in model.warnings() {
-        eprintln!("warning: {w}");
-    }
+    let model = crate::options::load_model(&args.model)?;
     let opts = trace::TraceOptions {
         max_context: args.max_context,
         ..Default::default()

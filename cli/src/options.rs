@@ -84,6 +84,17 @@ pub fn parse_token_id(text: &str) -> std::result::Result<u32, String> {
     })
 }
 
+/// Loads the model directory `path`, with what config.json sets aside in it as warnings on
+/// stderr (`Model::warnings`), for the commands that decode a directory.
+pub fn load_model(path: &std::path::Path) -> Result<Model> {
+    let model = vkfuse_compiler::import::load(path)
+        .with_context(|| format!("loading {}", path.display()))?;
+    for w in model.warnings() {
+        eprintln!("warning: {w}");
+    }
+    Ok(model)
+}
+
 /// Refuses an output file (`flag`'s `path`) whose folder does not exist, before the work that
 /// fills it: found after a decode or a timeline, that work would be lost.
 pub fn check_out_folder(flag: &str, path: &std::path::Path) -> Result<()> {
