@@ -78,15 +78,22 @@ impl<'a> Reference<'a> {
 
     /// Like [`Reference::new`], keeping `tensors` (e.g. weights converted for this program).
     pub fn owning(program: &'a Program, tensors: impl WeightSource + 'a) -> Reference<'a> {
-        let tensors = Box::new(tensors);
         let state = program
             .states
             .iter()
             .map(|s| Tensor::zeros(&s.ty.shape, !s.ty.dtype.is_float()))
             .collect();
+        Reference::with_state(program, tensors, state)
+    }
+
+    fn with_state(
+        program: &'a Program,
+        tensors: impl WeightSource + 'a,
+        state: Vec<Tensor>,
+    ) -> Reference<'a> {
         Reference {
             program,
-            tensors,
+            tensors: Box::new(tensors),
             weights: vec![None; program.ops.len()],
             state,
         }
@@ -110,12 +117,7 @@ impl<'a> Reference<'a> {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Reference {
-            program,
-            tensors: Box::new(tensors),
-            weights: vec![None; program.ops.len()],
-            state,
-        })
+        Ok(Reference::with_state(program, tensors, state))
     }
 
     /// Sets a state's value (tests start kernels from arbitrary state this way).
