@@ -258,10 +258,7 @@ fn run(args: Args) -> Result<()> {
     }
     // Before the import (a large model's takes long), and without the trace's context.
     if let Some(n) = args.max_context {
-        let limit = trace::TraceOptions::MAX_CONTEXT_LIMIT;
-        if n == 0 || n > limit {
-            bail!("--max-context {n} must be between 1 and {limit}");
-        }
+        trace::check_max_context(n)?;
     }
     // An explicit f16 the unfused kernels cannot honour: refused, not quietly computed in f32.
     if args.no_fuse && args.dots == fuse::Dots::F16 {

@@ -85,14 +85,22 @@ pub enum TraceError {
     KvCacheOddHead { head_dim: usize },
 }
 
+/// Refuses a `--max-context` outside 1..=[`TraceOptions::MAX_CONTEXT_LIMIT`].
+pub fn check_max_context(n: usize) -> Result<usize, TraceError> {
+    let limit = TraceOptions::MAX_CONTEXT_LIMIT;
+    match n {
+        1.. if n <= limit => Ok(n),
+        _ => Err(TraceError::MaxContext {
+            requested: n,
+            limit,
+        }),
+    }
+}
+
 /// The resolved KV capacity for a model.
 pub fn max_context(model: &Model, opts: &TraceOptions) -> Result<usize, TraceError> {
     match opts.max_context {
-        Some(n) if n == 0 || n > TraceOptions::MAX_CONTEXT_LIMIT => Err(TraceError::MaxContext {
-            requested: n,
-            limit: TraceOptions::MAX_CONTEXT_LIMIT,
-        }),
-        Some(n) => Ok(n),
+        Some(n) => check_max_context(n),
         None => Ok(model
             .config
             .max_position_embeddings
