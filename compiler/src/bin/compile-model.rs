@@ -211,20 +211,18 @@ fn refuse_model_file(out: &Path, model: &Path) -> Result<()> {
     let (Some(name), Ok(model)) = (out.file_name(), std::fs::canonicalize(model)) else {
         return Ok(());
     };
-    let folder = match out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(p) => std::fs::canonicalize(p),
-        None => std::env::current_dir(),
-    };
-    // Where -o is a link, the file it names is what would be replaced.
-    let target = std::fs::canonicalize(out).ok();
-    let at = target.or_else(|| folder.ok().map(|f| f.join(name)));
-    let Some(at) = at else {
+    // The file -o names (through a link where it is one), or where a new one would go.
+    let at = std::fs::canonicalize(out).ok().or_else(|| {
+        let folder = match out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(p) => std::fs::canonicalize(p),
+            None => std::env::current_dir(),
+        };
+        folder.ok().map(|f| f.join(name))
+    });
+    let Some(at) = at.filter(|at| at.parent() == Some(model.as_path())) else {
         return Ok(());
     };
     let ext = at.extension().and_then(|e| e.to_str()).unwrap_or("");
-    if at.parent() != Some(model.as_path()) {
-        return Ok(());
-    }
     if at.exists() && (ext == "safetensors" || ext == "json") {
         bail!(
             "-o {}: that is one of the model's own files (in {}), which the schedule would \
