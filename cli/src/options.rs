@@ -195,6 +195,9 @@ impl RunOptions {
             ..opts.clone()
         };
         let mut program = trace::trace(model, opts).context("tracing the decode step")?;
+        if let Some(warning) = trace::unread_warning(model, &program) {
+            eprintln!("warning: {warning}");
+        }
         if let Some(warning) = trace::past_trained_context(model, opts) {
             eprintln!("{warning}");
         }

@@ -1433,3 +1433,161 @@ fn a_tied_config_sets_a_stored_lm_head_aside_and_says_so() {
     assert!(!untied.lm_head_set_aside() && untied.warnings().is_empty());
     assert!(reads_lm_head(&untied));
 }
+
+/// A checkpoint whose tensors the traced step does not all read is named, as transformers names
+/// the weights it did not use: a Qwen3 checkpoint under an `architectures` of Llama drops the
+/// q/k norms (and would decode wrongly, silently). What transformers itself skips (`mtp.*`,
+/// stored rotary tables) and what `Model::warnings` already reports (layers past the config)
+/// are not listed; a checkpoint read whole gives no warning.
+#[test]
+fn checkpoint_tensors_the_step_does_not_read_are_named() {
+    use vkfuse_compiler::trace::{trace, unread_tensors, unread_warning};
+    let traced = |m: &Model| trace(m, &Default::default()).unwrap_or_else(|e| panic!("{e}"));
+
+    let dir = dense_dir("unread-qwen3", QWEN3, Dtype::BF16);
+    let m = load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(unread_tensors(&m, &traced(&m)), Vec::<String>::new());
+    assert_eq!(unread_warning(&m, &traced(&m)), None);
+
+    // The same checkpoint, described as a Llama.
+    dir.write(
+        "config.json",
+        set(QWEN3, "architectures", r#"["LlamaForCausalLM"]"#),
+    );
+    let m = load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let p = traced(&m);
+    let norms: Vec<String> = (0..2)
+        .flat_map(|l| {
+            ["k_norm", "q_norm"].map(|n| format!("model.layers.{l}.self_attn.{n}.weight"))
+        })
+        .collect();
+    assert_eq!(unread_tensors(&m, &p), norms);
+    let w = unread_warning(&m, &p).expect("a warning");
+    assert!(
+        w.contains("4 checkpoint tensors are not read")
+            && w.contains("LlamaForCausalLM")
+            && w.contains("model.layers.1.self_attn.q_norm.weight")
+            && w.contains("architectures"),
+        "{w}"
+    );
+
+    // Extras: one unknown tensor is listed; an MTP head, a rotary table and a layer past the
+    // config are not.
+    let mut weights = dense_weights(&config(LLAMA), Dtype::BF16);
+    weights.push(t("mtp.fc.weight", Dtype::BF16, &[4, 4]));
+    weights.push(t(
+        "model.layers.0.self_attn.rotary_emb.inv_freq",
+        Dtype::F32,
+        &[2],
+    ));
+    weights.push(t(
+        "model.layers.2.input_layernorm.weight",
+        Dtype::BF16,
+        &[24],
+    ));
+    weights.push(t("model.extra_proj.weight", Dtype::BF16, &[4, 24]));
+    let dir = TempDir::new("unread-extras");
+    dir.write("config.json", LLAMA);
+    dir.write("model.safetensors", safetensors_file(&weights));
+    let m = load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let p = traced(&m);
+    assert_eq!(unread_tensors(&m, &p), vec!["model.extra_proj.weight"]);
+    let w = unread_warning(&m, &p).expect("a warning");
+    assert!(w.contains("1 checkpoint tensor is not read"), "{w}");
+}
+
+/// Every bundled fixture's step reads its whole checkpoint, norms folded or not: the warning
+/// above has no false alarm on a model vkfuse decodes.
+#[test]
+fn every_fixture_step_reads_its_whole_checkpoint() {
+    use vkfuse_compiler::trace::{trace, unread_tensors, TraceOptions};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models");
+    for name in ["qwen3-tied", "qwen3-untied", "llama-gqa", "qwen3-next"] {
+        let m = load(&root.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for fold_norms in [false, true] {
+            let opts = TraceOptions {
+                fold_norms,
+                ..Default::default()
+            };
+            let p = trace(&m, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(unread_tensors(&m, &p), Vec::<String>::new(), "{name}");
+        }
+    }
+}
+
+/// A model_type naming another supported family than architectures[0] is refused, naming
+/// both (transformers would build the model_type's class); an unknown model_type is not.
+#[test]
+fn model_type_contradicting_architectures_is_refused() {
+    let dir = dense_dir("model-type", LLAMA, Dtype::BF16);
+    dir.write("config.json", set(LLAMA, "model_type", r#""qwen3""#));
+    let e = load_err(dir.path()).to_string();
+    assert!(
+        e.contains("model_type")
+            && e.contains("Qwen3ForCausalLM")
+            && e.contains("LlamaForCausalLM")
+            && e.contains("config.json"),
+        "{e}"
+    );
+    dir.write("config.json", set(LLAMA, "model_type", r#""my_llama""#));
+    load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    dir.write("config.json", set(LLAMA, "model_type", "3"));
+    let e = load_err(dir.path()).to_string();
+    assert!(e.contains("model_type"), "{e}");
+}
+
+/// A pre-quantised checkpoint's config is refused by its quantization_config, naming the
+/// method, before any tensor is looked for; null is no quantisation.
+#[test]
+fn a_quantization_config_is_refused_by_name() {
+    let dir = dense_dir("quantization-config", LLAMA, Dtype::BF16);
+    dir.write(
+        "config.json",
+        set(
+            LLAMA,
+            "quantization_config",
+            r#"{"quant_method": "gptq", "bits": 4}"#,
+        ),
+    );
+    let e = load_err(dir.path()).to_string();
+    assert!(
+        e.contains("quantization_config") && e.contains("gptq") && e.contains("--weights"),
+        "{e}"
+    );
+    dir.write("config.json", set(LLAMA, "quantization_config", "null"));
+    load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A matrix of the wrong shape under folded norms is named with its shape, as unfolded, not by
+/// the compiler's name for the folded matrix nor as a matrix that cannot fold its norm.
+#[test]
+fn a_misshaped_matrix_reads_the_same_folded_or_not() {
+    use vkfuse_compiler::trace::{trace, TraceOptions};
+    let mut weights = dense_weights(&config(QWEN3), Dtype::BF16);
+    let gate = "model.layers.1.mlp.gate_proj.weight";
+    let w = weights.iter_mut().find(|w| w.0 == gate).expect("gate_proj");
+    w.2.reverse();
+    let dir = TempDir::new("misshaped-folded");
+    dir.write("config.json", QWEN3);
+    dir.write("model.safetensors", safetensors_file(&weights));
+    let m = load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let messages: Vec<String> = [false, true]
+        .into_iter()
+        .map(|fold_norms| {
+            let opts = TraceOptions {
+                fold_norms,
+                ..Default::default()
+            };
+            match trace(&m, &opts) {
+                Ok(_) => panic!("a misshaped {gate} traced"),
+                Err(e) => e.to_string(),
+            }
+        })
+        .collect();
+    assert!(
+        messages[0].contains(&format!("\"{gate}\" has shape [32, 40], expected [40, 32]")),
+        "{}",
+        messages[0]
+    );
+    assert_eq!(messages[0], messages[1]);
+}

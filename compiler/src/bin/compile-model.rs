@@ -298,6 +298,9 @@ fn run(args: Args) -> Result<()> {
         };
         format!("not folded ({why})")
     });
+    if let Some(warning) = trace::unread_warning(&model, &program) {
+        eprintln!("warning: {warning}");
+    }
     if let Some(warning) = trace::past_trained_context(&model, &opts) {
         eprintln!("{warning}");
     }

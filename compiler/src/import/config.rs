@@ -222,14 +222,32 @@ fn architecture(f: &Fields<'_>) -> R<(Family, String)> {
             format!("expected {what}, found {}", show(list)),
         ));
     };
-    match Family::from_architecture(arch) {
-        Some(family) => Ok((family, arch.to_string())),
-        None => Err(ImportError::UnsupportedArchitecture {
+    let Some(family) = Family::from_architecture(arch) else {
+        return Err(ImportError::UnsupportedArchitecture {
             file: f.file().to_path_buf(),
             found: arch.to_string(),
             supported: Family::ARCHITECTURES,
-        }),
+        });
+    };
+    // transformers' Auto classes build the model that model_type names, and vkfuse the class
+    // architectures[0] names: where both are supported families and disagree, the decode
+    // would not be transformers', so neither is guessed. Another model_type (a family vkfuse
+    // does not know) is left to the trace, whose unread-tensor warning names what differs.
+    let model_type = f.str_opt("model_type")?;
+    let other = [Family::Llama, Family::Qwen3, Family::Qwen3Next]
+        .into_iter()
+        .find(|o| Some(o.name()) == model_type && *o != family);
+    if let Some(other) = other {
+        return Err(f.bad(
+            "model_type",
+            format!(
+                "\"{other}\" names {} but architectures[0] is {arch}: transformers builds the \
+                 model model_type names, vkfuse the class architectures names; make them agree",
+                other.architecture()
+            ),
+        ));
     }
+    Ok((family, arch.to_string()))
 }
 
 /// `dtype`, else `torch_dtype`: `"float32"`, `"float16"`, `"bfloat16"` (`torch.` prefix and the
@@ -344,6 +362,26 @@ fn check_qwen3_layers(f: &Fields<'_>, num_layers: usize) -> R<()> {
 
 fn parse(f: Fields<'_>) -> R<ModelConfig> {
     let (family, architecture) = architecture(&f)?;
+
+    // A pre-quantised checkpoint (GPTQ, AWQ, FP8, bitsandbytes...): transformers dequantises
+    // or quantises it on load by the method named here, which vkfuse does not implement.
+    // Refused by name, not later as a missing `*.weight` tensor (their matrices are stored as
+    // `qweight`, scales and zeros) or a decode that differs from transformers'.
+    if let Some(q) = f.get("quantization_config") {
+        let method = q
+            .get("quant_method")
+            .and_then(|m| m.as_str())
+            .map(|m| format!(" (quant_method \"{m}\")"))
+            .unwrap_or_default();
+        return Err(unsupported(
+            &f,
+            "quantization_config",
+            format!(
+                "a pre-quantised checkpoint{method} is not supported: vkfuse reads f32, f16 and \
+                 bf16 weights and quantises them itself (compile-model --weights q8_0 or q4_0)"
+            ),
+        ));
+    }
 
     if let Some(act) = f.str_opt("hidden_act")? {
         if act != "silu" && act != "swish" {

@@ -432,11 +432,20 @@ impl TensorStore {
 
     /// The tensor, checked to be present, readable and of `shape`.
     pub fn expect(&self, name: &str, shape: &[usize]) -> R<&TensorInfo> {
+        // A folded matrix's own shape first: a matrix of the wrong shape is that, not a matrix
+        // that cannot fold its norm weight.
+        if let Some((matrix, _)) = layout::folded_of(name) {
+            if !self.index.contains_key(name) {
+                self.expect(matrix, shape)?;
+            }
+        }
         let (_, info) = self.entry(name)?;
         if info.shape != shape {
+            // A derived name (a norm's ones) has its source's shape: the error names that
+            // tensor, not the compiler's name for what it makes of it.
             return Err(ImportError::WrongShape {
                 file: info.file.clone(),
-                tensor: name.to_string(),
+                tensor: layout::sources(name)[0].to_string(),
                 found: info.shape.clone(),
                 expected: shape.to_vec(),
             });

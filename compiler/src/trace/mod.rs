@@ -7,9 +7,11 @@ mod builder;
 mod dense;
 pub mod fold;
 mod hybrid;
+mod unread;
 
 pub use builder::Tracer;
 pub use fold::FoldNorms;
+pub use unread::{unread_tensors, unread_warning};
 
 use crate::import::{Family, ImportError, Model};
 use crate::ir::{DType, Program, VerifyError};
