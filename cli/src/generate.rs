@@ -145,8 +145,14 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     };
     let meta = &schedule.meta;
     if let Some(bad) = prompt.iter().find(|&&t| t >= meta.vocab_size) {
+        // From --prompt the id is the tokenizer's: a tokenizer.json of another model.
+        let from = if args.prompt.is_some() {
+            " (the tokenizer gave it for the prompt: is its tokenizer.json the model's?)"
+        } else {
+            ""
+        };
         bail!(
-            "token id {bad} is outside the vocabulary of {}",
+            "token id {bad} is outside the vocabulary of {}{from}",
             meta.vocab_size
         );
     }

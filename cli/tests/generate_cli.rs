@@ -293,6 +293,40 @@ fn a_prompt_the_tokenizer_gives_no_ids_for_is_named() {
     );
 }
 
+/// A tokenizer.json of another model gives ids past the schedule's vocabulary: the error says
+/// the tokenizer gave them, not only that an id is out of range.
+#[test]
+fn a_prompt_id_past_the_vocabulary_names_the_tokenizer() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("big-vocab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture_dir("qwen3-tied")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        r#"{"version":"1.0","model":{"type":"WordLevel","vocab":{"hi":99999},"unk_token":"hi"}}"#,
+    )
+    .unwrap();
+    let out = vkfuse(&[
+        "generate",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "-n",
+        "1",
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("token id 99999 is outside the vocabulary of 372")
+            && stderr.contains("the tokenizer gave it for the prompt"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn generate_stops_after_an_eos_id_unless_told_to_ignore_it() {
     // The fixture's random weights never produce its real EOS: declare one they do produce.
