@@ -114,8 +114,20 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         bail!("--tokens-per-submit chains steps on the device: it needs --backend replay");
     }
     let (schedule, weights, origin) = open(args)?;
+    // A tokenizer that does not load (compile-model checks only that tokenizer.json is JSON)
+    // is needed for a prompt's text; for ids it only turns the generated ids into text, which
+    // are then printed as numbers instead.
     let text = match &schedule.meta.tokenizer {
-        Some(json) => Some(Text::from_json(json, &origin)?),
+        Some(json) => match Text::from_json(json, &origin) {
+            Ok(text) => Some(text),
+            Err(e) if args.prompt.is_some() => {
+                bail!("{e}: give the prompt as token ids with --ids")
+            }
+            Err(e) => {
+                eprintln!("warning: {e}: the generated ids are printed as numbers");
+                None
+            }
+        },
         None => None,
     };
     let prompt = match (&args.prompt, &args.ids, &text) {

@@ -327,6 +327,54 @@ fn a_prompt_id_past_the_vocabulary_names_the_tokenizer() {
     );
 }
 
+/// A tokenizer.json that is JSON but not a tokenizer: a prompt is refused, naming it and
+/// pointing to --ids; ids decode, and the generated ids are printed as numbers with a warning.
+#[test]
+fn a_tokenizer_that_does_not_load_refuses_a_prompt_but_not_ids() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("bad-tokenizer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture_dir("qwen3-tied")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        r#"{"version":"1.0","model":{"type":"Nope"}}"#,
+    )
+    .unwrap();
+    let model = dir.to_str().unwrap();
+    let out = vkfuse(&["generate", model, "--prompt", "hi", "-n", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the tokenizer does not load") && stderr.contains("--ids"),
+        "{stderr}"
+    );
+    let want = expected("qwen3-tied");
+    let prompt = ids_arg(&want.prompt_ids);
+    let out = vkfuse(&[
+        "generate",
+        model,
+        "--ids",
+        &prompt,
+        "-n",
+        "2",
+        "--ignore-eos",
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the generated ids are printed as numbers"),
+        "{stderr}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}\n", ids_arg(&want.greedy_ids[..2]))
+    );
+}
+
 #[test]
 fn generate_stops_after_an_eos_id_unless_told_to_ignore_it() {
     // The fixture's random weights never produce its real EOS: declare one they do produce.
