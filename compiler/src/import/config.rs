@@ -43,6 +43,9 @@ pub enum Family {
 }
 
 impl Family {
+    /// Every family.
+    pub const ALL: [Family; 3] = [Family::Llama, Family::Qwen3, Family::Qwen3Next];
+
     /// The supported `architectures[0]` values.
     pub const ARCHITECTURES: &'static [&'static str] = &[
         "LlamaForCausalLM",
@@ -234,7 +237,7 @@ fn architecture(f: &Fields<'_>) -> R<(Family, String)> {
     // would not be transformers', so neither is guessed. Another model_type (a family vkfuse
     // does not know) is left to the trace, whose unread-tensor warning names what differs.
     let model_type = f.str_opt("model_type")?;
-    let other = [Family::Llama, Family::Qwen3, Family::Qwen3Next]
+    let other = Family::ALL
         .into_iter()
         .find(|o| Some(o.name()) == model_type && *o != family);
     if let Some(other) = other {
