@@ -102,6 +102,19 @@ impl Engine for ReplayEngine {
 }
 
 /// Opens a Vulkan device (`--device`, else `VKFUSE_DEVICE`, else the best one).
+/// The note for `--persistent` (not off) where no region runs: the schedule offers none
+/// (`regions` 0), or the device does not report its compute units (`--persistent units`).
+pub fn no_region_note(regions: usize, device: &str) {
+    let why = if regions == 0 {
+        "the schedule offers none (compile-model offers them over runs of matvec levels; a \
+         chained MLP leaves none: compile with --no-chain)"
+            .to_string()
+    } else {
+        format!("this device does not report its compute units ({device})")
+    };
+    eprintln!("note: --persistent: no persistent region runs: {why}");
+}
+
 pub fn open_device(choice: Option<&DeviceChoice>) -> Result<Device> {
     let instance = Instance::new(&InstanceOptions::default())?;
     let adapter = instance.choose_adapter(choice)?;
@@ -146,17 +159,7 @@ fn vulkan_engine(
         .context("loading the schedule on the device")?;
     // Asked for regions that do not run: say why rather than run as `off` in silence.
     if persistence != Persistence::Off && loaded.schedule.levels.len() == levels {
-        let why = if regions == 0 {
-            "the schedule offers none (compile-model offers them over runs of matvec levels; \
-             a chained MLP leaves none: compile with --no-chain)"
-                .to_string()
-        } else {
-            format!(
-                "this device does not report its compute units ({})",
-                device.info().name
-            )
-        };
-        eprintln!("note: --persistent: no persistent region runs: {why}");
+        no_region_note(regions, &device.info().name);
     }
     if let Some(w) = loaded.pipeline_cache.warning() {
         eprintln!("{w}");

@@ -7,7 +7,8 @@ use vkfuse_runtime::{Instance, InstanceOptions};
 pub fn list() -> Result<()> {
     let instance = Instance::new(&InstanceOptions::default())?;
     let adapters = instance.adapters()?;
-    let chosen = instance.select_adapter(None).map(|a| a.index()).ok();
+    let selected = instance.select_adapter(None).map(|a| a.index());
+    let chosen = selected.as_ref().ok().copied();
     for a in &adapters {
         let mark = if Some(a.index()) == chosen {
             " (default)"
@@ -20,6 +21,11 @@ pub fn list() -> Result<()> {
             a.index(),
             a.info()
         )?;
+    }
+    // A VKFUSE_DEVICE that names none of them: every command that opens a device refuses it,
+    // so the list says so instead of marking no default in silence.
+    if let Err(e) = selected {
+        eprintln!("note: no device is the default: {e}");
     }
     Ok(())
 }

@@ -16,7 +16,7 @@ use vkfuse_compiler::quant::EncodedWeights;
 use vkfuse_compiler::trace;
 use vkfuse_runtime::schedule::Schedule;
 use vkfuse_runtime::session::TensorBytes;
-use vkfuse_runtime::session::{pipeline_cache, CacheFile, LoadOptions};
+use vkfuse_runtime::session::{pipeline_cache, CacheFile, LoadOptions, Persistence};
 use vkfuse_runtime::{Backend, Session, SessionOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -187,8 +187,16 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         persistence: args.run.persistent,
         handoffs: args.run.handoffs,
     };
+    let regions = schedule.persistent.len();
     let mut session = Session::load_with(schedule, weights.as_ref(), &opts, load)
         .with_context(|| format!("loading {} on the device", args.model.display()))?;
+    // As `run` and `bench` say it (decode.rs): regions asked for that do not run.
+    let persistence = args.run.persistent;
+    if persistence != Persistence::Off
+        && (regions == 0 || persistence.groups(session.device().info()) == 0)
+    {
+        crate::decode::no_region_note(regions, &session.device().info().name);
+    }
     if let Some(w) = session.pipeline_cache().warning() {
         eprintln!("{w}");
     }

@@ -379,11 +379,32 @@ fn vulkan_problems_are_clear_errors_not_panics() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
+/// `vkfuse devices` lists every device, one marked the default; a VKFUSE_DEVICE naming none of
+/// them marks none and says why (the commands that open a device refuse it).
 #[test]
 fn devices_lists_lavapipe_or_a_gpu() {
     let out = vkfuse_ok(&["devices"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("device 0"), "{stdout}");
+    assert!(stdout.contains("(default)"), "{stdout}");
+    let out = Command::new(env!("CARGO_BIN_EXE_vkfuse"))
+        .arg("devices")
+        .env("VKFUSE_DEVICE", "no-such-device-name")
+        .output()
+        .expect("vkfuse runs");
+    assert!(out.status.success());
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        stdout.contains("device 0") && !stdout.contains("(default)"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("no device is the default") && stderr.contains("no-such-device-name"),
+        "{stderr}"
+    );
 }
 
 /// The rows `vkfuse bench` adds where the device runs handoffs (the fused replay without them,
@@ -858,4 +879,56 @@ fn a_reference_state_the_host_cannot_allocate_is_a_clear_error() {
         "{stderr}"
     );
     assert!(stderr.contains("lower --max-context"), "{stderr}");
+}
+
+/// `--persistent units` where no region runs says why, in `run` and in `generate` alike: a
+/// chained schedule offers none; an unchained one offers some, but lavapipe does not report its
+/// compute units (`--persistent 1` runs them there).
+#[test]
+fn persistent_regions_that_do_not_run_are_named() {
+    let dir = std::env::temp_dir();
+    let id = std::process::id();
+    let (chained, unchained) = (
+        dir.join(format!("vkfuse-regions-chained-{id}.vkf")),
+        dir.join(format!("vkfuse-regions-unchained-{id}.vkf")),
+    );
+    let (model, schedule, _) = vkfuse_tests::fused_schedule("qwen3-tied");
+    schedule.write_file(&chained, &model.tensors).unwrap();
+    let opts = vkfuse_compiler::fuse::FuseOptions {
+        chain: false,
+        ..Default::default()
+    };
+    let (_, schedule, _) = vkfuse_tests::fused_schedule_with("qwen3-tied", &opts);
+    assert!(!schedule.persistent.is_empty());
+    schedule.write_file(&unchained, &model.tensors).unwrap();
+    for (file, persistent, note) in [
+        (&chained, "units", Some("the schedule offers none")),
+        (
+            &unchained,
+            "units",
+            Some("does not report its compute units"),
+        ),
+        (&unchained, "1", None),
+    ] {
+        for command in ["run", "generate"] {
+            let out = vkfuse_ok(&[
+                command,
+                file.to_str().unwrap(),
+                "--ids",
+                "1,2",
+                "--max-new-tokens",
+                "1",
+                "--persistent",
+                persistent,
+            ]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let said = stderr.contains("note: --persistent: no persistent region runs");
+            match note {
+                Some(why) => assert!(said && stderr.contains(why), "{command}: {stderr}"),
+                None => assert!(!said, "{command}: {stderr}"),
+            }
+        }
+    }
+    std::fs::remove_file(&chained).ok();
+    std::fs::remove_file(&unchained).ok();
 }

@@ -54,7 +54,7 @@ pub(crate) fn tensor(rng: &mut Rng, n: usize, center: f32, spread: f32) -> Vec<u
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let (Some(shape_name), Some(out)) = (args.get(1), args.get(2)) else {
-        return Err("usage: random_model qwen3-0.6b OUT_DIR".into());
+        return Err("usage: random_model SHAPE OUT_DIR (SHAPE: qwen3-0.6b, qwen3-next-small or qwen3-next-tiny)".into());
     };
     let s = match shape_name.as_str() {
         "qwen3-0.6b" => QWEN3_0_6B,

@@ -85,8 +85,29 @@ fn emit_trace_prints_parseable_ir_with_a_summary() {
 #[test]
 fn bad_arguments_are_clear_errors() {
     let tied = fixture("qwen3-tied");
-    let cases: [(&[&str], &str); 4] = [
+    let bands: Vec<String> = (16..33).map(|b| format!("{b}:2x128")).collect();
+    let bands = bands.join(",");
+    let bands_out = format!("{}/bands-17.vkf", env!("CARGO_TARGET_TMPDIR"));
+    let cases: [(&[&str], &str); 6] = [
         (&["/nonexistent"], "nothing to do"),
+        (
+            &[&tied, "--explain"],
+            "--explain prints its reasons as it writes one",
+        ),
+        // Said once, not once more as the error's source.
+        (
+            &[
+                &tied,
+                "--attention-splits",
+                "4",
+                "--attention-bands",
+                &bands,
+                "-o",
+                &bands_out,
+            ],
+            "cannot write the schedule: invalid schedule: 17 bounds of alternative grids, more \
+             than the 16 bands replay records\n",
+        ),
         // Refused before compiling, naming the folder.
         (
             &[&tied, "-o", "/nonexistent/dir/x.vkf"],

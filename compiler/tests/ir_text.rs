@@ -119,7 +119,10 @@ fn parser_rejects_bad_text_with_the_line() {
 fn parser_reports_type_errors_through_the_verifier() {
     let text = "vkfuse-ir 1\n%0: f32[4,3] = weight \"w\"\n%1: f32[4] = weight \"x\"\n%2: f32[4] = matvec %0, %1\n";
     match parse_err(text) {
-        ParseError::Verify { line, source } => {
+        ParseError::Verify {
+            line,
+            error: source,
+        } => {
             assert_eq!(line, 4);
             assert!(
                 matches!(source.kind, VerifyErrorKind::OperandType { index: 1, .. }),
@@ -131,7 +134,7 @@ fn parser_reports_type_errors_through_the_verifier() {
     }
     let declared_wrong = "vkfuse-ir 1\n%0: f32[4] = weight \"w\"\n%1: f32[5] = silu %0\n";
     match parse_err(declared_wrong) {
-        ParseError::Verify { source, .. } => {
+        ParseError::Verify { error: source, .. } => {
             assert!(
                 matches!(source.kind, VerifyErrorKind::DeclaredType { .. }),
                 "{source}"

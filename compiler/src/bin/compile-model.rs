@@ -86,8 +86,8 @@ struct Args {
     /// values up to f32 rounding; replay records the step once per band and runs each chain of
     /// steps on the band of its last step. A band needs a split block with at least its splits
     /// (else an error). Default by the matvec weights' format, as measured on an H100, on the
-    /// block's own workgroup size (here 512): `256:4x512,384:6x512,512:8x512,2048:16x512` for
-    /// f16 and bf16, the same with `768:12x512` before the last for q8_0 and q4_0 (those the
+    /// block's own workgroup size (512 on Qwen3-0.6B's heads of 128):
+    /// `256:4x512,384:6x512,512:8x512,2048:16x512` for f16 and bf16, the same with `768:12x512` before the last for q8_0 and q4_0 (those the
     /// block can take: fewer splits than its own), none otherwise.
     #[arg(long, value_name = "BANDS", value_parser = parse_bands)]
     attention_bands: Option<Bands>,
@@ -244,8 +244,14 @@ fn refuse_model_file(out: &Path, model: &Path) -> Result<()> {
 
 fn run(args: Args) -> Result<()> {
     if !args.emit_trace && args.output.is_none() {
+        let explain = if args.explain {
+            " (--explain prints its reasons as it writes one)"
+        } else {
+            ""
+        };
         bail!(
-            "nothing to do: pass -o FILE to write a schedule, or --emit-trace to print the trace"
+            "nothing to do: pass -o FILE to write a schedule{explain}, or --emit-trace to print \
+             the trace"
         );
     }
     // Before the compile, not after it: the folder the schedule goes to must exist and take a

@@ -25,8 +25,9 @@ pub const HEADER: &str = "vkfuse-ir 1";
 pub enum ParseError {
     #[error("line {line}: {message}")]
     Syntax { line: usize, message: String },
-    #[error("line {line}: {source}")]
-    Verify { line: usize, source: VerifyError },
+    /// In the message, not also a `source()`: a printed chain would repeat it.
+    #[error("line {line}: {error}")]
+    Verify { line: usize, error: VerifyError },
 }
 
 /// An attribute value as written in the text form.
@@ -341,7 +342,7 @@ pub fn parse(text: &str) -> Result<Program, ParseError> {
             p.push(kind, args, declared).map_err(|mut e| {
                 e.op = op;
                 e.text = l.to_string();
-                ParseError::Verify { line, source: e }
+                ParseError::Verify { line, error: e }
             })?;
         }
     }

@@ -79,12 +79,19 @@ impl TraceOptions {
 pub enum TraceError {
     #[error(transparent)]
     Import(#[from] ImportError),
+    /// In the message, not also a `source()`: a printed chain would repeat it.
     #[error("internal error while tracing (please report): {0}")]
-    Verify(#[from] VerifyError),
+    Verify(VerifyError),
     #[error("--max-context {requested} must be between 1 and {limit}")]
     MaxContext { requested: usize, limit: usize },
     #[error("--kv-cache f16 needs an even head_dim (f16 caches are written two elements per word); this model's is {head_dim}: use --kv-cache f32")]
     KvCacheOddHead { head_dim: usize },
+}
+
+impl From<VerifyError> for TraceError {
+    fn from(e: VerifyError) -> Self {
+        TraceError::Verify(e)
+    }
 }
 
 /// Refuses a `--max-context` outside 1..=[`TraceOptions::MAX_CONTEXT_LIMIT`].

@@ -190,11 +190,11 @@ pub enum ScheduleFileError {
     },
     /// Writing to a stream failed ([`Schedule::write_file`] reports [`Self::Io`] instead).
     #[error("cannot write the schedule file: {0}")]
-    Write(#[source] io::Error),
+    Write(io::Error),
     /// The schedule cannot be written: it does not validate, or a table does not fit the
-    /// format.
+    /// format (in the message, not also a `source()`, as [`Self::Invalid`]'s).
     #[error("cannot write the schedule: {0}")]
-    Unwritable(#[source] ScheduleError),
+    Unwritable(ScheduleError),
     /// A weight's bytes are missing or of the wrong size (writer).
     #[error("weight `{tensor}`: {message}")]
     Weight {
