@@ -51,14 +51,8 @@ impl Model {
         let held = self
             .tensors
             .names()
-            .filter_map(|n| {
-                n.strip_prefix("model.layers.")?
-                    .split('.')
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-            .map(|l: usize| l + 1)
+            .filter_map(layer_of)
+            .map(|l| l + 1)
             .max()?;
         (held > self.config.num_layers).then_some(held)
     }
@@ -93,6 +87,15 @@ impl Model {
         }
         out
     }
+}
+
+/// The decoder layer a checkpoint tensor belongs to: N of `model.layers.N.*`.
+pub fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("model.layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Loads the model directory `dir`: `config.json` and its safetensors, memory-mapped, and

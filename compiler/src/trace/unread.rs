@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use crate::import::{layout, Model};
+use crate::import::{layer_of, layout, Model};
 use crate::ir::{OpKind, Program};
 
 /// How many of the unread names a warning lists before it counts the rest.
@@ -42,15 +42,6 @@ pub fn unread_tensors(model: &Model, program: &Program) -> Vec<String> {
         .filter(|n| !n.starts_with("mtp.") && !n.ends_with("rotary_emb.inv_freq"))
         .map(str::to_string)
         .collect()
-}
-
-/// `model.layers.N.*`'s N.
-fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("model.layers.")?
-        .split('.')
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// The warning for [`unread_tensors`], `None` where the step reads every tensor.
