@@ -101,7 +101,6 @@ impl Engine for ReplayEngine {
     }
 }
 
-/// Opens a Vulkan device (`--device`, else `VKFUSE_DEVICE`, else the best one).
 /// The note for `--persistent` (not off) where no region runs: the schedule offers none
 /// (`regions` 0), or the device does not report its compute units (`--persistent units`).
 pub fn no_region_note(regions: usize, device: &str) {
@@ -115,6 +114,7 @@ pub fn no_region_note(regions: usize, device: &str) {
     eprintln!("note: --persistent: no persistent region runs: {why}");
 }
 
+/// Opens a Vulkan device (`--device`, else `VKFUSE_DEVICE`, else the best one).
 pub fn open_device(choice: Option<&DeviceChoice>) -> Result<Device> {
     let instance = Instance::new(&InstanceOptions::default())?;
     let adapter = instance.choose_adapter(choice)?;

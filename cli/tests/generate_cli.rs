@@ -252,22 +252,28 @@ fn bad_input_to_generate_is_a_clear_error_not_a_panic() {
     }
 }
 
-/// A prompt the tokenizer covers none of is not called empty: the error names it and points
-/// to --ids.
-#[test]
-fn a_prompt_the_tokenizer_gives_no_ids_for_is_named() {
+/// A copy of the qwen3-tied fixture (a folder `tag-PID` under the target's temp folder) whose
+/// tokenizer.json is `json`.
+fn with_tokenizer(tag: &str, json: &str) -> PathBuf {
     let dir =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("no-vocab-{}", std::process::id()));
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for entry in std::fs::read_dir(fixture_dir("qwen3-tied")).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
     }
-    std::fs::write(
-        dir.join("tokenizer.json"),
+    std::fs::write(dir.join("tokenizer.json"), json).unwrap();
+    dir
+}
+
+/// A prompt the tokenizer covers none of is not called empty: the error names it and points
+/// to --ids.
+#[test]
+fn a_prompt_the_tokenizer_gives_no_ids_for_is_named() {
+    let dir = with_tokenizer(
+        "no-vocab",
         r#"{"version":"1.0","model":{"type":"BPE","vocab":{},"merges":[]}}"#,
-    )
-    .unwrap();
+    );
     let out = vkfuse(&[
         "generate",
         dir.to_str().unwrap(),
@@ -297,18 +303,10 @@ fn a_prompt_the_tokenizer_gives_no_ids_for_is_named() {
 /// the tokenizer gave them, not only that an id is out of range.
 #[test]
 fn a_prompt_id_past_the_vocabulary_names_the_tokenizer() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("big-vocab-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for entry in std::fs::read_dir(fixture_dir("qwen3-tied")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
-    }
-    std::fs::write(
-        dir.join("tokenizer.json"),
+    let dir = with_tokenizer(
+        "big-vocab",
         r#"{"version":"1.0","model":{"type":"WordLevel","vocab":{"hi":99999},"unk_token":"hi"}}"#,
-    )
-    .unwrap();
+    );
     let out = vkfuse(&[
         "generate",
         dir.to_str().unwrap(),
@@ -331,18 +329,10 @@ fn a_prompt_id_past_the_vocabulary_names_the_tokenizer() {
 /// pointing to --ids; ids decode, and the generated ids are printed as numbers with a warning.
 #[test]
 fn a_tokenizer_that_does_not_load_refuses_a_prompt_but_not_ids() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("bad-tokenizer-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for entry in std::fs::read_dir(fixture_dir("qwen3-tied")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
-    }
-    std::fs::write(
-        dir.join("tokenizer.json"),
+    let dir = with_tokenizer(
+        "bad-tokenizer",
         r#"{"version":"1.0","model":{"type":"Nope"}}"#,
-    )
-    .unwrap();
+    );
     let model = dir.to_str().unwrap();
     let out = vkfuse(&["generate", model, "--prompt", "hi", "-n", "1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -341,16 +341,10 @@ impl Lowering<'_> {
         let mut at = s.offset;
         for v in parts {
             // A weight, or stacked expert weights (one tensor per expert, in expert order).
-            let tensors: Vec<String> = match &self.p.def(*v).kind {
-                OpKind::Weight { name } => vec![name.clone()],
-                OpKind::WeightStack { pattern, count } => (0..*count)
-                    .map(|e| pattern.replace("{}", &e.to_string()))
-                    .collect(),
-                _ => {
-                    return Err(FuseError::Internal(format!(
-                        "packed value {v} is no weight"
-                    )))
-                }
+            let Some(tensors) = self.p.def(*v).kind.tensors() else {
+                return Err(FuseError::Internal(format!(
+                    "packed value {v} is no weight"
+                )));
             };
             let bytes = self.p.ty(*v).bytes() as u64 / tensors.len() as u64;
             for tensor in tensors {

@@ -124,6 +124,20 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// The model tensors a `weight` or `weight_stack` reads, in stacking order (one per
+    /// expert); `None` for every other op.
+    pub fn tensors(&self) -> Option<Vec<String>> {
+        match self {
+            OpKind::Weight { name } => Some(vec![name.clone()]),
+            OpKind::WeightStack { pattern, count } => Some(
+                (0..*count)
+                    .map(|e| pattern.replace("{}", &e.to_string()))
+                    .collect(),
+            ),
+            _ => None,
+        }
+    }
+
     /// The op's name in the text form.
     pub fn name(&self) -> &'static str {
         use OpKind::*;

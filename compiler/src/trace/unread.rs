@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 
 use crate::import::{layer_of, layout, Model};
-use crate::ir::{OpKind, Program};
+use crate::ir::Program;
 
 /// How many of the unread names a warning lists before it counts the rest.
 const LISTED: usize = 6;
@@ -18,19 +18,13 @@ const LISTED: usize = 6;
 /// prediction heads, `mtp.*`; stored rotary tables, `*.rotary_emb.inv_freq`).
 pub fn unread_tensors(model: &Model, program: &Program) -> Vec<String> {
     let mut read: HashSet<String> = HashSet::new();
-    for op in &program.ops {
-        match &op.kind {
-            OpKind::Weight { name } => {
-                read.extend(layout::sources(name).into_iter().map(str::to_string));
-            }
-            OpKind::WeightStack { pattern, count } => {
-                for e in 0..*count {
-                    let name = pattern.replace("{}", &e.to_string());
-                    read.extend(layout::sources(&name).into_iter().map(str::to_string));
-                }
-            }
-            _ => {}
-        }
+    for name in program
+        .ops
+        .iter()
+        .filter_map(|op| op.kind.tensors())
+        .flatten()
+    {
+        read.extend(layout::sources(&name).into_iter().map(str::to_string));
     }
     let layers = model.config.num_layers;
     model
