@@ -7,13 +7,14 @@
 //! a level that streams weights itself; the levels stay as they were, and the schedule still
 //! matches transformers within 5e-3 relative L2 with the same greedy tokens, validation clean.
 
+use vkfuse_compiler::fuse::kv_prefetch::{KvPrefetch, Lead};
 use vkfuse_compiler::fuse::prefetch::Prefetch;
 use vkfuse_compiler::fuse::FuseOptions;
 use vkfuse_runtime::schedule::{Schedule, Slice};
-use vkfuse_runtime::session::{Loaded, Replay};
+use vkfuse_runtime::session::{Handoffs, Loaded, Replay};
 use vkfuse_tests::{
-    assert_rows_close, expected, fused_schedule, fused_schedule_with, replay_greedy_ids,
-    replay_rows, validated_device,
+    assert_rows_close, expected, fused_schedule, fused_schedule_with, loaded_with_handoffs,
+    replay_greedy_ids, replay_rows, validated_device,
 };
 
 /// Dispatches that stream weights from binding 1: matvecs, and chained matvecs (binding 1 is
@@ -68,6 +69,8 @@ fn check(name: &str, budget: u64, chain_inner: bool) {
             min: 0,
             chain_inner,
         }),
+        // The weight prefetch alone (check_kv below has the K/V one).
+        kv_prefetch: Some(KvPrefetch::NONE),
         ..FuseOptions::default()
     };
     let (model, schedule, _) = fused_schedule_with(name, &opts);
@@ -132,4 +135,115 @@ fn prefetch_qwen3_tied_without_the_chains_gate_up() {
 fn prefetch_llama_gqa_cut_to_the_budget() {
     // 20000 bytes: o_proj's weights (18432) and part of gate/up's.
     check("llama-gqa", 20000, true);
+}
+
+/// The K/V prefetch (fuse::kv_prefetch) forced on a fixture (its default leaves tiny models
+/// without): one dispatch per attention block, `ahead` levels before the block's, first or
+/// last there, binding the block's position, K and V caches; the handoff plan hands the same
+/// levels as without it (the dispatch declares itself unordered), and replay, with handoffs
+/// on, still matches transformers with the same greedy tokens, validation clean.
+fn check_kv(name: &str, choice: KvPrefetch, ahead: usize, first: bool) {
+    let (device, log) = validated_device();
+    let want = expected(name);
+    let opts = FuseOptions {
+        kv_prefetch: Some(choice),
+        ..FuseOptions::default()
+    };
+    let (model, schedule, _) = fused_schedule_with(name, &opts);
+    let (_, plain, _) = fused_schedule(name);
+    assert_eq!(schedule.levels.len(), plain.levels.len(), "{name}: levels");
+    let is_kv = |label: &str| label.contains("K and V caches");
+
+    let mut blocks = 0;
+    for (b, l) in schedule.levels.iter().enumerate() {
+        let ds = &schedule.dispatches[l.start as usize..l.end as usize];
+        let Some(block) = ds.iter().find(|d| d.label.starts_with("attention")) else {
+            continue;
+        };
+        blocks += 1;
+        let Some(at) = b.checked_sub(ahead) else {
+            continue;
+        };
+        let l = &schedule.levels[at];
+        let ds = &schedule.dispatches[l.start as usize..l.end as usize];
+        let i = ds
+            .iter()
+            .position(|d| is_kv(&d.label))
+            .unwrap_or_else(|| panic!("{name}: level {at}: no K/V prefetch for block {b}"));
+        // Last: after the level's own dispatches (the zero kernels merged after it may follow).
+        assert_eq!(
+            i == 0,
+            first,
+            "{name}: level {at}: the K/V prefetch is dispatch {i}"
+        );
+        let kv = &ds[i];
+        assert_eq!(
+            kv.bindings[1..],
+            [block.bindings[6], block.bindings[4], block.bindings[5]],
+            "{name}: level {at}: the K/V prefetch binds other slices than block {b}'s"
+        );
+    }
+    let kvs = schedule
+        .dispatches
+        .iter()
+        .filter(|d| is_kv(&d.label))
+        .count();
+    assert!(
+        blocks > 0 && kvs > 0 && kvs <= blocks,
+        "{name}: {kvs} K/V prefetches for {blocks} blocks"
+    );
+
+    let handed = |s: &Schedule| {
+        let access = vkfuse_runtime::session::handoff::accesses(s);
+        vkfuse_runtime::session::handoff::plan(s, &access).handed
+    };
+    assert_eq!(
+        handed(&schedule),
+        handed(&plain),
+        "{name}: levels handed over"
+    );
+    assert!(
+        handed(&schedule).iter().any(|&h| h),
+        "{name}: no level handed over"
+    );
+
+    let loaded = loaded_with_handoffs(&device, schedule, &model.tensors, Handoffs::On);
+    let mut replay = Replay::new(loaded).unwrap();
+    let rows = replay_rows(&mut replay, &want.teacher_ids);
+    assert_rows_close(
+        &format!("{name} with the K/V prefetch"),
+        &rows,
+        &want.teacher_logits,
+        5e-3,
+    );
+    let ids = replay_greedy_ids(&mut replay, &want);
+    assert_eq!(
+        ids, want.greedy_ids,
+        "{name}: greedy tokens with the K/V prefetch"
+    );
+    assert!(
+        log.is_clean(),
+        "{name}: validation errors:\n{}",
+        log.report()
+    );
+}
+
+#[test]
+fn kv_prefetch_qwen3_tied_beside_q_k_v() {
+    // 3 slots: the positions past them read no more (KV_LIMIT).
+    let choice = KvPrefetch {
+        slots: 3,
+        lead: Lead::Input,
+    };
+    check_kv("qwen3-tied", choice, 1, false);
+}
+
+#[test]
+fn kv_prefetch_llama_gqa_before_q_k_v() {
+    // More slots than the cache holds: cut to its capacity.
+    let choice = KvPrefetch {
+        slots: 1 << 20,
+        lead: Lead::BeforeInput,
+    };
+    check_kv("llama-gqa", choice, 2, true);
 }

@@ -8,7 +8,8 @@
 //! ones' GLSL); [`schedule`] instantiates every unit by op offset into one `Schedule`;
 //! [`report`] says what was fused and why; [`bands`] gives the attention block other grids for
 //! short positions. After the levels are known, [`prefetch`] reads the
-//! next matvecs' weights into L2 beside weight-free levels, [`zeros`] merges each level's zero
+//! next matvecs' weights into L2 beside weight-free levels, [`kv_prefetch`] each attention
+//! block's K/V caches a level or two before it, [`zeros`] merges each level's zero
 //! kernels into few dispatches and [`persistent`] offers regions.
 
 pub mod ablate;
@@ -18,6 +19,7 @@ pub mod cost;
 pub mod discover;
 pub mod dots;
 pub mod extract;
+pub mod kv_prefetch;
 pub mod lang;
 pub mod persistent;
 pub mod prefetch;

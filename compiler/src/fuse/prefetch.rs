@@ -124,8 +124,8 @@ const LEVELS_AHEAD: usize = 3;
 const MAX_SLICES: usize = 8;
 /// Prefetch workgroup size, and sectors each invocation reads (on an H100, 8 beat 2, 4 and 32:
 /// fewer workgroups take longer than the attention block beside them, more crowd it).
-const WG: u32 = 256;
-const SECTORS_PER_INVOCATION: u64 = 8;
+pub(super) const WG: u32 = 256;
+pub(super) const SECTORS_PER_INVOCATION: u64 = 8;
 
 /// The weight slices to prefetch beside each weight-free level: (level, slices). `streams`:
 /// the kernels that stream weights, and how. The slices follow the levels' order, and each
@@ -217,26 +217,53 @@ pub fn add(
     sink: Slice,
     spirv: &mut SpirvCache,
 ) -> Result<(), KernelError> {
-    let mut added = 0u32;
-    let mut plan = plan.into_iter().peekable();
-    let mut out = Vec::with_capacity(dispatches.len() + plan.len());
+    let mut added = Vec::with_capacity(plan.len());
+    for (at, slices) in plan {
+        added.push((at, Place::Last, dispatch(kernels, &slices, sink, spirv)?));
+    }
+    insert(dispatches, levels, added);
+    Ok(())
+}
+
+/// Where in its level an added dispatch is recorded (and so launched: NVIDIA launches a
+/// level's dispatches in order, each as the ones before it leave room).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    First,
+    Last,
+}
+
+/// Adds each `(level, place, dispatch)` of `added` (levels ascending, one per level) to its
+/// level, renumbering the levels after it.
+pub(super) fn insert(
+    dispatches: &mut Vec<Dispatch>,
+    levels: &mut [Range<u32>],
+    added: Vec<(usize, Place, Dispatch)>,
+) {
+    let mut shift = 0u32;
+    let mut added = added.into_iter().peekable();
+    let mut out = Vec::with_capacity(dispatches.len() + added.len());
     let old = std::mem::take(dispatches);
     let mut old = old.into_iter();
     for (i, l) in levels.iter_mut().enumerate() {
         let n = l.end - l.start;
-        out.extend(old.by_ref().take(n as usize));
-        l.start += added;
-        l.end += added;
-        if plan.peek().is_some_and(|(at, _)| *at == i) {
-            let (_, slices) = plan.next().expect("peeked");
-            out.push(dispatch(kernels, &slices, sink, spirv)?);
+        l.start += shift;
+        l.end += shift;
+        let (first, last) = match added.next_if(|(at, _, _)| *at == i) {
+            Some((_, Place::First, d)) => (Some(d), None),
+            Some((_, Place::Last, d)) => (None, Some(d)),
+            None => (None, None),
+        };
+        if first.is_some() || last.is_some() {
             l.end += 1;
-            added += 1;
+            shift += 1;
         }
+        out.extend(first);
+        out.extend(old.by_ref().take(n as usize));
+        out.extend(last);
     }
     out.extend(old);
     *dispatches = out;
-    Ok(())
 }
 
 /// The prefetch dispatch of `slices`.

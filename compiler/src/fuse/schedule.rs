@@ -11,6 +11,7 @@ use super::codegen::Generated;
 use super::cost::{Cost, DeviceCost};
 use super::discover::{discover, Segmentation};
 use super::extract::extract;
+use super::kv_prefetch::{self, KvPrefetch};
 use super::lang::{FuseAnalysis, FuseGraph};
 use super::persistent::{self, MatvecKernels};
 use super::prefetch::{self, Prefetch};
@@ -68,6 +69,10 @@ pub struct FuseOptions {
     /// Weight prefetch into L2 beside weight-free levels ([`super::prefetch`]); `None`: the
     /// choice for the program's weights and bands ([`Prefetch::for_program`]).
     pub prefetch: Option<Prefetch>,
+    /// Each attention block's K/V caches read into L2 a level or two before it
+    /// ([`super::kv_prefetch`]); `None`: the choice for the program's weights
+    /// ([`KvPrefetch::for_program`]) where the weight prefetch has anything to read.
+    pub kv_prefetch: Option<KvPrefetch>,
     /// Chain a matvec into the matvec kernel feeding it ([`super::rules::chain`]): one level
     /// fewer per SwiGLU block, but the kernel needs float atomics on the device.
     pub chain: bool,
@@ -97,6 +102,7 @@ impl Default for FuseOptions {
             attention_wg: None,
             attention_bands: None,
             prefetch: None,
+            kv_prefetch: None,
             chain: true,
             argmax_in_matvec: true,
             ablate: vec![],
@@ -265,6 +271,8 @@ struct Lowering<'a> {
     matvecs: MatvecKernels,
     /// Kernels streaming weights (prefetch targets), and how.
     streams: HashMap<KernelId, prefetch::Streams>,
+    /// The attention blocks' kernels, as (kv heads, cache capacity) (K/V prefetch targets).
+    attention: HashMap<KernelId, (u32, u32)>,
     /// The zero kernels (merged per level by [`zeros::merge`]).
     zeros: HashSet<KernelId>,
     dispatches: Vec<Dispatch>,
@@ -545,6 +553,10 @@ impl Lowering<'_> {
                                 KernelKind::Chain(_) => {
                                     self.streams.insert(id, prefetch::Streams::Chain);
                                 }
+                                KernelKind::Attention(ref a) => {
+                                    let (hkv, cap) = (a.hkv as u32, a.capacity as u32);
+                                    self.attention.insert(id, (hkv, cap));
+                                }
                                 _ => {}
                             }
                             if matches!(k.kind, KernelKind::Zero { .. }) {
@@ -786,6 +798,7 @@ pub fn lower_units_planned(
         kernel_ids: HashMap::new(),
         matvecs: HashMap::new(),
         streams: HashMap::new(),
+        attention: HashMap::new(),
         zeros: HashSet::new(),
         dispatches: vec![],
         accesses: vec![],
@@ -877,7 +890,14 @@ pub fn lower_units_planned(
         .prefetch
         .unwrap_or_else(|| Prefetch::for_program(p, banded));
     let prefetches = prefetch::plan(&dispatches, &levels, &l.streams, weights, choice);
-    if !prefetches.is_empty() {
+    // By default only where the weight prefetch found enough to read (tiny models gain
+    // nothing but dispatches).
+    let kv_choice = opts.kv_prefetch.unwrap_or(if prefetches.is_empty() {
+        KvPrefetch::NONE
+    } else {
+        KvPrefetch::for_program(p)
+    });
+    if !prefetches.is_empty() || kv_choice.slots > 0 {
         // Written never in practice (prefetch.comp): any 4 bytes nothing reads.
         let sink = l.bufs[STATE].alloc(4);
         prefetch::add(
@@ -885,6 +905,15 @@ pub fn lower_units_planned(
             &mut levels,
             &mut l.kernels,
             prefetches,
+            sink,
+            spirv,
+        )?;
+        kv_prefetch::add(
+            &mut dispatches,
+            &mut levels,
+            &mut l.kernels,
+            &l.attention,
+            kv_choice,
             sink,
             spirv,
         )?;

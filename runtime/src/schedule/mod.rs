@@ -219,6 +219,17 @@ impl KernelDecl {
         crate::HandoffRole::of_spirv(&self.spirv)
     }
 
+    /// Whether the SPIR-V declares that its accesses need no order against any other
+    /// dispatch's (an L2 prefetch: it discards what it reads and writes only a sink nothing
+    /// reads): the default of specialization constant [`crate::session::handoff::UNORDERED_SPEC_ID`].
+    pub fn unordered(&self) -> bool {
+        crate::vulkan::spirv::spec_constant_default(
+            &self.spirv,
+            crate::session::handoff::UNORDERED_SPEC_ID,
+        )
+        .is_some_and(|v| v != 0)
+    }
+
     /// The set-0 bindings the SPIR-V may write, as a bit mask (bit b: binding b).
     pub fn written_bindings(&self) -> u64 {
         crate::vulkan::spirv::written_bindings(&self.spirv)

@@ -12,11 +12,20 @@
 //!   touched by them (bindings read as words excepted). The levels since the last barrier, not
 //!   only the one before, because with no barrier between them they all may still run.
 //!
+//! A dispatch whose module declares itself unordered ([`UNORDERED_SPEC_ID`]: an L2 prefetch,
+//! which discards what it reads and writes only a sink nothing reads) counts in neither: a
+//! prefetch of the K/V caches an attention block writes, a level or two before it, leaves the
+//! block's level handed over.
+//!
 //! The plan is computed once per schedule from what each dispatch's module declares (its role)
 //! and may write (its SPIR-V); replay uses it where the device runs handoffs.
 
 use crate::schedule::{Schedule, Slice};
 use crate::{HandoffPush, HandoffRole};
+
+/// The specialization constant whose default, where not 0, declares a kernel unordered: its
+/// accesses need no order against any other dispatch's (kernels/glsl/prefetch.comp).
+pub const UNORDERED_SPEC_ID: u32 = 191;
 
 /// What replay needs to know of one dispatch's kernel.
 #[derive(Clone, Debug, Default)]
@@ -25,6 +34,8 @@ pub struct Access {
     pub role: Option<HandoffRole>,
     /// The set-0 bindings it may write (bit b: binding b).
     pub written: u64,
+    /// Whether its module declares it unordered ([`UNORDERED_SPEC_ID`]).
+    pub unordered: bool,
 }
 
 /// Which levels are handed over and the push constants that do it.
@@ -54,6 +65,7 @@ pub fn accesses(schedule: &Schedule) -> Vec<Access> {
         .map(|k| Access {
             role: k.handoff_role(),
             written: k.written_bindings(),
+            unordered: k.unordered(),
         })
         .collect();
     schedule
@@ -103,7 +115,7 @@ pub fn plan(schedule: &Schedule, access: &[Access]) -> HandoffPlan {
             touched.clear();
             wrote.clear();
         }
-        for &k in &ids {
+        for &k in ids.iter().filter(|&&k| !access[k].unordered) {
             let d = &s.dispatches[k];
             let a = &access[k];
             let words_read = out.push[k].in_at[0] != HandoffPush::NONE_AT;
@@ -186,7 +198,7 @@ fn try_hand(
     };
     // Hazards: nothing of this level but the consumer's reads meets the levels since the
     // barrier.
-    for &k in ids {
+    for &k in ids.iter().filter(|&&k| !access[k].unordered) {
         let d = &s.dispatches[k];
         for (j, sl) in d.bindings.iter().enumerate() {
             if k == c && role.reads.contains(&(j as u32)) {
@@ -274,6 +286,7 @@ mod tests {
         Access {
             role: Some(HandoffRole::from_bits((1 << 2) | (1 << 31))),
             written: 1,
+            unordered: false,
         }
     }
 
@@ -281,6 +294,7 @@ mod tests {
         Access {
             role: Some(HandoffRole::from_bits(0b1110 | (1 << 31))),
             written: 1 | (1 << 4),
+            unordered: false,
         }
     }
 
@@ -288,6 +302,15 @@ mod tests {
         Access {
             role: None,
             written: 1,
+            unordered: false,
+        }
+    }
+
+    /// `plain()` declared unordered (prefetch.comp).
+    fn prefetch() -> Access {
+        Access {
+            unordered: true,
+            ..plain()
         }
     }
 
@@ -372,5 +395,39 @@ mod tests {
             vec![sl(512, 64), sl(8192, 64), sl(256, 64)],
         ]);
         assert_eq!(plan(&s, &[matvec(), matvec()]).handed, vec![false, false]);
+    }
+
+    /// `layer` with one more dispatch in `level`, after its dispatch: a sink at 12288 and the
+    /// attention's cache at 4096 read.
+    fn layer_with_cache_reader(level: usize) -> Schedule {
+        let mut s = layer(sl(640, 64));
+        let mut reader = s.dispatches[0].clone();
+        reader.bindings = vec![sl(12288, 4), sl(4096, 64)];
+        s.dispatches.insert(level + 1, reader);
+        s.levels = (0..4)
+            .map(|i| {
+                let (a, b) = (i as u32, u32::from(i >= level));
+                let start = a + u32::from(i > level);
+                start..a + 1 + b
+            })
+            .collect();
+        s
+    }
+
+    #[test]
+    fn an_unordered_reader_of_what_a_level_writes_keeps_it_handed() {
+        // A K/V prefetch beside q/k/v reads the cache the attention level writes: declared
+        // unordered it counts in no hazard; a plain kernel reading it keeps the barrier.
+        let s = layer_with_cache_reader(1);
+        assert_eq!(s.levels, vec![0..1, 1..3, 3..4, 4..5]);
+        let access = [plain(), matvec(), prefetch(), attention(), matvec()];
+        assert_eq!(plan(&s, &access).handed, vec![false, false, true, true]);
+        let access = [plain(), matvec(), plain(), attention(), matvec()];
+        assert_eq!(plan(&s, &access).handed, vec![false, false, false, true]);
+        // The same in the consumer's own level.
+        let s = layer_with_cache_reader(2);
+        assert_eq!(s.levels, vec![0..1, 1..2, 2..4, 4..5]);
+        let access = [plain(), matvec(), attention(), prefetch(), matvec()];
+        assert_eq!(plan(&s, &access).handed, vec![false, false, true, true]);
     }
 }
