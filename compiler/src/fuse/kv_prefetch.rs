@@ -18,6 +18,10 @@
 //! - 768 slots: 320 gained as much at 256 tokens and less at 2048, the first 128 less than
 //!   half as much, the whole cache (4096) 1.1% less for bf16 at 2048.
 //!
+//! The timeline (`compile-model --timeline`, position 128) shows no stage of the block moving
+//! with it (docs/perf.md, session 44, item 5): its kernels wrapped fit differently, so the
+//! tile from L2 is the intent, the end-to-end gain what was measured.
+//!
 //! The dispatch declares itself unordered (its reads are discarded, its one write is a sink
 //! nothing reads), so the handoff plan (`session::handoff`) keeps the block's level handed over
 //! although the block writes the caches it reads.
