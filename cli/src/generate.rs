@@ -114,8 +114,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         bail!("--tokens-per-submit chains steps on the device: it needs --backend replay");
     }
     let (schedule, weights, origin) = open(args)?;
-    // A tokenizer that does not load (compile-model checks only that tokenizer.json is JSON)
-    // is needed for a prompt's text; for ids it only turns the generated ids into text, which
+    // A tokenizer that does not load (compile-model refuses one that is not JSON and warns of
+    // one without a `model` object, but keeps it) is needed for a prompt's text; for ids it only turns the generated ids into text, which
     // are then printed as numbers instead.
     let text = match &schedule.meta.tokenizer {
         Some(json) => match Text::from_json(json, &origin) {

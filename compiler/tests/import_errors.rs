@@ -246,7 +246,21 @@ fn tokenizer_json_is_read_verbatim_when_present_and_named_when_broken() {
     assert_eq!(m.tokenizer, None, "no tokenizer.json, no tokenizer");
     let json = "{\"model\": {\"type\": \"BPE\"}}\n";
     dir.write("tokenizer.json", json);
-    assert_eq!(load(dir.path()).unwrap().tokenizer.as_deref(), Some(json));
+    let m = load(dir.path()).unwrap();
+    assert_eq!(m.tokenizer.as_deref(), Some(json));
+    assert!(m.warnings().is_empty(), "{:?}", m.warnings());
+    // JSON, but nothing the tokenizers library loads: kept, with a warning naming the file.
+    for odd in ["{}", "[]", "{\"model\": 3}"] {
+        dir.write("tokenizer.json", odd);
+        let m = load(dir.path()).unwrap();
+        assert_eq!(m.tokenizer.as_deref(), Some(odd));
+        let w = m.warnings().join("\n");
+        assert!(
+            w.contains("tokenizer.json: no `model` object"),
+            "{odd}: {w}"
+        );
+        assert!(w.contains("--ids still works"), "{odd}: {w}");
+    }
     dir.write("tokenizer.json", "{\"model\": ");
     let err = load_err(dir.path()).to_string();
     assert!(err.contains("tokenizer.json:1:"), "{err}");

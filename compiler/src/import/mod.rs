@@ -77,6 +77,18 @@ impl Model {
                 self.config.num_layers
             ));
         }
+        if self
+            .tokenizer
+            .as_deref()
+            .is_some_and(|t| !has_model_object(t))
+        {
+            out.push(format!(
+                "{}: no `model` object, which the tokenizers library reads the vocabulary \
+                 from: the schedule keeps the file, but `vkfuse generate --prompt` cannot use \
+                 it (--ids still works)",
+                self.dir.join(TOKENIZER_FILE).display()
+            ));
+        }
         if self.lm_head_set_aside() {
             out.push(format!(
                 "{}: config.json sets tie_word_embeddings, and the checkpoint also holds \
@@ -134,6 +146,13 @@ pub fn read_tokenizer(dir: &Path) -> Result<Option<String>, ImportError> {
     serde_json::from_str::<serde::de::IgnoredAny>(&text)
         .map_err(|e| ImportError::json(&file, &e))?;
     Ok(Some(text))
+}
+
+/// Whether `tokenizer` (JSON) is an object with a `model` object, which every `tokenizer.json`
+/// the tokenizers library loads has (its vocabulary and merges are there).
+fn has_model_object(tokenizer: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(tokenizer)
+        .is_ok_and(|v| v.get("model").is_some_and(serde_json::Value::is_object))
 }
 
 /// The config paragraph, then one line on the checkpoint.
