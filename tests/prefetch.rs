@@ -247,3 +247,47 @@ fn kv_prefetch_llama_gqa_before_q_k_v() {
     };
     check_kv("llama-gqa", choice, 2, true);
 }
+
+/// Specialization constant 191 is honoured only where it can hold: the prefetch kernel (its
+/// sink, binding 0, is all it may write) is unordered; a kernel declaring it that may write
+/// another binding is not.
+#[test]
+fn unordered_is_honoured_only_for_a_kernel_writing_its_sink_alone() {
+    use vkfuse_runtime::schedule::KernelDecl;
+    let kernel = |src: &str| KernelDecl {
+        label: "k".into(),
+        spirv: vkfuse_compiler::kernels::compile_source("k", src).unwrap(),
+        bindings: 2,
+        push_constant_bytes: 0,
+        spec_constants: vec![],
+        subgroups: None,
+    };
+    let src = |writes: &str| {
+        let access = if writes == "b" { "" } else { "readonly" };
+        format!(
+            "#version 450\nlayout(local_size_x = 1) in;\n\
+             layout(constant_id = 191) const uint UNORDERED = 1;\n\
+             layout(set = 0, binding = 0, std430) buffer A {{ uint a[]; }};\n\
+             layout(set = 0, binding = 1, std430) {} buffer B {{ uint b[]; }};\n\
+             void main() {{ if (UNORDERED != 0u && b[0] == 7u) {{ {writes}[0] = 1u; }} }}\n",
+            access
+        )
+    };
+    let (sink_only, other) = (kernel(&src("a")), kernel(&src("b")));
+    assert!(
+        sink_only.unordered() && other.unordered(),
+        "both declare it"
+    );
+    let (_, mut schedule, _) = fused_schedule("qwen3-tied");
+    let first = schedule.kernels.len();
+    schedule.kernels.extend([sink_only, other]);
+    for (i, d) in schedule.dispatches.iter_mut().take(2).enumerate() {
+        d.kernel = vkfuse_runtime::schedule::KernelId((first + i) as u32);
+    }
+    let access = vkfuse_runtime::session::handoff::accesses(&schedule);
+    assert!(access[0].unordered, "the sink-only kernel is unordered");
+    assert!(
+        !access[1].unordered,
+        "a kernel writing binding 1 orders its accesses"
+    );
+}

@@ -105,10 +105,12 @@ struct Args {
     /// Slots per kv head of each attention block's K and V caches to read into the L2 cache a
     /// level or two before the block (up to the step's position; 0: none), so that the first
     /// K/V tile it loads at its start hits L2. Default by the matvec weights' format, as
-    /// measured on an H200: 768 for q8_0, in the level before the block's q/k/v (the previous
-    /// layer's MLP: +1.2% tokens/s at 256 tokens), and for f16/bf16, beside the block's q/k/v
-    /// (+1.3%); none for q4_0 (it lost 0.2-4.2%) and f32; none where the model is too small
-    /// for the weight prefetch above. Where the default is none, a number reads beside q/k/v.
+    /// measured on an H200 with Qwen3-0.6B's shape: 768 for q8_0, first in the level before
+    /// the block's q/k/v (in a dense layer the previous layer's MLP: +1.2% tokens/s at 256
+    /// tokens), and for f16/bf16, last in the q/k/v's level (+1.3%); none for q4_0 (it lost
+    /// 0.2-4.2%) and f32; none where the model is too small for the default weight prefetch
+    /// (whatever --prefetch-mib says). A number keeps the format's place, or the q/k/v's level
+    /// where the format has none.
     #[arg(long, value_name = "SLOTS", conflicts_with = "no_fuse")]
     prefetch_kv: Option<u32>,
     /// Keep a matvec fed by another matvec kernel (SwiGLU's down after gate/up) in a level of

@@ -45,7 +45,8 @@ const POSITION: usize = 6;
 pub enum Lead {
     /// The level of the block's input (q/k/v), recorded after it.
     Input,
-    /// The level before that (the previous layer's MLP), recorded first.
+    /// The level before that (in a dense layer the previous layer's MLP; the first layer's:
+    /// the embedding's), recorded first.
     BeforeInput,
 }
 
@@ -147,6 +148,12 @@ fn dispatch(
 ) -> Result<Dispatch, KernelError> {
     let k = block.bindings[K_CACHE];
     let row_words = (k.size / 4 / u64::from(heads) / u64::from(capacity)) as u32;
+    // prefetch.comp reads V at K's offsets: both [heads, capacity, row_words words].
+    debug_assert_eq!(
+        k.size,
+        u64::from(heads) * u64::from(capacity) * u64::from(row_words) * 4
+    );
+    debug_assert_eq!(block.bindings[V_CACHE].size, k.size);
     // One word per sector read, K and V in the same pass.
     let sectors = u64::from(heads) * (u64::from(slots) * u64::from(row_words)).div_ceil(8);
     let groups = sectors

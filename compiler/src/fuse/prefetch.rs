@@ -262,6 +262,10 @@ pub(super) fn insert(
         out.extend(old.by_ref().take(n as usize));
         out.extend(last);
     }
+    debug_assert!(
+        added.peek().is_none(),
+        "added dispatches out of level order, or two in one level"
+    );
     out.extend(old);
     *dispatches = out;
 }

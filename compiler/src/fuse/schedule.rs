@@ -890,12 +890,20 @@ pub fn lower_units_planned(
         .prefetch
         .unwrap_or_else(|| Prefetch::for_program(p, banded));
     let prefetches = prefetch::plan(&dispatches, &levels, &l.streams, weights, choice);
-    // By default only where the weight prefetch found enough to read (tiny models gain
-    // nothing but dispatches).
-    let kv_choice = opts.kv_prefetch.unwrap_or(if prefetches.is_empty() {
-        KvPrefetch::NONE
-    } else {
-        KvPrefetch::for_program(p)
+    // By default only where the default weight prefetch finds enough to read (tiny models
+    // gain nothing but dispatches), whatever `--prefetch-mib` says.
+    let kv_choice = opts.kv_prefetch.unwrap_or_else(|| {
+        let default = Prefetch::for_program(p, banded);
+        let big = if choice == default {
+            !prefetches.is_empty()
+        } else {
+            !prefetch::plan(&dispatches, &levels, &l.streams, weights, default).is_empty()
+        };
+        if big {
+            KvPrefetch::for_program(p)
+        } else {
+            KvPrefetch::NONE
+        }
     });
     if !prefetches.is_empty() || kv_choice.slots > 0 {
         // Written never in practice (prefetch.comp): any 4 bytes nothing reads.

@@ -24,7 +24,8 @@ use crate::schedule::{Schedule, Slice};
 use crate::{HandoffPush, HandoffRole};
 
 /// The specialization constant whose default, where not 0, declares a kernel unordered: its
-/// accesses need no order against any other dispatch's (kernels/glsl/prefetch.comp).
+/// accesses need no order against any other dispatch's (kernels/glsl/prefetch.comp). Honoured
+/// only for a kernel without a handoff role that may write its binding 0 alone (the sink).
 pub const UNORDERED_SPEC_ID: u32 = 191;
 
 /// What replay needs to know of one dispatch's kernel.
@@ -62,10 +63,16 @@ pub fn accesses(schedule: &Schedule) -> Vec<Access> {
     let per_kernel: Vec<Access> = schedule
         .kernels
         .iter()
-        .map(|k| Access {
-            role: k.handoff_role(),
-            written: k.written_bindings(),
-            unordered: k.unordered(),
+        .map(|k| {
+            let (role, written) = (k.handoff_role(), k.written_bindings());
+            // Honoured only where it can hold: a kernel that writes past its sink (binding 0)
+            // or takes part in handoffs orders something.
+            let unordered = k.unordered() && written & !1 == 0 && role.is_none();
+            Access {
+                role,
+                written,
+                unordered,
+            }
         })
         .collect();
     schedule
