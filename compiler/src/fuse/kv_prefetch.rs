@@ -9,8 +9,8 @@
 //! instead, in the block's level a layer ahead, the caches gained only 0.2-0.4% (sessions 35
 //! and 44): the lines are read too early. The H200's figures (docs/perf.md, session 44; 256
 //! tokens, 2048 in brackets), against the same build with none:
-//! - q8_0: first in the level before the block's q/k/v (the previous layer's chained MLP,
-//!   whose 96 workgroups leave most compute units idle), +1.20% (+0.56%); last beside q/k/v
+//! - q8_0: first in the level before the block's q/k/v (in a dense layer the previous layer's
+//!   chained MLP, whose 96 workgroups leave most compute units idle), +1.20% (+0.56%); last beside q/k/v
 //!   +0.40%, first there −0.21%.
 //! - 16-bit floats: last in the q/k/v's level, +1.28% (+1.80%); in the MLP's level +0.34%.
 //! - q4_0, whose block starts beside its q/k/v and loads the tile while q/k/v runs: −0.2..−2.3%

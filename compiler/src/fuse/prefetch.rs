@@ -516,4 +516,20 @@ mod tests {
         };
         assert!(plan(&ds, &levels, &streams(), W, small).is_empty());
     }
+
+    #[test]
+    fn insert_places_first_or_last_and_renumbers_the_levels_after() {
+        // Levels 0..2 of 1, 2 and 1 dispatches (kernels 0..4); one added first in level 1 and
+        // one last in level 2 (kernels 10 and 11).
+        let mut ds: Vec<Dispatch> = (0..4).map(|k| dispatch(k, &[])).collect();
+        let mut levels = vec![0..1, 1..3, 3..4];
+        let added = vec![
+            (1, Place::First, dispatch(10, &[])),
+            (2, Place::Last, dispatch(11, &[])),
+        ];
+        insert(&mut ds, &mut levels, added);
+        let kernels: Vec<u32> = ds.iter().map(|d| d.kernel.0).collect();
+        assert_eq!(kernels, vec![0, 10, 1, 2, 3, 11]);
+        assert_eq!(levels, vec![0..1, 1..4, 4..6]);
+    }
 }
