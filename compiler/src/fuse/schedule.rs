@@ -905,7 +905,7 @@ pub fn lower_units_planned(
             KvPrefetch::NONE
         }
     });
-    if !prefetches.is_empty() || kv_choice.slots > 0 {
+    if !prefetches.is_empty() || (kv_choice.slots > 0 && !l.attention.is_empty()) {
         // Written never in practice (prefetch.comp): any 4 bytes nothing reads.
         let sink = l.bufs[STATE].alloc(4);
         prefetch::add(
