@@ -35,7 +35,8 @@ pub struct Access {
     pub role: Option<HandoffRole>,
     /// The set-0 bindings it may write (bit b: binding b).
     pub written: u64,
-    /// Whether its module declares it unordered ([`UNORDERED_SPEC_ID`]).
+    /// Whether its module declares it unordered ([`UNORDERED_SPEC_ID`]) and may write its
+    /// binding 0 alone, with no handoff role.
     pub unordered: bool,
 }
 
