@@ -12,9 +12,10 @@ use vkfuse_compiler::fuse::prefetch::Prefetch;
 use vkfuse_compiler::fuse::FuseOptions;
 use vkfuse_runtime::schedule::{Schedule, Slice};
 use vkfuse_runtime::session::{Handoffs, Loaded, Replay};
+use vkfuse_runtime::ValidationLog;
 use vkfuse_tests::{
     assert_rows_close, expected, fused_schedule, fused_schedule_with, loaded_with_handoffs,
-    replay_greedy_ids, replay_rows, validated_device,
+    replay_greedy_ids, replay_rows, validated_device, Expected,
 };
 
 /// Dispatches that stream weights from binding 1: matvecs, and chained matvecs (binding 1 is
@@ -103,19 +104,20 @@ fn check(name: &str, budget: u64, chain_inner: bool) {
         "{name}: {prefetches} prefetches for {attention} attention blocks"
     );
 
-    let mut replay = Replay::new(Loaded::new(device, schedule, &model.tensors).unwrap()).unwrap();
+    let replay = Replay::new(Loaded::new(device, schedule, &model.tensors).unwrap()).unwrap();
+    matches_transformers(&format!("{name} with prefetch"), replay, &want, &log);
+}
+
+/// `replay`'s teacher-forced logits within 5e-3 of transformers', its greedy tokens
+/// transformers', and no validation error in `log`.
+fn matches_transformers(what: &str, mut replay: Replay, want: &Expected, log: &ValidationLog) {
     let rows = replay_rows(&mut replay, &want.teacher_ids);
-    assert_rows_close(
-        &format!("{name} with prefetch"),
-        &rows,
-        &want.teacher_logits,
-        5e-3,
-    );
-    let ids = replay_greedy_ids(&mut replay, &want);
-    assert_eq!(ids, want.greedy_ids, "{name}: greedy tokens with prefetch");
+    assert_rows_close(what, &rows, &want.teacher_logits, 5e-3);
+    let ids = replay_greedy_ids(&mut replay, want);
+    assert_eq!(ids, want.greedy_ids, "{what}: greedy tokens");
     assert!(
         log.is_clean(),
-        "{name}: validation errors:\n{}",
+        "{what}: validation errors:\n{}",
         log.report()
     );
 }
@@ -208,23 +210,12 @@ fn check_kv(name: &str, choice: KvPrefetch, ahead: usize, first: bool) {
     );
 
     let loaded = loaded_with_handoffs(&device, schedule, &model.tensors, Handoffs::On);
-    let mut replay = Replay::new(loaded).unwrap();
-    let rows = replay_rows(&mut replay, &want.teacher_ids);
-    assert_rows_close(
+    let replay = Replay::new(loaded).unwrap();
+    matches_transformers(
         &format!("{name} with the K/V prefetch"),
-        &rows,
-        &want.teacher_logits,
-        5e-3,
-    );
-    let ids = replay_greedy_ids(&mut replay, &want);
-    assert_eq!(
-        ids, want.greedy_ids,
-        "{name}: greedy tokens with the K/V prefetch"
-    );
-    assert!(
-        log.is_clean(),
-        "{name}: validation errors:\n{}",
-        log.report()
+        replay,
+        &want,
+        &log,
     );
 }
 

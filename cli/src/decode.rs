@@ -154,11 +154,11 @@ fn vulkan_engine(
         persistence,
         handoffs,
     };
-    let (levels, regions) = (schedule.levels.len(), schedule.persistent.len());
+    let regions = schedule.persistent.len();
     let loaded = Loaded::load(device.clone(), schedule, weights, options)
         .context("loading the schedule on the device")?;
     // Asked for regions that do not run: say why rather than run as `off` in silence.
-    if persistence != Persistence::Off && loaded.schedule.levels.len() == levels {
+    if persistence != Persistence::Off && !loaded.persistent_runs() {
         no_region_note(regions, &device.info().name);
     }
     if let Some(w) = loaded.pipeline_cache.warning() {

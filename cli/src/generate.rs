@@ -115,8 +115,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     let (schedule, weights, origin) = open(args)?;
     // A tokenizer that does not load (compile-model refuses one that is not JSON and warns of
-    // one without a `model` object, but keeps it) is needed for a prompt's text; for ids it only turns the generated ids into text, which
-    // are then printed as numbers instead.
+    // one without a `model` object, but keeps it) is needed for a prompt's text; for ids it
+    // only turns the generated ids into text, which are then printed as numbers instead.
     let text = match &schedule.meta.tokenizer {
         Some(json) => match Text::from_json(json, &origin) {
             Ok(text) => Some(text),
@@ -191,10 +191,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let mut session = Session::load_with(schedule, weights.as_ref(), &opts, load)
         .with_context(|| format!("loading {} on the device", args.model.display()))?;
     // As `run` and `bench` say it (decode.rs): regions asked for that do not run.
-    let persistence = args.run.persistent;
-    if persistence != Persistence::Off
-        && (regions == 0 || persistence.groups(session.device().info()) == 0)
-    {
+    if args.run.persistent != Persistence::Off && !session.persistent_runs() {
         crate::decode::no_region_note(regions, &session.device().info().name);
     }
     if let Some(w) = session.pipeline_cache().warning() {

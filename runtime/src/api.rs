@@ -290,6 +290,11 @@ impl Session {
         &self.exec.loaded().device
     }
 
+    /// Whether any of the schedule's persistent regions runs on this device.
+    pub fn persistent_runs(&self) -> bool {
+        self.exec.loaded().persistent_runs()
+    }
+
     /// The executor.
     pub fn backend(&self) -> Backend {
         match self.exec {

@@ -101,8 +101,7 @@ impl KvPrefetch {
 
 /// Adds a K/V prefetch for every attention block (a dispatch whose kernel `blocks` gives as
 /// (kv heads, cache capacity)) at `choice`'s lead before its level, writing `sink` (4 bytes),
-/// and their kernels to `kernels`; returns how many. Blocks too early in the step for the lead
-/// get none.
+/// and their kernels to `kernels`. Blocks too early in the step for the lead get none.
 pub fn add(
     dispatches: &mut Vec<Dispatch>,
     levels: &mut [Range<u32>],
@@ -111,9 +110,9 @@ pub fn add(
     choice: KvPrefetch,
     sink: Slice,
     spirv: &mut SpirvCache,
-) -> Result<usize, KernelError> {
+) -> Result<(), KernelError> {
     if choice.slots == 0 {
-        return Ok(0);
+        return Ok(());
     }
     let (ahead, place) = choice.lead.at();
     let mut added = vec![];
@@ -131,9 +130,8 @@ pub fn add(
             ));
         }
     }
-    let n = added.len();
     super::prefetch::insert(dispatches, levels, added);
-    Ok(n)
+    Ok(())
 }
 
 /// The K/V prefetch dispatch of attention block `block`.

@@ -71,7 +71,7 @@ pub struct FuseOptions {
     pub prefetch: Option<Prefetch>,
     /// Each attention block's K/V caches read into L2 a level or two before it
     /// ([`super::kv_prefetch`]); `None`: the choice for the program's weights
-    /// ([`KvPrefetch::for_program`]) where the weight prefetch has anything to read.
+    /// ([`KvPrefetch::for_program`]) where the default weight prefetch has anything to read.
     pub kv_prefetch: Option<KvPrefetch>,
     /// Chain a matvec into the matvec kernel feeding it ([`super::rules::chain`]): one level
     /// fewer per SwiGLU block, but the kernel needs float atomics on the device.
@@ -894,12 +894,7 @@ pub fn lower_units_planned(
     // gain nothing but dispatches), whatever `--prefetch-mib` says.
     let kv_choice = opts.kv_prefetch.unwrap_or_else(|| {
         let default = Prefetch::for_program(p, banded);
-        let big = if choice == default {
-            !prefetches.is_empty()
-        } else {
-            !prefetch::plan(&dispatches, &levels, &l.streams, weights, default).is_empty()
-        };
-        if big {
+        if !prefetch::plan(&dispatches, &levels, &l.streams, weights, default).is_empty() {
             KvPrefetch::for_program(p)
         } else {
             KvPrefetch::NONE

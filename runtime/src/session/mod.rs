@@ -244,6 +244,9 @@ pub struct Loaded {
     /// Under the timeline probe, its pipelines (`Timeline::pipeline_of`): the kernels' with
     /// the records' constants. Empty otherwise.
     probe_pipelines: Vec<Pipeline>,
+    /// Whether any persistent region runs (the options asked for them, the schedule offers
+    /// them and the device takes them).
+    persistent_runs: bool,
 }
 
 impl Loaded {
@@ -313,8 +316,11 @@ impl Loaded {
             }
         }
         let groups = options.persistence.groups(device.info());
+        let levels = schedule.levels.len();
         let schedule =
             schedule.with_persistent(groups, device.info().max_storage_buffers_per_stage);
+        // A region replaces its levels by one.
+        let persistent_runs = schedule.levels.len() < levels;
         let total: u64 = schedule.buffers.iter().map(|b| b.size).sum();
         device.check_fits(total)?;
         check_binding_ranges(&schedule, &device)?;
@@ -389,6 +395,7 @@ impl Loaded {
             handoff_words,
             timeline,
             probe_pipelines,
+            persistent_runs,
         };
         loaded.reset()?;
         Ok(loaded)
@@ -435,6 +442,11 @@ impl Loaded {
     /// The timeline probe's records (`compile-model --timeline`), if the schedule writes any.
     pub fn timeline(&self) -> Option<&timeline::Timeline> {
         self.timeline.as_ref()
+    }
+
+    /// Whether any of the schedule's persistent regions runs on this device.
+    pub fn persistent_runs(&self) -> bool {
+        self.persistent_runs
     }
 
     /// Replay's handoff plan on this device (no level handed where handoffs are off).
