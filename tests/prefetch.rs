@@ -1,11 +1,11 @@
 //! Weight prefetch into L2 (fuse::prefetch, kernels/glsl/prefetch.comp) on the fixtures, with
 //! its size floor lifted (their weights are far below the default 1 MiB): every attention
-//! level (and, with these tiny tables, the embedding's) gets one prefetch dispatch reading
-//! exactly the weight slices of the (at most three) matvec or chained levels after it, in
-//! order (a chain's gate/up left out where the choice says so), cut to the budget (norm weights
-//! read past it), never beside
-//! a level that streams weights itself; the levels stay as they were, and the schedule still
-//! matches transformers within 5e-3 relative L2 with the same greedy tokens, validation clean.
+//! level gets one prefetch dispatch reading exactly the weight slices of the (at most three)
+//! matvec or chained levels after it, in order (a chain's gate/up left out where the choice
+//! says so), cut to the budget (norm weights read past it), only beside a host (an attention
+//! block or a linear-attention step), never beside a level that streams weights itself; the
+//! levels stay as they were, and the schedule still matches transformers within 5e-3 relative
+//! L2 with the same greedy tokens, validation clean.
 
 use vkfuse_compiler::fuse::kv_prefetch::{KvPrefetch, Lead};
 use vkfuse_compiler::fuse::prefetch::Prefetch;
@@ -22,6 +22,11 @@ use vkfuse_tests::{
 /// their inner, gate/up, weight).
 fn streams(label: &str) -> bool {
     label.starts_with("matvec") || label.starts_with("chain")
+}
+
+/// Dispatches a prefetch may run beside: attention blocks and linear-attention steps.
+fn hosts(label: &str) -> bool {
+    label.starts_with("attention") || label.starts_with("linear-attention step")
 }
 
 /// The weight slices (binding 1's buffer) of the weight-streaming dispatches of the three
@@ -87,6 +92,10 @@ fn check(name: &str, budget: u64, chain_inner: bool) {
                 !ds.iter().any(|d| streams(&d.label)),
                 "{name}: level {i}: a prefetch beside a matvec"
             );
+            assert!(
+                ds.iter().any(|d| hosts(&d.label)),
+                "{name}: level {i}: a prefetch beside no attention block"
+            );
             assert_eq!(
                 d.bindings[1..],
                 next_weights(&schedule, i, budget, chain_inner)[..],
@@ -99,8 +108,8 @@ fn check(name: &str, budget: u64, chain_inner: bool) {
         .iter()
         .filter(|d| d.label.starts_with("attention"))
         .count();
-    assert!(
-        prefetches >= attention,
+    assert_eq!(
+        prefetches, attention,
         "{name}: {prefetches} prefetches for {attention} attention blocks"
     );
 
@@ -140,10 +149,11 @@ fn prefetch_llama_gqa_cut_to_the_budget() {
 }
 
 /// The K/V prefetch (fuse::kv_prefetch) forced on a fixture (its default leaves tiny models
-/// without): one dispatch per attention block, `ahead` levels before the block's, first or
-/// last there, binding the block's position, K and V caches; the handoff plan hands the same
-/// levels as without it (the dispatch declares itself unordered), and replay, with handoffs
-/// on, still matches transformers with the same greedy tokens, validation clean.
+/// without): one dispatch per attention block whose level `ahead` before its own streams
+/// weights (none where it does not), first or last there, binding the block's position, K and
+/// V caches; the handoff plan hands the same levels as without it (the dispatch declares
+/// itself unordered), and replay, with handoffs on, still matches transformers with the same
+/// greedy tokens, validation clean.
 fn check_kv(name: &str, choice: KvPrefetch, ahead: usize, first: bool) {
     let (device, log) = validated_device();
     let want = expected(name);
@@ -156,7 +166,7 @@ fn check_kv(name: &str, choice: KvPrefetch, ahead: usize, first: bool) {
     assert_eq!(schedule.levels.len(), plain.levels.len(), "{name}: levels");
     let is_kv = |label: &str| label.contains("K and V caches");
 
-    let mut blocks = 0;
+    let (mut blocks, mut led) = (0, 0);
     for (b, l) in schedule.levels.iter().enumerate() {
         let ds = &schedule.dispatches[l.start as usize..l.end as usize];
         let Some(block) = ds.iter().find(|d| d.label.starts_with("attention")) else {
@@ -168,6 +178,14 @@ fn check_kv(name: &str, choice: KvPrefetch, ahead: usize, first: bool) {
         };
         let l = &schedule.levels[at];
         let ds = &schedule.dispatches[l.start as usize..l.end as usize];
+        if !ds.iter().any(|d| streams(&d.label)) {
+            assert!(
+                !ds.iter().any(|d| is_kv(&d.label)),
+                "{name}: level {at}: a K/V prefetch beside no streaming level"
+            );
+            continue;
+        }
+        led += 1;
         let i = ds
             .iter()
             .position(|d| is_kv(&d.label))
@@ -191,8 +209,8 @@ fn check_kv(name: &str, choice: KvPrefetch, ahead: usize, first: bool) {
         .filter(|d| is_kv(&d.label))
         .count();
     assert!(
-        blocks > 0 && kvs > 0 && kvs <= blocks,
-        "{name}: {kvs} K/V prefetches for {blocks} blocks"
+        blocks > 0 && kvs > 0 && kvs == led,
+        "{name}: {kvs} K/V prefetches for {blocks} blocks, {led} of them led by a streaming level"
     );
 
     let handed = |s: &Schedule| {
@@ -231,12 +249,87 @@ fn kv_prefetch_qwen3_tied_beside_q_k_v() {
 
 #[test]
 fn kv_prefetch_llama_gqa_before_q_k_v() {
-    // More slots than the cache holds: cut to its capacity.
+    // More slots than the cache holds: cut to its capacity. The first block's lead is the
+    // embedding's level, which streams no weights: none there.
     let choice = KvPrefetch {
         slots: 1 << 20,
         lead: Lead::BeforeInput,
     };
     check_kv("llama-gqa", choice, 2, true);
+}
+
+/// Qwen3-Next's weight prefetch goes beside its linear-attention steps, not beside the
+/// attention block's output gate (a short elementwise level that a prefetch only lengthened,
+/// docs/perf.md session 45), and a K/V prefetch led by the q/k/v's slices (Lead::Input, the
+/// 16-bit floats' lead) is none, while the level before them (Lead::BeforeInput, q/k/v
+/// itself) gets one per block. Replay with both still matches transformers.
+#[test]
+fn qwen3_next_prefetches_beside_hosts_and_streaming_leads_only() {
+    let name = "qwen3-next";
+    let opts = |lead| FuseOptions {
+        prefetch: Some(Prefetch {
+            budget: 1 << 20,
+            min: 0,
+            chain_inner: true,
+        }),
+        kv_prefetch: Some(KvPrefetch { slots: 4, lead }),
+        ..FuseOptions::default()
+    };
+    let count = |s: &Schedule, what: &str| {
+        s.dispatches
+            .iter()
+            .filter(|d| d.label.starts_with(what))
+            .count()
+    };
+    let (_, schedule, _) = fused_schedule_with(name, &opts(Lead::Input));
+    let mut beside_steps = 0;
+    for (i, l) in schedule.levels.iter().enumerate() {
+        let ds = &schedule.dispatches[l.start as usize..l.end as usize];
+        if ds
+            .iter()
+            .any(|d| d.label.contains("of the next levels' weights"))
+        {
+            assert!(
+                ds.iter().any(|d| hosts(&d.label)),
+                "{name}: level {i}: a weight prefetch beside no host"
+            );
+            beside_steps += usize::from(
+                ds.iter()
+                    .any(|d| d.label.starts_with("linear-attention step")),
+            );
+        }
+    }
+    assert_eq!(
+        beside_steps,
+        count(&schedule, "linear-attention step"),
+        "{name}: a weight prefetch beside every linear-attention step"
+    );
+    let is_kv = |s: &Schedule| {
+        s.dispatches
+            .iter()
+            .filter(|d| d.label.contains("K and V caches"))
+            .count()
+    };
+    assert_eq!(
+        is_kv(&schedule),
+        0,
+        "{name}: a K/V prefetch beside the slices"
+    );
+
+    let (device, log) = validated_device();
+    let (model, schedule, _) = fused_schedule_with(name, &opts(Lead::BeforeInput));
+    assert_eq!(
+        is_kv(&schedule),
+        count(&schedule, "attention"),
+        "{name}: a K/V prefetch beside each block's q/k/v"
+    );
+    let replay = Replay::new(Loaded::new(device, schedule, &model.tensors).unwrap()).unwrap();
+    matches_transformers(
+        &format!("{name} with both prefetches"),
+        replay,
+        &expected(name),
+        &log,
+    );
 }
 
 /// Specialization constant 191 is honoured only where it can hold: the prefetch kernel (its

@@ -17,6 +17,8 @@
 //!   wherever it goes (−4.2% at 2048 tokens beside q/k/v); none.
 //! - 768 slots: 320 gained as much at 256 tokens and less at 2048, the first 128 less than
 //!   half as much, the whole cache (4096) 1.1% less for bf16 at 2048.
+//! - Only where the lead level streams weights (see [`add`]): Qwen3-Next's bf16 blocks, led by
+//!   the q/k/v's slices, get none (session 45).
 //!
 //! The timeline (`compile-model --timeline`, position 128) shows no stage of the block moving
 //! with it (docs/perf.md, session 44, item 5): its kernels wrapped fit differently, so the
@@ -26,7 +28,7 @@
 //! nothing reads), so the handoff plan (`session::handoff`) keeps the block's level handed over
 //! although the block writes the caches it reads.
 
-use super::prefetch::{Place, SECTORS_PER_INVOCATION, WG};
+use super::prefetch::{Place, Role, SECTORS_PER_INVOCATION, WG};
 use crate::ir::{DType, Program};
 use crate::kernels::{KernelCall, KernelError, MAX_WORKGROUPS_X};
 use crate::lower::{declare_kernel, SpirvCache};
@@ -99,14 +101,19 @@ impl KvPrefetch {
     }
 }
 
-/// Adds a K/V prefetch for every attention block (a dispatch whose kernel `blocks` gives as
-/// (kv heads, cache capacity)) at `choice`'s lead before its level, writing `sink` (4 bytes),
-/// and their kernels to `kernels`. Blocks too early in the step for the lead get none.
+/// Adds a K/V prefetch for every attention block (a dispatch whose kernel's role is
+/// [`Role::Attention`]) at `choice`'s lead before its level, writing `sink` (4 bytes), and
+/// their kernels to `kernels`. Blocks too early in the step for the lead get none, and so do
+/// blocks whose lead level streams no weights (no matvec or chain in it): the
+/// prefetch only pays beside a level long enough to hide it. Beside Qwen3-Next's q/k/v slices
+/// (two copies of 16 workgroups), bf16 lost 0.4% at 256 tokens and 1.0% at 1024 on an H200
+/// (docs/perf.md, session 45); in a dense layer this drops only the first block's under q8_0's
+/// lead (the embedding's level).
 pub fn add(
     dispatches: &mut Vec<Dispatch>,
     levels: &mut [Range<u32>],
     kernels: &mut Vec<KernelDecl>,
-    blocks: &HashMap<KernelId, (u32, u32)>,
+    roles: &HashMap<KernelId, Role>,
     choice: KvPrefetch,
     sink: Slice,
     spirv: &mut SpirvCache,
@@ -119,10 +126,20 @@ pub fn add(
     for (b, l) in levels.iter().enumerate().skip(ahead) {
         let block = dispatches[l.start as usize..l.end as usize]
             .iter()
-            .find_map(|d| blocks.get(&d.kernel).map(|&hc| (d, hc)));
+            .find_map(|d| match roles.get(&d.kernel) {
+                Some(&Role::Attention { heads, capacity }) => Some((d, (heads, capacity))),
+                _ => None,
+            });
+        let at = b - ahead;
+        let lead = &dispatches[levels[at].start as usize..levels[at].end as usize];
+        if !lead
+            .iter()
+            .any(|d| roles.get(&d.kernel).is_some_and(|r| r.streams()))
+        {
+            continue;
+        }
         if let Some((d, (heads, capacity))) = block {
             let slots = choice.slots.min(capacity);
-            let at = b - ahead;
             added.push((
                 at,
                 place,

@@ -1,9 +1,10 @@
-//! Weight prefetch into the L2 cache: a level that streams no weights of its own (the attention
-//! block: bound by latency, the memory otherwise idle for ~10 µs per layer on an H100) gets one
-//! more dispatch, in the same level and so without a barrier, that reads the weights of the
-//! (at most three) matvec levels right after it, every weight slice they bind, in order
-//! (kernels/glsl/prefetch.comp). Those levels then find their weights in L2 instead of paying
-//! DRAM latency and bandwidth after their barrier.
+//! Weight prefetch into the L2 cache: a level that streams no weights of its own and holds a
+//! host ([`Role::hosts`]: the attention block, the linear-attention step, bound by latency, the
+//! memory otherwise idle for ~10 µs per layer on an H100) gets one more dispatch, in the same
+//! level and so without a barrier, that reads the weights of the (at most three) matvec levels
+//! right after it, every weight slice they bind, in order (kernels/glsl/prefetch.comp). Those
+//! levels then find their weights in L2 instead of paying DRAM latency and bandwidth after
+//! their barrier.
 //!
 //! Bounded by [`Prefetch::budget`] and skipped under [`Prefetch::min`] (tiny models gain
 //! nothing but a dispatch). What it reads depends on the matvec weights' format
@@ -107,12 +108,32 @@ pub fn matvec_dtype(program: &Program) -> DType {
     }
 }
 
-/// How a kernel streams weights (prefetch targets): from binding 1 (matvecs), or from binding
-/// 1 (inner, gate/up) and later ones (outer, down) (chained matvecs).
+/// A kernel's part in the prefetches: a target streaming weights from binding 1 (matvecs), or
+/// from binding 1 (inner, gate/up) and later ones (outer, down) (chained matvecs); or a host,
+/// bound by latency and long enough that a prefetch beside it ends with it (the attention
+/// block, whose caches the K/V prefetch reads, and the linear-attention step).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Streams {
+pub enum Role {
     Matvec,
     Chain,
+    /// An attention block with `heads` kv heads of `capacity` slots in its caches.
+    Attention {
+        heads: u32,
+        capacity: u32,
+    },
+    LinearAttention,
+}
+
+impl Role {
+    /// Whether the kernel streams weights (a prefetch target).
+    pub fn streams(self) -> bool {
+        matches!(self, Role::Matvec | Role::Chain)
+    }
+
+    /// Whether a prefetch may run beside the kernel.
+    pub fn hosts(self) -> bool {
+        matches!(self, Role::Attention { .. } | Role::LinearAttention)
+    }
 }
 
 /// Weight bytes a level may bind and still count as streaming none (norm weights).
@@ -127,14 +148,21 @@ const MAX_SLICES: usize = 8;
 pub(super) const WG: u32 = 256;
 pub(super) const SECTORS_PER_INVOCATION: u64 = 8;
 
-/// The weight slices to prefetch beside each weight-free level: (level, slices). `streams`:
-/// the kernels that stream weights, and how. The slices follow the levels' order, and each
-/// dispatch's bindings in theirs (a chain's inner weights left out unless
-/// [`Prefetch::chain_inner`]), until the budget runs out or a level does not stream.
+/// The weight slices to prefetch beside each weight-free level that holds a host: (level,
+/// slices). `roles`: the kernels that stream weights, and how, and the hosts. The slices follow
+/// the levels' order, and each dispatch's bindings in theirs (a chain's inner weights left out
+/// unless [`Prefetch::chain_inner`]), until the budget runs out or a level does not stream.
+///
+/// Only beside a host: the levels after a prefetch wait for it where a barrier follows, so
+/// beside a short level (Qwen3-Next's attention gate, an elementwise kernel of 16
+/// workgroups) the prefetch only lengthened it. On an H200 (the qwen3-next-small shape, 256
+/// tokens) the weight prefetch beside the gate cost about 2.1% bf16, 1.8% q4_0 and 0.5% q8_0,
+/// while beside the linear-attention steps it gained 0.4% bf16, 1.1% q4_0 and 0.5% q8_0
+/// (docs/perf.md, session 45).
 pub fn plan(
     dispatches: &[Dispatch],
     levels: &[Range<u32>],
-    streams: &HashMap<KernelId, Streams>,
+    roles: &HashMap<KernelId, Role>,
     weights: BufferId,
     opts: Prefetch,
 ) -> Vec<(usize, Vec<Slice>)> {
@@ -151,8 +179,11 @@ pub fn plan(
     if opts.budget == 0 {
         return out;
     }
+    let role = |d: &Dispatch| roles.get(&d.kernel).copied();
     for (i, l) in levels.iter().enumerate() {
-        if weight_bytes(l) > WEIGHT_FREE || of(l).iter().any(|d| streams.contains_key(&d.kernel)) {
+        let hosted = of(l).iter().any(|d| role(d).is_some_and(Role::hosts));
+        let streaming = of(l).iter().any(|d| role(d).is_some_and(Role::streams));
+        if !hosted || streaming || weight_bytes(l) > WEIGHT_FREE {
             continue;
         }
         let mut slices: Vec<Slice> = vec![];
@@ -160,11 +191,11 @@ pub fn plan(
         'next: for next in levels[i + 1..].iter().take(LEVELS_AHEAD) {
             for d in of(next) {
                 // Only levels streaming weights (binding 1 first).
-                let kind = match (streams.get(&d.kernel), d.bindings.get(1)) {
-                    (Some(&kind), Some(w)) if w.buffer == weights => kind,
+                let kind = match (role(d), d.bindings.get(1)) {
+                    (Some(kind), Some(w)) if kind.streams() && w.buffer == weights => kind,
                     _ => break 'next,
                 };
-                let skip = usize::from(kind == Streams::Chain && !opts.chain_inner);
+                let skip = usize::from(kind == Role::Chain && !opts.chain_inner);
                 for w in d.bindings[1..]
                     .iter()
                     .filter(|b| b.buffer == weights)
@@ -365,10 +396,19 @@ mod tests {
         (ds, levels)
     }
 
-    fn streams() -> HashMap<KernelId, Streams> {
+    /// The attention block hosts (kernel 0), o_proj and q/k/v (kernel 1) and the chain
+    /// (kernel 2) stream.
+    fn roles() -> HashMap<KernelId, Role> {
         [
-            (KernelId(1), Streams::Matvec),
-            (KernelId(2), Streams::Chain),
+            (
+                KernelId(0),
+                Role::Attention {
+                    heads: 1,
+                    capacity: 1,
+                },
+            ),
+            (KernelId(1), Role::Matvec),
+            (KernelId(2), Role::Chain),
         ]
         .into_iter()
         .collect()
@@ -386,7 +426,7 @@ mod tests {
     fn every_weight_matrix_of_three_levels_in_order() {
         let (ds, levels) = layer();
         let opts = budget(64 * MIB, true);
-        let plan = plan(&ds, &levels, &streams(), W, opts);
+        let plan = plan(&ds, &levels, &roles(), W, opts);
         assert_eq!(plan.len(), 1, "only the attention level streams nothing");
         let (at, slices) = &plan[0];
         assert_eq!(*at, 0);
@@ -407,7 +447,7 @@ mod tests {
     #[test]
     fn without_chain_inner_the_chain_gives_its_outer_weights_only() {
         let (ds, levels) = layer();
-        let plan = plan(&ds, &levels, &streams(), W, budget(64 * MIB, false));
+        let plan = plan(&ds, &levels, &roles(), W, budget(64 * MIB, false));
         // The chain's gate/up (its binding 1) is left out; its norm weight and down are read,
         // and the levels around it as before.
         assert_eq!(
@@ -425,7 +465,7 @@ mod tests {
     fn the_budget_cuts_the_last_matrix_to_whole_sectors_and_norm_weights_pass_it() {
         let (ds, levels) = layer();
         let opts = budget(2 * MIB + 100, true);
-        let plan = plan(&ds, &levels, &streams(), W, opts);
+        let plan = plan(&ds, &levels, &roles(), W, opts);
         let cut = (MIB + 100) / 32 * 32;
         // o_proj, then gate/up cut; past the budget only the chain's norm weight, not its
         // down or the next q/k/v.
@@ -439,7 +479,7 @@ mod tests {
         );
         // A norm weight does not count against the budget: with exactly o_proj's and
         // gate/up's bytes, down is not read.
-        let plan = super::plan(&ds, &levels, &streams(), W, budget(4 * MIB, true));
+        let plan = super::plan(&ds, &levels, &roles(), W, budget(4 * MIB, true));
         assert_eq!(
             plan[0].1,
             vec![
@@ -454,12 +494,26 @@ mod tests {
     fn a_level_that_does_not_stream_ends_the_walk() {
         let (mut ds, levels) = layer();
         // The chain's kernel is not a streaming one: only o_proj before it.
-        let streams: HashMap<KernelId, Streams> =
-            [(KernelId(1), Streams::Matvec)].into_iter().collect();
         ds[2].kernel = KernelId(3);
         let opts = budget(64 * MIB, true);
-        let plan = plan(&ds, &levels, &streams, W, opts);
+        let plan = plan(&ds, &levels, &roles(), W, opts);
         assert_eq!(plan, vec![(0, vec![slice(W, 0, MIB)])]);
+    }
+
+    #[test]
+    fn only_beside_a_host() {
+        // The weight-free level's kernel is not a host (Qwen3-Next's attention gate): none.
+        let (mut ds, levels) = layer();
+        ds[0].kernel = KernelId(3);
+        assert!(plan(&ds, &levels, &roles(), W, budget(64 * MIB, true)).is_empty());
+        // A host beside it in its level: the prefetch again.
+        ds.insert(0, dispatch(0, &[]));
+        let levels: Vec<Range<u32>> = std::iter::once(0..2)
+            .chain((2..ds.len() as u32).map(|i| i..i + 1))
+            .collect();
+        let plan = plan(&ds, &levels, &roles(), W, budget(64 * MIB, true));
+        assert_eq!(plan.len(), 1);
+        assert_eq!(plan[0].0, 0);
     }
 
     #[test]
@@ -501,7 +555,7 @@ mod tests {
         let many: Vec<Slice> = (0..10).map(|k| slice(W, k * MIB, MIB)).collect();
         let ds = vec![dispatch(0, &[]), dispatch(1, &many)];
         let levels = vec![0..1, 1..2];
-        let plan = plan(&ds, &levels, &streams(), W, budget(64 * MIB, true));
+        let plan = plan(&ds, &levels, &roles(), W, budget(64 * MIB, true));
         assert_eq!(plan[0].1, many[..MAX_SLICES].to_vec());
     }
 
@@ -509,12 +563,12 @@ mod tests {
     fn no_budget_or_too_little_to_read_plans_nothing() {
         let (ds, levels) = layer();
         let none = budget(0, true);
-        assert!(plan(&ds, &levels, &streams(), W, none).is_empty());
+        assert!(plan(&ds, &levels, &roles(), W, none).is_empty());
         let small = Prefetch {
             min: 16 * MIB,
             ..budget(64 * MIB, true)
         };
-        assert!(plan(&ds, &levels, &streams(), W, small).is_empty());
+        assert!(plan(&ds, &levels, &roles(), W, small).is_empty());
     }
 
     #[test]

@@ -269,10 +269,9 @@ struct Lowering<'a> {
     kernel_ids: HashMap<KernelKey, KernelId>,
     /// The matvec kernels, for persistent regions.
     matvecs: MatvecKernels,
-    /// Kernels streaming weights (prefetch targets), and how.
-    streams: HashMap<KernelId, prefetch::Streams>,
-    /// The attention blocks' kernels, as (kv heads, cache capacity) (K/V prefetch targets).
-    attention: HashMap<KernelId, (u32, u32)>,
+    /// The kernels' parts in the prefetches: streaming weights (targets), and how; hosting
+    /// them (the attention blocks, with their caches' shape, and linear-attention steps).
+    prefetch_roles: HashMap<KernelId, prefetch::Role>,
     /// The zero kernels (merged per level by [`zeros::merge`]).
     zeros: HashSet<KernelId>,
     dispatches: Vec<Dispatch>,
@@ -548,14 +547,21 @@ impl Lowering<'_> {
                             }
                             match k.kind {
                                 KernelKind::Matvec(_) => {
-                                    self.streams.insert(id, prefetch::Streams::Matvec);
+                                    self.prefetch_roles.insert(id, prefetch::Role::Matvec);
                                 }
                                 KernelKind::Chain(_) => {
-                                    self.streams.insert(id, prefetch::Streams::Chain);
+                                    self.prefetch_roles.insert(id, prefetch::Role::Chain);
                                 }
                                 KernelKind::Attention(ref a) => {
-                                    let (hkv, cap) = (a.hkv as u32, a.capacity as u32);
-                                    self.attention.insert(id, (hkv, cap));
+                                    let role = prefetch::Role::Attention {
+                                        heads: a.hkv as u32,
+                                        capacity: a.capacity as u32,
+                                    };
+                                    self.prefetch_roles.insert(id, role);
+                                }
+                                KernelKind::Gdn(_) => {
+                                    self.prefetch_roles
+                                        .insert(id, prefetch::Role::LinearAttention);
                                 }
                                 _ => {}
                             }
@@ -797,8 +803,7 @@ pub fn lower_units_planned(
         kernels: vec![],
         kernel_ids: HashMap::new(),
         matvecs: HashMap::new(),
-        streams: HashMap::new(),
-        attention: HashMap::new(),
+        prefetch_roles: HashMap::new(),
         zeros: HashSet::new(),
         dispatches: vec![],
         accesses: vec![],
@@ -889,18 +894,22 @@ pub fn lower_units_planned(
     let choice = opts
         .prefetch
         .unwrap_or_else(|| Prefetch::for_program(p, banded));
-    let prefetches = prefetch::plan(&dispatches, &levels, &l.streams, weights, choice);
+    let prefetches = prefetch::plan(&dispatches, &levels, &l.prefetch_roles, weights, choice);
     // By default only where the default weight prefetch finds enough to read (tiny models
     // gain nothing but dispatches), whatever `--prefetch-mib` says.
     let kv_choice = opts.kv_prefetch.unwrap_or_else(|| {
         let default = Prefetch::for_program(p, banded);
-        if !prefetch::plan(&dispatches, &levels, &l.streams, weights, default).is_empty() {
+        if !prefetch::plan(&dispatches, &levels, &l.prefetch_roles, weights, default).is_empty() {
             KvPrefetch::for_program(p)
         } else {
             KvPrefetch::NONE
         }
     });
-    if !prefetches.is_empty() || (kv_choice.slots > 0 && !l.attention.is_empty()) {
+    let blocks = l
+        .prefetch_roles
+        .values()
+        .any(|r| matches!(r, prefetch::Role::Attention { .. }));
+    if !prefetches.is_empty() || (kv_choice.slots > 0 && blocks) {
         // Written never in practice (prefetch.comp): any 4 bytes nothing reads.
         let sink = l.bufs[STATE].alloc(4);
         prefetch::add(
@@ -915,7 +924,7 @@ pub fn lower_units_planned(
             &mut dispatches,
             &mut levels,
             &mut l.kernels,
-            &l.attention,
+            &l.prefetch_roles,
             kv_choice,
             sink,
             spirv,
