@@ -123,29 +123,29 @@ pub fn add(
     }
     let (ahead, place) = choice.lead.at();
     let mut added = vec![];
+    let of = |l: &Range<u32>| &dispatches[l.start as usize..l.end as usize];
+    let role = |d: &Dispatch| roles.get(&d.kernel).copied();
     for (b, l) in levels.iter().enumerate().skip(ahead) {
-        let block = dispatches[l.start as usize..l.end as usize]
-            .iter()
-            .find_map(|d| match roles.get(&d.kernel) {
-                Some(&Role::Attention { heads, capacity }) => Some((d, (heads, capacity))),
-                _ => None,
-            });
+        let block = of(l).iter().find_map(|d| match role(d) {
+            Some(Role::Attention { heads, capacity }) => Some((d, heads, capacity)),
+            _ => None,
+        });
+        let Some((d, heads, capacity)) = block else {
+            continue;
+        };
         let at = b - ahead;
-        let lead = &dispatches[levels[at].start as usize..levels[at].end as usize];
-        if !lead
+        if !of(&levels[at])
             .iter()
-            .any(|d| roles.get(&d.kernel).is_some_and(|r| r.streams()))
+            .any(|d| role(d).is_some_and(Role::streams))
         {
             continue;
         }
-        if let Some((d, (heads, capacity))) = block {
-            let slots = choice.slots.min(capacity);
-            added.push((
-                at,
-                place,
-                dispatch(kernels, d, heads, capacity, slots, sink, spirv)?,
-            ));
-        }
+        let slots = choice.slots.min(capacity);
+        added.push((
+            at,
+            place,
+            dispatch(kernels, d, heads, capacity, slots, sink, spirv)?,
+        ));
     }
     super::prefetch::insert(dispatches, levels, added);
     Ok(())
