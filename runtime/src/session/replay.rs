@@ -94,6 +94,8 @@ pub struct Replay {
     /// Per chained step, the token (4 bytes, padded to 256) then the logits.
     logits_ring: Buffer,
     logits_stride: u64,
+    /// The steps whose logits the ring holds: the most per submit that returns logits.
+    logits_slots: u32,
     /// `IN_FLIGHT` slots of `MAX_TOKENS_PER_SUBMIT` tokens.
     token_ring: Buffer,
     /// Fills the handoff words and copies each chained step's outputs to a ring (set 0: the
@@ -197,9 +199,13 @@ impl Replay {
         }
         let vocab_bytes = 4 * u64::from(s.meta.vocab_size);
         let logits_stride = 256 + vocab_bytes.div_ceil(256) * 256;
+        // As many steps' logits as one binding may cover (a vocabulary past ~500k on a device
+        // whose maxStorageBufferRange is 128 MiB holds fewer than 64).
+        let max_range = u64::from(loaded.device.info().max_storage_buffer_range);
+        let logits_slots = (max_range / logits_stride).clamp(1, u64::from(MAX_TOKENS_PER_SUBMIT));
         let logits_ring = loaded.device.create_buffer_labeled(
             "replay logits ring",
-            logits_stride * u64::from(MAX_TOKENS_PER_SUBMIT),
+            logits_stride * logits_slots,
             BufferKind::Readback,
         )?;
         let token_ring = loaded.device.create_buffer_labeled(
@@ -243,6 +249,7 @@ impl Replay {
             chains: BTreeMap::new(),
             logits_ring,
             logits_stride,
+            logits_slots: logits_slots as u32,
             token_ring,
             step_io,
             last_user: vec![None; timestamps.len()],
@@ -519,7 +526,9 @@ impl Replay {
         }
         for band in 0..=self.bands.len() {
             for parity in 0..self.parities {
-                self.record_once((k, Out::Logits, parity, band))?;
+                if k <= self.logits_slots {
+                    self.record_once((k, Out::Logits, parity, band))?;
+                }
                 for slot in 0..IN_FLIGHT {
                     self.record_once((k, Out::Tokens(slot), parity, band))?;
                 }
@@ -578,6 +587,19 @@ impl Replay {
     /// the previous argmax) and returns every step's output, logits included (each step's
     /// logits are copied out: use [`Self::greedy_tokens`] when only the tokens are needed).
     pub fn steps(&mut self, first: Option<u32>, k: u32) -> Result<Vec<StepOutput>, SessionError> {
+        if k > self.logits_slots && k <= MAX_TOKENS_PER_SUBMIT {
+            return Err(SessionError::Vulkan(crate::Error::InvalidArgument(
+                format!(
+                    "{k} steps' logits in one submit take {} bytes, past this device's \
+                 maxStorageBufferRange ({} bytes): at most {} steps per submit return their \
+                 logits with this vocabulary (greedy tokens alone take up to \
+                 {MAX_TOKENS_PER_SUBMIT})",
+                    u64::from(k) * self.logits_stride,
+                    self.loaded.device.info().max_storage_buffer_range,
+                    self.logits_slots
+                ),
+            )));
+        }
         let position = self.check_greedy(first, k, k)?;
         let parity = self.parity;
         let band = self.band_at(position + (k - 1));

@@ -1,0 +1,97 @@
+//! Replay's logits ring (each chained step's logits copied out) holds as many steps as one
+//! binding may cover (`maxStorageBufferRange`, 128 MiB on lavapipe): a vocabulary of 600000
+//! takes 2.4 MB a step, so fewer than 64 fit. A chain of that many returns every step's logits,
+//! the first step's matching the CPU reference; a longer one is refused with an error naming
+//! the limit and how many fit. A ring sized for 64 steps failed at load, naming nothing.
+
+use safetensors::tensor::TensorView;
+use safetensors::SafeTensors;
+use std::path::{Path, PathBuf};
+use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
+use vkfuse_compiler::lower::Meta;
+use vkfuse_compiler::{import, trace};
+use vkfuse_runtime::session::{Loaded, Replay};
+use vkfuse_tests::{fixture_dir, reference_rows, rel_l2, spirv_cache, validated_device};
+
+const VOCAB: usize = 600_000;
+const TABLE: &str = "model.embed_tokens.weight";
+
+/// The qwen3-tied fixture (tied embedding) with a vocabulary of VOCAB: its table's rows
+/// repeated, every other tensor as it is.
+fn big_vocabulary(dir: &Path) {
+    let src = fixture_dir("qwen3-tied");
+    std::fs::create_dir_all(dir).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    config["vocab_size"] = VOCAB.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let table = st.tensor(TABLE).unwrap();
+    let row = table.data().len() / table.shape()[0];
+    let big: Vec<u8> = table
+        .data()
+        .chunks(row)
+        .cycle()
+        .take(VOCAB)
+        .flatten()
+        .copied()
+        .collect();
+    let mut views: Vec<(String, TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name != TABLE)
+        .collect();
+    let shape = vec![VOCAB, table.shape()[1]];
+    views.push((
+        TABLE.into(),
+        TensorView::new(table.dtype(), shape, &big).unwrap(),
+    ));
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
+#[test]
+fn chains_return_logits_up_to_what_one_binding_holds() {
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("vkfuse-logits-ring-{}", std::process::id()));
+    big_vocabulary(&dir);
+    let model = import::load(&dir).unwrap();
+    let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
+    let meta = Meta {
+        architecture: model.config.architecture.clone(),
+        eos_token_ids: vec![],
+        tokenizer: None,
+    };
+    let (schedule, _) =
+        lower_fused(&program, &meta, &mut spirv_cache(), &FuseOptions::default()).unwrap();
+
+    let (device, log) = validated_device();
+    let max = u64::from(device.info().max_storage_buffer_range);
+    let stride = 256 + (4 * VOCAB as u64).div_ceil(256) * 256;
+    let fit = (max / stride) as u32;
+    assert!(
+        (1..64).contains(&fit),
+        "the device's binding range ({max} bytes) holds {fit} steps' logits: this test wants 1..64"
+    );
+    let mut replay = Replay::new(Loaded::new(device, schedule, &model.tensors).unwrap()).unwrap();
+
+    let out = replay.steps(Some(1), fit).unwrap();
+    assert_eq!(out.len(), fit as usize);
+    assert!(out.iter().all(|o| o.logits.len() == VOCAB));
+    let want = &reference_rows(&program, &model.tensors, &[1])[0];
+    let err = rel_l2(&out[0].logits, want);
+    assert!(
+        err < 5e-3,
+        "the first step's logits against the reference: {err}"
+    );
+
+    replay.reset().unwrap();
+    let refused = replay.steps(Some(1), fit + 1).unwrap_err().to_string();
+    assert!(
+        refused.contains("maxStorageBufferRange")
+            && refused.contains(&format!("at most {fit} steps")),
+        "{refused}"
+    );
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+    std::fs::remove_dir_all(&dir).ok();
+}
