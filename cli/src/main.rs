@@ -35,6 +35,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Feed token ids one at a time, then decode greedily; print the generated ids.
+    ///
+    /// On a Vulkan backend one step runs first and is forgotten (the sequence starts again),
+    /// so that the time printed is not the driver's first use of each pipeline (lavapipe
+    /// compiles its shaders then).
     Run(RunArgs),
     /// Tokenize a prompt, decode greedily and print the text as it is produced.
     Generate(generate::GenerateArgs),

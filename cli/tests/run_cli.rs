@@ -115,6 +115,17 @@ fn replay_feeds_the_last_prompt_token_to_its_first_chain_and_reproduces_transfor
         let stdout = String::from_utf8(out.stdout).unwrap();
         let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
         assert_eq!(json_ids(&json), want.greedy_ids, "{args:?}");
+        if extra.get(1) == Some(&"3") {
+            // The warm-up step (and the reset after it) counts for nothing: the prompt's ids
+            // but the last one submit each, then chains of 3.
+            let (p, n) = (want.prompt_ids.len(), want.greedy_ids.len());
+            let submits = (p - 1 + n.div_ceil(3)) as f64 / (p + n - 1) as f64;
+            let got = json["submits_per_token"].as_f64().unwrap();
+            assert!(
+                (got - submits).abs() < 1e-9,
+                "{got} submits per token, not {submits}"
+            );
+        }
     }
     // What compile-model fixed is not asked again.
     let out = vkfuse(&[
