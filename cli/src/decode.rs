@@ -129,9 +129,14 @@ impl Engine for ReplayEngine {
 }
 
 /// The note for `--persistent` (not off) where no region runs: the schedule offers none
-/// (`regions` 0), or the device does not report its compute units (`--persistent units`).
-pub fn no_region_note(regions: usize, device: &str) {
-    let why = if regions == 0 {
+/// (`regions` 0: a model directory's, compiled in memory unfused, never does), or the device
+/// does not report its compute units (`--persistent units`).
+pub fn no_region_note(regions: usize, from_directory: bool, device: &str) {
+    let why = if regions == 0 && from_directory {
+        "a model directory is compiled in memory unfused, without regions (compile it with \
+         compile-model, which offers them over runs of matvec levels, and run the file)"
+            .to_string()
+    } else if regions == 0 {
         "the schedule offers none (compile-model offers them over runs of matvec levels; a \
          chained MLP leaves none: compile with --no-chain)"
             .to_string()
@@ -165,6 +170,7 @@ fn vulkan_engine(
     schedule: Schedule,
     weights: &dyn TensorBytes,
     pipeline_cache: Option<CacheFile>,
+    from_directory: bool,
 ) -> Result<Box<dyn Engine>> {
     let EngineChoice {
         backend,
@@ -186,7 +192,7 @@ fn vulkan_engine(
         .context("loading the schedule on the device")?;
     // Asked for regions that do not run: say why rather than run as `off` in silence.
     if persistence != Persistence::Off && !loaded.persistent_runs() {
-        no_region_note(regions, &device.info().name);
+        no_region_note(regions, from_directory, &device.info().name);
     }
     if let Some(w) = loaded.pipeline_cache.warning() {
         eprintln!("{w}");
@@ -288,7 +294,7 @@ impl Source {
                 let schedule = lower::lower(program, &meta, &mut SpirvCache::default())
                     .context("lowering the trace")?;
                 let weights = EncodedWeights::new(&model.tensors, program)?;
-                vulkan_engine(choice, schedule, &weights, None)?
+                vulkan_engine(choice, schedule, &weights, None, true)?
             }
             (Source::File(_), Backend::Reference) => {
                 bail!("the reference backend interprets the trace: give it the model directory, not a schedule file")
@@ -297,7 +303,7 @@ impl Source {
                 let schedule = f.schedule().clone();
                 let cache =
                     CacheFile::beside(f.path(), pipeline_cache::schedule_checksum(&schedule));
-                vulkan_engine(choice, schedule, f.weights(), Some(cache))
+                vulkan_engine(choice, schedule, f.weights(), Some(cache), false)
                     .with_context(|| f.path().display().to_string())?
             }
         })
@@ -355,6 +361,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     if args.tokens_per_submit > 1 && backend_kind != Backend::Replay {
         bail!("--tokens-per-submit chains steps on the device: it needs --backend replay");
+    }
+    if args.run.persistent != Persistence::Off && backend_kind == Backend::Reference {
+        bail!(
+            "--persistent runs regions of a schedule on the device: the reference backend has \
+             none (--backend replay or eager)"
+        );
     }
     // Where only tokens are wanted, the last prompt token goes straight into the first greedy
     // chain: its step's logits would cross to the host for nothing, and a step the host waits

@@ -192,7 +192,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         .with_context(|| format!("loading {} on the device", args.model.display()))?;
     // As `run` and `bench` say it (decode.rs): regions asked for that do not run.
     if args.run.persistent != Persistence::Off && !session.persistent_runs() {
-        crate::decode::no_region_note(regions, &session.device().info().name);
+        let from_directory = !args.model.is_file();
+        crate::decode::no_region_note(regions, from_directory, &session.device().info().name);
     }
     if let Some(w) = session.pipeline_cache().warning() {
         eprintln!("{w}");

@@ -940,6 +940,34 @@ fn persistent_regions_that_do_not_run_are_named() {
             }
         }
     }
+    // A model directory is compiled unfused: no regions, and the note says that, not a chain.
+    let model_dir = fixture_dir("qwen3-tied");
+    for command in [&["run", "--backend", "replay"][..], &["generate"]] {
+        let mut args = vec![command[0], model_dir.to_str().unwrap()];
+        args.extend(&command[1..]);
+        args.extend(["--ids", "1,2", "--max-new-tokens", "1", "--persistent", "1"]);
+        let out = vkfuse_ok(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("a model directory is compiled in memory unfused"),
+            "{command:?}: {stderr}"
+        );
+    }
+    // The reference backend has no regions to run: refused, as --tokens-per-submit is.
+    let out = vkfuse(&[
+        "run",
+        model_dir.to_str().unwrap(),
+        "--ids",
+        "1",
+        "--persistent",
+        "1",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the reference backend has none"),
+        "{stderr}"
+    );
     std::fs::remove_file(&chained).ok();
     std::fs::remove_file(&unchained).ok();
 }
