@@ -582,10 +582,29 @@ fn check_binding_ranges(schedule: &Schedule, device: &Device) -> Result<(), Sess
             let buffer = schedule.buffer(s.buffer);
             let fix = match buffer.role {
                 BufferRole::State => {
-                    ": a KV cache that long needs a smaller compile-model --max-context"
+                    ": a KV cache that long needs a smaller compile-model --max-context".into()
                 }
-                BufferRole::Weights => ": that matrix is too large for this device",
-                _ => "",
+                BufferRole::Weights => {
+                    // The tensor (or tensors) uploaded where the binding lies.
+                    let end = s.offset + s.size;
+                    let names: Vec<&str> = schedule
+                        .weights
+                        .iter()
+                        .filter(|w| w.dst.buffer == s.buffer)
+                        .filter(|w| w.dst.offset < end && s.offset < w.dst.offset + w.dst.size)
+                        .map(|w| w.tensor.as_str())
+                        .collect();
+                    let what = match names[..] {
+                        [] => "that matrix".to_string(),
+                        [one] => format!("`{one}`"),
+                        [first, ..] => format!("`{first}` and {} more tensors", names.len() - 1),
+                    };
+                    format!(
+                        ": {what} is too large for this device (compile-model --weights q8_0 or \
+                         q4_0 stores matrices in about a quarter or an eighth of f32's bytes)"
+                    )
+                }
+                _ => String::new(),
             };
             return Err(SessionError::Vulkan(Error::UnsupportedDevice {
                 device: device.info().name.clone(),

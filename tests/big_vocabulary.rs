@@ -1,8 +1,14 @@
+//! Vocabularies whose tables or logits pass what one binding may cover
+//! (`maxStorageBufferRange`, 128 MiB on lavapipe).
+//!
 //! Replay's logits ring (each chained step's logits copied out) holds as many steps as one
-//! binding may cover (`maxStorageBufferRange`, 128 MiB on lavapipe): a vocabulary of 600000
-//! takes 2.4 MB a step, so fewer than 64 fit. A chain of that many returns every step's logits,
-//! the first step's matching the CPU reference; a longer one is refused with an error naming
-//! the limit and how many fit. A ring sized for 64 steps failed at load, naming nothing.
+//! binding covers: a vocabulary of 600000 takes 2.4 MB a step, so fewer than 64 fit. A chain of
+//! that many returns every step's logits, the first step's matching the CPU reference; a longer
+//! one is refused with an error naming the limit and how many fit. A ring sized for 64 steps
+//! failed at load, naming nothing.
+//!
+//! A table of 1.1 million bf16 rows of 64 (141 MB) is refused at load with an error that names
+//! the tensor and the block formats that would fit it, not only the dispatch binding it.
 
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
@@ -14,16 +20,17 @@ use vkfuse_runtime::session::{Loaded, Replay};
 use vkfuse_tests::{fixture_dir, reference_rows, rel_l2, spirv_cache, validated_device};
 
 const VOCAB: usize = 600_000;
+const TOO_MANY: usize = 1_100_000;
 const TABLE: &str = "model.embed_tokens.weight";
 
-/// The qwen3-tied fixture (tied embedding) with a vocabulary of VOCAB: its table's rows
+/// The qwen3-tied fixture (tied embedding) with a vocabulary of `vocab`: its table's rows
 /// repeated, every other tensor as it is.
-fn big_vocabulary(dir: &Path) {
+fn big_vocabulary(dir: &Path, vocab: usize) {
     let src = fixture_dir("qwen3-tied");
     std::fs::create_dir_all(dir).unwrap();
     let mut config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
-    config["vocab_size"] = VOCAB.into();
+    config["vocab_size"] = vocab.into();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -33,7 +40,7 @@ fn big_vocabulary(dir: &Path) {
         .data()
         .chunks(row)
         .cycle()
-        .take(VOCAB)
+        .take(vocab)
         .flatten()
         .copied()
         .collect();
@@ -42,7 +49,7 @@ fn big_vocabulary(dir: &Path) {
         .into_iter()
         .filter(|(name, _)| name != TABLE)
         .collect();
-    let shape = vec![VOCAB, table.shape()[1]];
+    let shape = vec![vocab, table.shape()[1]];
     views.push((
         TABLE.into(),
         TensorView::new(table.dtype(), shape, &big).unwrap(),
@@ -53,8 +60,8 @@ fn big_vocabulary(dir: &Path) {
 #[test]
 fn chains_return_logits_up_to_what_one_binding_holds() {
     let dir: PathBuf =
-        std::env::temp_dir().join(format!("vkfuse-logits-ring-{}", std::process::id()));
-    big_vocabulary(&dir);
+        std::env::temp_dir().join(format!("vkfuse-big-vocabulary-{}", std::process::id()));
+    big_vocabulary(&dir, VOCAB);
     let model = import::load(&dir).unwrap();
     let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
     let meta = Meta {
@@ -91,6 +98,38 @@ fn chains_return_logits_up_to_what_one_binding_holds() {
         refused.contains("maxStorageBufferRange")
             && refused.contains(&format!("at most {fit} steps")),
         "{refused}"
+    );
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_table_past_one_binding_is_refused_naming_it() {
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("vkfuse-huge-table-{}", std::process::id()));
+    big_vocabulary(&dir, TOO_MANY);
+    let model = import::load(&dir).unwrap();
+    let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
+    let meta = Meta {
+        architecture: model.config.architecture.clone(),
+        eos_token_ids: vec![],
+        tokenizer: None,
+    };
+    let (schedule, _) =
+        lower_fused(&program, &meta, &mut spirv_cache(), &FuseOptions::default()).unwrap();
+    let (device, log) = validated_device();
+    let max = u64::from(device.info().max_storage_buffer_range);
+    assert!(
+        (TOO_MANY * 64 * 2) as u64 > max,
+        "the device's binding range ({max} bytes) holds the whole table: this test wants less"
+    );
+    let err = match Loaded::new(device, schedule, &model.tensors) {
+        Ok(_) => panic!("a {TOO_MANY}-row table loaded past maxStorageBufferRange {max}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(&format!("`{TABLE}`")) && err.contains("--weights q8_0"),
+        "{err}"
     );
     assert!(log.is_clean(), "validation errors:\n{}", log.report());
     std::fs::remove_dir_all(&dir).ok();
