@@ -261,6 +261,14 @@ fn tokenizer_json_is_read_verbatim_when_present_and_named_when_broken() {
         );
         assert!(w.contains("--ids still works"), "{odd}: {w}");
     }
+    // A model type the library does not know: the same, naming the type.
+    let odd = "{\"model\": {\"type\": \"Nope\"}}";
+    dir.write("tokenizer.json", odd);
+    let w = load(dir.path()).unwrap().warnings().join("\n");
+    assert!(
+        w.contains("tokenizer.json: its model type `Nope` is none") && w.contains("Unigram"),
+        "{w}"
+    );
     dir.write("tokenizer.json", "{\"model\": ");
     let err = load_err(dir.path()).to_string();
     assert!(err.contains("tokenizer.json:1:"), "{err}");

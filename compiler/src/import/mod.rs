@@ -77,15 +77,10 @@ impl Model {
                 self.config.num_layers
             ));
         }
-        if self
-            .tokenizer
-            .as_deref()
-            .is_some_and(|t| !has_model_object(t))
-        {
+        if let Some(problem) = self.tokenizer.as_deref().and_then(tokenizer_problem) {
             out.push(format!(
-                "{}: no `model` object, which the tokenizers library reads the vocabulary \
-                 from: the schedule keeps the file, but `vkfuse generate --prompt` cannot use \
-                 it (--ids still works)",
+                "{}: {problem}: the schedule keeps the file, but `vkfuse generate --prompt` \
+                 cannot use it (--ids still works)",
                 self.dir.join(TOKENIZER_FILE).display()
             ));
         }
@@ -148,11 +143,26 @@ pub fn read_tokenizer(dir: &Path) -> Result<Option<String>, ImportError> {
     Ok(Some(text))
 }
 
-/// Whether `tokenizer` (JSON) is an object with a `model` object, which every `tokenizer.json`
-/// the tokenizers library loads has (its vocabulary and merges are there).
-fn has_model_object(tokenizer: &str) -> bool {
-    serde_json::from_str::<serde_json::Value>(tokenizer)
-        .is_ok_and(|v| v.get("model").is_some_and(serde_json::Value::is_object))
+/// The model types the tokenizers library loads (its `ModelWrapper`).
+const TOKENIZER_MODELS: [&str; 4] = ["BPE", "WordPiece", "WordLevel", "Unigram"];
+
+/// Why `tokenizer` (JSON) is nothing the tokenizers library loads, where that shows without
+/// loading it: no `model` object (every `tokenizer.json` it loads has one: its vocabulary and
+/// merges are there), or a model `type` it does not know. None where neither shows.
+fn tokenizer_problem(tokenizer: &str) -> Option<String> {
+    let v = serde_json::from_str::<serde_json::Value>(tokenizer).ok()?;
+    let Some(model) = v.get("model").filter(|m| m.is_object()) else {
+        return Some(
+            "no `model` object, which the tokenizers library reads the vocabulary from".into(),
+        );
+    };
+    match model.get("type").and_then(serde_json::Value::as_str) {
+        Some(t) if !TOKENIZER_MODELS.contains(&t) => Some(format!(
+            "its model type `{t}` is none the tokenizers library loads ({})",
+            TOKENIZER_MODELS.join(", ")
+        )),
+        _ => None,
+    }
 }
 
 /// The config paragraph, then one line on the checkpoint.
