@@ -2,7 +2,8 @@
 //!
 //! Debian 12's shared `libshaderc.so` does not carry glslang, so the `shaderc` crate is built
 //! with `prefer-static-linking` against `SHADERC_LIB_DIR` (set in `.cargo/config.toml`), and the
-//! static libraries that `libshaderc` itself needs are added here (see shared/TOOLCHAIN.md).
+//! static libraries that `libshaderc` itself needs are added here (`scripts/install-deps.sh`
+//! installs them: `libshaderc-dev`, `glslang-dev`, `spirv-tools`).
 
 const STATIC_LIBS: &[&str] = &[
     "glslang",
