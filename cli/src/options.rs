@@ -95,8 +95,8 @@ pub fn load_model(path: &std::path::Path) -> Result<Model> {
     Ok(model)
 }
 
-/// Refuses an output file (`flag`'s `path`) whose folder does not exist, before the work that
-/// fills it: found after a decode or a timeline, that work would be lost.
+/// Refuses an output file (`flag`'s `path`) whose folder does not exist, or that is a folder,
+/// before the work that fills it: found after a decode or a timeline, that work would be lost.
 pub fn check_out_folder(flag: &str, path: &std::path::Path) -> Result<()> {
     if let Some(dir) = vkfuse_runtime::schedule::missing_folder(path) {
         bail!(
@@ -104,6 +104,9 @@ pub fn check_out_folder(flag: &str, path: &std::path::Path) -> Result<()> {
             path.display(),
             dir.display()
         );
+    }
+    if path.is_dir() {
+        bail!("{flag} {}: a folder, not a file to write", path.display());
     }
     Ok(())
 }

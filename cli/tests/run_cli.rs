@@ -234,7 +234,7 @@ fn zero_new_tokens_gives_one_row_per_id() {
 fn bad_input_is_a_clear_error_not_a_panic() {
     let dir = fixture_dir("qwen3-tied");
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &["run", "/nonexistent/model", "--ids", "1"],
             "/nonexistent/model",
@@ -250,6 +250,11 @@ fn bad_input_is_a_clear_error_not_a_panic() {
                 "/nonexistent/dir/l.npy",
             ],
             "the folder /nonexistent/dir does not exist",
+        ),
+        // A folder where the file to write belongs, named with its flag.
+        (
+            &["run", d, "--ids", "1", "--logits-out", d],
+            "a folder, not a file to write",
         ),
         // A model directory where a schedule file belongs.
         (&["inspect", d], "is a directory, not a schedule file"),

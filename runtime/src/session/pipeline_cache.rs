@@ -89,7 +89,7 @@ impl CacheStatus {
     pub fn warning(&self) -> Option<String> {
         match self {
             CacheStatus::Ignored { path, warning } => Some(format!(
-                "warning: pipeline cache {}: {warning} (ignored)",
+                "warning: pipeline cache {} not used: {warning}",
                 path.display()
             )),
             _ => None,
