@@ -226,7 +226,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         // A one-token prompt, then tokens - 1 more steps: one position per token.
         if args.tokens > capacity {
             let tokens = args.tokens;
-            bail!("--tokens {tokens} needs {tokens} positions; the schedule reserves {capacity}");
+            let raise = match args.model.is_file() {
+                true => "compile-model --max-context sets it".to_string(),
+                false => format!(
+                    "a model directory reserves its config's max_position_embeddings, at most {}",
+                    trace::TraceOptions::DEFAULT_MAX_CONTEXT
+                ),
+            };
+            bail!(
+                "--tokens {tokens} needs {tokens} positions; the schedule reserves {capacity} \
+                 ({raise})"
+            );
         }
     }
     let device = args.device.open()?;

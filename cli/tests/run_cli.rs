@@ -324,7 +324,8 @@ fn bad_arguments_are_refused_before_decoding() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("--tokens 600 needs 600 positions"),
+        stderr.contains("--tokens 600 needs 600 positions")
+            && stderr.contains("reserves its config's max_position_embeddings"),
         "{stderr}"
     );
     assert!(
