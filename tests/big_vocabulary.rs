@@ -9,6 +9,9 @@
 //!
 //! A table of 1.1 million bf16 rows of 64 (141 MB) is refused at load with an error that names
 //! the tensor and the block formats that would fit it, not only the dispatch binding it.
+//!
+//! Both are built for lavapipe's 128 MiB range (where the suite runs); a device whose range is
+//! larger (4 GiB on NVIDIA) would need tables of gigabytes, and there they check nothing.
 
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
@@ -21,6 +24,9 @@ use vkfuse_tests::{fixture_dir, reference_rows, rel_l2, spirv_cache, validated_d
 
 const VOCAB: usize = 600_000;
 const TOO_MANY: usize = 1_100_000;
+/// The largest binding range these tables are built for (lavapipe's, 128 MiB): past it, the
+/// tests say so and check nothing.
+const MOST_RANGE: u64 = 128 << 20;
 const TABLE: &str = "model.embed_tokens.weight";
 
 /// The qwen3-tied fixture (tied embedding) with a vocabulary of `vocab`: its table's rows
@@ -74,6 +80,12 @@ fn chains_return_logits_up_to_what_one_binding_holds() {
 
     let (device, log) = validated_device();
     let max = u64::from(device.info().max_storage_buffer_range);
+    if max > MOST_RANGE {
+        // A GPU's range (4 GiB on NVIDIA) would need a table of gigabytes: lavapipe, where the
+        // suite runs, has 128 MiB.
+        eprintln!("skipped: the device's binding range is {max} bytes, past {MOST_RANGE}");
+        return;
+    }
     let stride = 256 + (4 * VOCAB as u64).div_ceil(256) * 256;
     let fit = (max / stride) as u32;
     assert!(
@@ -119,6 +131,10 @@ fn a_table_past_one_binding_is_refused_naming_it() {
         lower_fused(&program, &meta, &mut spirv_cache(), &FuseOptions::default()).unwrap();
     let (device, log) = validated_device();
     let max = u64::from(device.info().max_storage_buffer_range);
+    if max > MOST_RANGE {
+        eprintln!("skipped: the device's binding range is {max} bytes, past {MOST_RANGE}");
+        return;
+    }
     assert!(
         (TOO_MANY * 64 * 2) as u64 > max,
         "the device's binding range ({max} bytes) holds the whole table: this test wants less"

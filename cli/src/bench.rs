@@ -229,7 +229,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             let raise = match args.model.is_file() {
                 true => "compile-model --max-context sets it".to_string(),
                 false => format!(
-                    "a model directory reserves its config's max_position_embeddings, at most {}",
+                    "a model directory reserves its config's max_position_embeddings, at most \
+                     {}: for more, compile it with compile-model --max-context and bench the file",
                     trace::TraceOptions::DEFAULT_MAX_CONTEXT
                 ),
             };

@@ -161,6 +161,8 @@ struct EngineChoice<'a> {
     chains: &'a [u32],
     persistence: Persistence,
     handoffs: Handoffs,
+    /// Whether the chains return their logits (`--logits-out`).
+    logits: bool,
 }
 
 /// Loads `schedule` and opens the Vulkan executor `choice.backend` on it. Counting starts after
@@ -178,6 +180,7 @@ fn vulkan_engine(
         chains,
         persistence,
         handoffs,
+        logits,
     } = *choice;
     let device = open_device(device)?;
     let mut upload = UploadDisplay::new();
@@ -213,6 +216,14 @@ fn vulkan_engine(
         }
         _ => {
             let mut replay = Replay::new(loaded)?;
+            let most = replay.logits_steps();
+            if let Some(&k) = chains.iter().filter(|_| logits).find(|&&k| k > most) {
+                bail!(
+                    "--tokens-per-submit {k} with --logits-out: one submit returns the logits of \
+                     at most {most} steps with this vocabulary on this device (its \
+                     maxStorageBufferRange)"
+                );
+            }
             for &k in chains {
                 replay.prepare(k)?;
             }
@@ -389,6 +400,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         chains: &chains,
         persistence: args.run.persistent,
         handoffs: args.run.handoffs,
+        logits: args.logits_out.is_some(),
     })?;
     let backend = format!("{backend_kind:?}").to_lowercase();
     engine.warm_up()?;

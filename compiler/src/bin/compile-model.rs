@@ -93,7 +93,8 @@ struct Args {
     #[arg(long, value_name = "BANDS", value_parser = parse_bands)]
     attention_bands: Option<Bands>,
     /// MiB of the next matvec levels' weights to read into the L2 cache beside each level that
-    /// streams none of its own (the attention block), so those matvecs hit L2 (0: none).
+    /// streams none of its own and holds an attention block or a linear-attention step, so
+    /// those matvecs hit L2 (0: none).
     /// Default by the matvec weights' format, as measured on an H100: 14 for q8_0 beside its
     /// attention bands (a layer's o_proj, MLP and the next q/k/v's first part), else 12; 12
     /// for q4_0 (all of those); 14 for f16/bf16 (o_proj, the MLP's down and half the next
@@ -110,7 +111,9 @@ struct Args {
     /// tokens), and for f16/bf16, last in the q/k/v's level (+1.3%); none for q4_0 (it lost
     /// 0.2-4.2%) and f32; none where the model is too small for the default weight prefetch
     /// (whatever --prefetch-mib says). A number keeps the format's place, or the q/k/v's level
-    /// where the format has none.
+    /// where the format has none; a block whose level there streams no weights gets none
+    /// (Qwen3-Next's blocks under the q/k/v's level, whose slices come first; a dense model's
+    /// first block under q8_0's place, the embedding's level).
     #[arg(long, value_name = "SLOTS", conflicts_with = "no_fuse")]
     prefetch_kv: Option<u32>,
     /// Keep a matvec fed by another matvec kernel (SwiGLU's down after gate/up) in a level of

@@ -136,7 +136,8 @@ impl Role {
     }
 }
 
-/// Weight bytes a level may bind and still count as streaming none (norm weights).
+/// Weight bytes a level's kernels other than its hosts may bind and still count as streaming
+/// none (norm weights).
 const WEIGHT_FREE: u64 = 64 << 10;
 /// Matvec levels after the weight-free one whose weights it may read: a dense layer's o_proj,
 /// its MLP and the next layer's q/k/v. Further ahead, the data would wait longer in L2.
@@ -167,9 +168,8 @@ pub fn plan(
     opts: Prefetch,
 ) -> Vec<(usize, Vec<Slice>)> {
     let of = |l: &Range<u32>| &dispatches[l.start as usize..l.end as usize];
-    let weight_bytes = |l: &Range<u32>| -> u64 {
-        of(l)
-            .iter()
+    let weight_bytes = |ds: &[&Dispatch]| -> u64 {
+        ds.iter()
             .flat_map(|d| &d.bindings)
             .filter(|b| b.buffer == weights)
             .map(|b| b.size)
@@ -183,7 +183,13 @@ pub fn plan(
     for (i, l) in levels.iter().enumerate() {
         let hosted = of(l).iter().any(|d| role(d).is_some_and(Role::hosts));
         let streaming = of(l).iter().any(|d| role(d).is_some_and(Role::streams));
-        if !hosted || streaming || weight_bytes(l) > WEIGHT_FREE {
+        // The hosts' own weights (norms; Qwen3-Next-80B's linear-attention step binds 65920
+        // bytes of conv weights and gates) do not make a level a streaming one.
+        let others: Vec<&Dispatch> = of(l)
+            .iter()
+            .filter(|d| !role(d).is_some_and(Role::hosts))
+            .collect();
+        if !hosted || streaming || weight_bytes(&others) > WEIGHT_FREE {
             continue;
         }
         let mut slices: Vec<Slice> = vec![];
@@ -498,6 +504,23 @@ mod tests {
         let opts = budget(64 * MIB, true);
         let plan = plan(&ds, &levels, &roles(), W, opts);
         assert_eq!(plan, vec![(0, vec![slice(W, 0, MIB)])]);
+    }
+
+    #[test]
+    fn a_hosts_own_weights_do_not_make_its_level_streaming() {
+        // The block binds 1 MiB of weights of its own (as Qwen3-Next-80B's linear-attention
+        // step binds 64 KiB of conv weights): it still hosts.
+        let (mut ds, levels) = layer();
+        ds[0].bindings.push(slice(W, 20 * MIB, MIB));
+        let hosted = plan(&ds, &levels, &roles(), W, budget(64 * MIB, true));
+        assert_eq!(hosted.len(), 1);
+        assert_eq!(hosted[0].0, 0);
+        // Beside it, a kernel with no role binding as much: the level is not weight-free.
+        ds.insert(1, dispatch(9, &[slice(W, 30 * MIB, MIB)]));
+        let levels: Vec<Range<u32>> = std::iter::once(0..2)
+            .chain((2..ds.len() as u32).map(|i| i..i + 1))
+            .collect();
+        assert!(plan(&ds, &levels, &roles(), W, budget(64 * MIB, true)).is_empty());
     }
 
     #[test]

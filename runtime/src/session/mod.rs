@@ -595,13 +595,17 @@ fn check_binding_ranges(schedule: &Schedule, device: &Device) -> Result<(), Sess
                         .map(|w| w.tensor.as_str())
                         .collect();
                     let what = match names[..] {
-                        [] => "that matrix".to_string(),
-                        [one] => format!("`{one}`"),
-                        [first, ..] => format!("`{first}` and {} more tensors", names.len() - 1),
+                        [] => "that matrix is".to_string(),
+                        [one] => format!("`{one}` is"),
+                        [first, ..] => {
+                            format!("`{first}` and {} more tensors are", names.len() - 1)
+                        }
                     };
                     format!(
-                        ": {what} is too large for this device (compile-model --weights q8_0 or \
-                         q4_0 stores matrices in about a quarter or an eighth of f32's bytes)"
+                        ": {what} too large for this device (`--weights q8_0` or `q4_0`, of \
+                         compile-model or of run and bench on a model directory, stores most \
+                         matrices in about half or a quarter of 16-bit floats' bytes; an untied \
+                         embedding table, expert stacks and vectors stay as stored)"
                     )
                 }
                 _ => String::new(),

@@ -286,6 +286,12 @@ impl Replay {
         &self.plan
     }
 
+    /// The most steps one submit returns the logits of ([`Self::steps`]): 64, fewer where a
+    /// vocabulary's logits for 64 steps pass what one binding covers.
+    pub fn logits_steps(&self) -> u32 {
+        self.logits_slots
+    }
+
     /// Starts a new sequence.
     pub fn reset(&mut self) -> Result<(), SessionError> {
         self.loaded.reset()?;
