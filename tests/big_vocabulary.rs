@@ -13,61 +13,26 @@
 //! Both are built for lavapipe's 128 MiB range (where the suite runs); a device whose range is
 //! larger (4 GiB on NVIDIA) would need tables of gigabytes, and there they check nothing.
 
-use safetensors::tensor::TensorView;
-use safetensors::SafeTensors;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
 use vkfuse_compiler::lower::Meta;
 use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::session::{Loaded, Replay};
-use vkfuse_tests::{fixture_dir, reference_rows, rel_l2, spirv_cache, validated_device};
+use vkfuse_tests::{
+    reference_rows, rel_l2, spirv_cache, validated_device, write_big_vocabulary, TABLE,
+};
 
 const VOCAB: usize = 600_000;
 const TOO_MANY: usize = 1_100_000;
 /// The largest binding range these tables are built for (lavapipe's, 128 MiB): past it, the
 /// tests say so and check nothing.
 const MOST_RANGE: u64 = 128 << 20;
-const TABLE: &str = "model.embed_tokens.weight";
-
-/// The qwen3-tied fixture (tied embedding) with a vocabulary of `vocab`: its table's rows
-/// repeated, every other tensor as it is.
-fn big_vocabulary(dir: &Path, vocab: usize) {
-    let src = fixture_dir("qwen3-tied");
-    std::fs::create_dir_all(dir).unwrap();
-    let mut config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
-    config["vocab_size"] = vocab.into();
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let table = st.tensor(TABLE).unwrap();
-    let row = table.data().len() / table.shape()[0];
-    let big: Vec<u8> = table
-        .data()
-        .chunks(row)
-        .cycle()
-        .take(vocab)
-        .flatten()
-        .copied()
-        .collect();
-    let mut views: Vec<(String, TensorView)> = st
-        .tensors()
-        .into_iter()
-        .filter(|(name, _)| name != TABLE)
-        .collect();
-    let shape = vec![vocab, table.shape()[1]];
-    views.push((
-        TABLE.into(),
-        TensorView::new(table.dtype(), shape, &big).unwrap(),
-    ));
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
-}
 
 #[test]
 fn chains_return_logits_up_to_what_one_binding_holds() {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("vkfuse-big-vocabulary-{}", std::process::id()));
-    big_vocabulary(&dir, VOCAB);
+    write_big_vocabulary(&dir, VOCAB);
     let model = import::load(&dir).unwrap();
     let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
     let meta = Meta {
@@ -119,7 +84,7 @@ fn chains_return_logits_up_to_what_one_binding_holds() {
 fn a_table_past_one_binding_is_refused_naming_it() {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("vkfuse-huge-table-{}", std::process::id()));
-    big_vocabulary(&dir, TOO_MANY);
+    write_big_vocabulary(&dir, TOO_MANY);
     let model = import::load(&dir).unwrap();
     let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
     let meta = Meta {

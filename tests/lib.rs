@@ -452,3 +452,40 @@ pub fn walks_in_subgroups(schedule: &vkfuse_runtime::schedule::Schedule) -> bool
         .iter()
         .any(|&b| b)
 }
+
+/// The tied embedding table's name in the Qwen3 fixtures.
+pub const TABLE: &str = "model.embed_tokens.weight";
+
+/// The qwen3-tied fixture (tied embedding) with a vocabulary of `vocab`: its table's rows
+/// repeated, every other tensor as it is.
+pub fn write_big_vocabulary(dir: &Path, vocab: usize) {
+    let src = fixture_dir("qwen3-tied");
+    std::fs::create_dir_all(dir).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    config["vocab_size"] = vocab.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let table = st.tensor(TABLE).unwrap();
+    let row = table.data().len() / table.shape()[0];
+    let big: Vec<u8> = table
+        .data()
+        .chunks(row)
+        .cycle()
+        .take(vocab)
+        .flatten()
+        .copied()
+        .collect();
+    let mut views: Vec<(String, safetensors::tensor::TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name != TABLE)
+        .collect();
+    let shape = vec![vocab, table.shape()[1]];
+    views.push((
+        TABLE.into(),
+        safetensors::tensor::TensorView::new(table.dtype(), shape, &big).unwrap(),
+    ));
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}

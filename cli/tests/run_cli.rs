@@ -33,6 +33,17 @@ fn json_ids(json: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
+/// `out` failed with exit status 1, its error saying every one of `needles`, before any output.
+fn refused_alone(out: &std::process::Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "`{needle}` not in: {stderr}");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.is_empty(), "output before the error: {stdout}");
+}
+
 fn ids_arg(ids: &[u32]) -> String {
     ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
@@ -321,17 +332,12 @@ fn bad_arguments_are_refused_before_decoding() {
     }
     // More tokens than the schedule reserves: the error alone, no table begun.
     let out = vkfuse(&["bench", d, "--tokens", "600"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("--tokens 600 needs 600 positions")
-            && stderr.contains("reserves its config's max_position_embeddings"),
-        "{stderr}"
-    );
-    assert!(
-        out.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
+    refused_alone(
+        &out,
+        &[
+            "--tokens 600 needs 600 positions",
+            "reserves its config's max_position_embeddings",
+        ],
     );
 }
 
@@ -976,4 +982,66 @@ fn persistent_regions_that_do_not_run_are_named() {
     );
     std::fs::remove_file(&chained).ok();
     std::fs::remove_file(&unchained).ok();
+}
+
+/// `--logits-out` with chains longer than one submit can return the logits of (a vocabulary of
+/// 600000 on lavapipe's 128 MiB binding range: 55 steps) is refused before anything decodes,
+/// naming the limit; chains that fit run. Built for lavapipe's range: on a device whose range is
+/// larger the table would be gigabytes, and the test says so and checks nothing.
+#[test]
+fn logits_chains_past_the_logits_ring_are_refused_before_decoding() {
+    let (device, _) = vkfuse_tests::validated_device();
+    let max = device.info().max_storage_buffer_range;
+    drop(device);
+    if max > 128 << 20 {
+        eprintln!("skipped: the device's binding range is {max} bytes, past lavapipe's 128 MiB");
+        return;
+    }
+    let id = std::process::id();
+    let dir = std::env::temp_dir().join(format!("vkfuse-cli-big-vocabulary-{id}"));
+    vkfuse_tests::write_big_vocabulary(&dir, 600_000);
+    let model = vkfuse_compiler::import::load(&dir).unwrap();
+    let program = vkfuse_compiler::trace::trace(&model, &Default::default()).unwrap();
+    let meta = vkfuse_compiler::lower::Meta::of(&model);
+    let (schedule, _) = vkfuse_compiler::fuse::lower_fused(
+        &program,
+        &meta,
+        &mut vkfuse_tests::spirv_cache(),
+        &Default::default(),
+    )
+    .unwrap();
+    let file = dir.with_extension("vkf");
+    schedule.write_file(&file, &model.tensors).unwrap();
+    let npy = dir.with_extension("npy");
+    let run = |k: &str| {
+        vkfuse(&[
+            "run",
+            file.to_str().unwrap(),
+            "--ids",
+            "1",
+            "--max-new-tokens",
+            "64",
+            "--tokens-per-submit",
+            k,
+            "--logits-out",
+            npy.to_str().unwrap(),
+        ])
+    };
+    refused_alone(
+        &run("64"),
+        &[
+            "--tokens-per-submit 64 with --logits-out",
+            "maxStorageBufferRange",
+        ],
+    );
+    let out = run("8");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_file(&file).ok();
+    std::fs::remove_file(file.with_extension("vkf.pipelines")).ok();
+    std::fs::remove_file(&npy).ok();
 }
