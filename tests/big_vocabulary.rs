@@ -14,12 +14,9 @@
 //! larger (4 GiB on NVIDIA) would need tables of gigabytes, and there they check nothing.
 
 use std::path::PathBuf;
-use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
-use vkfuse_compiler::lower::Meta;
-use vkfuse_compiler::{import, trace};
 use vkfuse_runtime::session::{Loaded, Replay};
 use vkfuse_tests::{
-    reference_rows, rel_l2, spirv_cache, validated_device, write_big_vocabulary, TABLE,
+    compiled_dir, reference_rows, rel_l2, validated_device, write_big_vocabulary, TABLE,
 };
 
 const VOCAB: usize = 600_000;
@@ -28,29 +25,28 @@ const TOO_MANY: usize = 1_100_000;
 /// tests say so and check nothing.
 const MOST_RANGE: u64 = 128 << 20;
 
+/// `device`'s binding range, or None (said on stderr) past [`MOST_RANGE`]: a GPU's (4 GiB on
+/// NVIDIA) would need a table of gigabytes, and lavapipe, where the suite runs, has 128 MiB.
+fn range_within_most(device: &vkfuse_runtime::Device) -> Option<u64> {
+    let max = u64::from(device.info().max_storage_buffer_range);
+    if max > MOST_RANGE {
+        eprintln!("skipped: the device's binding range is {max} bytes, past {MOST_RANGE}");
+        return None;
+    }
+    Some(max)
+}
+
 #[test]
 fn chains_return_logits_up_to_what_one_binding_holds() {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("vkfuse-big-vocabulary-{}", std::process::id()));
     write_big_vocabulary(&dir, VOCAB);
-    let model = import::load(&dir).unwrap();
-    let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
-    let meta = Meta {
-        architecture: model.config.architecture.clone(),
-        eos_token_ids: vec![],
-        tokenizer: None,
-    };
-    let (schedule, _) =
-        lower_fused(&program, &meta, &mut spirv_cache(), &FuseOptions::default()).unwrap();
+    let (model, program, schedule) = compiled_dir(&dir);
 
     let (device, log) = validated_device();
-    let max = u64::from(device.info().max_storage_buffer_range);
-    if max > MOST_RANGE {
-        // A GPU's range (4 GiB on NVIDIA) would need a table of gigabytes: lavapipe, where the
-        // suite runs, has 128 MiB.
-        eprintln!("skipped: the device's binding range is {max} bytes, past {MOST_RANGE}");
+    let Some(max) = range_within_most(&device) else {
         return;
-    }
+    };
     let stride = 256 + (4 * VOCAB as u64).div_ceil(256) * 256;
     let fit = (max / stride) as u32;
     assert!(
@@ -85,21 +81,11 @@ fn a_table_past_one_binding_is_refused_naming_it() {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("vkfuse-huge-table-{}", std::process::id()));
     write_big_vocabulary(&dir, TOO_MANY);
-    let model = import::load(&dir).unwrap();
-    let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
-    let meta = Meta {
-        architecture: model.config.architecture.clone(),
-        eos_token_ids: vec![],
-        tokenizer: None,
-    };
-    let (schedule, _) =
-        lower_fused(&program, &meta, &mut spirv_cache(), &FuseOptions::default()).unwrap();
+    let (model, _, schedule) = compiled_dir(&dir);
     let (device, log) = validated_device();
-    let max = u64::from(device.info().max_storage_buffer_range);
-    if max > MOST_RANGE {
-        eprintln!("skipped: the device's binding range is {max} bytes, past {MOST_RANGE}");
+    let Some(max) = range_within_most(&device) else {
         return;
-    }
+    };
     assert!(
         (TOO_MANY * 64 * 2) as u64 > max,
         "the device's binding range ({max} bytes) holds the whole table: this test wants less"

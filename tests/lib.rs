@@ -295,10 +295,23 @@ pub fn compiled_fixture(
     vkfuse_compiler::import::Model,
     vkfuse_runtime::schedule::Schedule,
 ) {
+    let (model, _, schedule) = compiled_dir(&fixture_dir(name));
+    (model, schedule)
+}
+
+/// The model directory `dir` compiled as [`compiled_fixture`] compiles a fixture, with its
+/// trace.
+pub fn compiled_dir(
+    dir: &Path,
+) -> (
+    vkfuse_compiler::import::Model,
+    vkfuse_compiler::ir::Program,
+    vkfuse_runtime::schedule::Schedule,
+) {
     use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
     use vkfuse_compiler::lower::Meta;
     use vkfuse_compiler::{import, trace};
-    let model = import::load(&fixture_dir(name)).unwrap();
+    let model = import::load(dir).unwrap();
     let program = trace::trace(&model, &trace::TraceOptions::default()).unwrap();
     let (schedule, _) = lower_fused(
         &program,
@@ -307,7 +320,7 @@ pub fn compiled_fixture(
         &FuseOptions::default(),
     )
     .unwrap();
-    (model, schedule)
+    (model, program, schedule)
 }
 
 /// [`compiled_fixture`] written to the schedule file `path`.

@@ -217,7 +217,7 @@ fn vulkan_engine(
         _ => {
             let mut replay = Replay::new(loaded)?;
             let most = replay.logits_steps();
-            if let Some(&k) = chains.iter().filter(|_| logits).find(|&&k| k > most) {
+            if let Some(&k) = chains.iter().find(|&&k| logits && k > most) {
                 bail!(
                     "--tokens-per-submit {k} with --logits-out: one submit returns the logits of \
                      at most {most} steps with this vocabulary on this device (its \

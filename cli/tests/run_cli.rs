@@ -1000,16 +1000,7 @@ fn logits_chains_past_the_logits_ring_are_refused_before_decoding() {
     let id = std::process::id();
     let dir = std::env::temp_dir().join(format!("vkfuse-cli-big-vocabulary-{id}"));
     vkfuse_tests::write_big_vocabulary(&dir, 600_000);
-    let model = vkfuse_compiler::import::load(&dir).unwrap();
-    let program = vkfuse_compiler::trace::trace(&model, &Default::default()).unwrap();
-    let meta = vkfuse_compiler::lower::Meta::of(&model);
-    let (schedule, _) = vkfuse_compiler::fuse::lower_fused(
-        &program,
-        &meta,
-        &mut vkfuse_tests::spirv_cache(),
-        &Default::default(),
-    )
-    .unwrap();
+    let (model, _, schedule) = vkfuse_tests::compiled_dir(&dir);
     let file = dir.with_extension("vkf");
     schedule.write_file(&file, &model.tensors).unwrap();
     let npy = dir.with_extension("npy");
