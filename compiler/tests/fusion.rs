@@ -565,6 +565,40 @@ fn should_compute_the_experts_swiglu_in_one_kernel() {
     );
 }
 
+/// [`experts_env`] with [`route_env`]'s router logits (8 of them, for the 8 experts).
+fn routed_experts_env() -> FuseAnalysis {
+    let mut a = experts_env();
+    let lg = route_env().leaves.remove(&"lg".into()).expect("the logits");
+    a.leaves.insert("lg".into(), lg);
+    a
+}
+
+#[test]
+fn should_route_in_the_expert_kernels_and_drop_the_router() {
+    rewrites_in(
+        routed_experts_env,
+        &[
+            "(expert_glu wgs wus (route_ids (route lg shape:2)) xin)",
+            "(expert_sum wstk (route_ids (route lg shape:2)) mx (out (route lg shape:2)))",
+        ],
+        &[
+            "(expert_glu_routed wgs wus lg shape:2 xin)",
+            "(expert_sum_routed wstk lg shape:2 mx)",
+        ],
+    );
+}
+
+#[test]
+fn should_not_route_an_expert_sum_whose_weights_come_from_another_router() {
+    // The indices of one router and the weights of another: no one routing computes both.
+    let (g, roots) = saturated_in(
+        routed_experts_env(),
+        &["(expert_sum wstk (route_ids (route lg shape:2)) mx (out (route lg shape:3)))"],
+    );
+    let ex = extract(&g, &roots, &DeviceCost::default());
+    assert!(!chosen(&g, &ex, roots[0]).contains("routed"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Whole programs.
 

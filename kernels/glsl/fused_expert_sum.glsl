@@ -3,38 +3,55 @@
 // expert_matvec (down), mul by the routing weights and sum over the experts compute, in one
 // dispatch; the expert indices are read on the device (clamped into 0..E, as expert_matvec).
 // The including source defines DTYPE_1 (the weights' dtype).
-// Bindings: 0 = y f32[O], 1 = w [E, O, I] of DTYPE_1, 2 = idx i32[K], 3 = x f32[K, I],
-// 4 = wts f32[K].
+// With ROUTED defined, every workgroup routes for itself from the router's logits
+// (route_pick.glsl) instead of reading the router kernel's indices and weights.
+// Bindings: 0 = y f32[O], 1 = w [E, O, I] of DTYPE_1, 2 = idx i32[K] (ROUTED: the router
+// logits f32[N]), 3 = x f32[K, I], 4 = wts f32[K] (not ROUTED).
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (rows per
-// workgroup, 1..=8), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K.
+// workgroup, 1..=8), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = N (ROUTED).
 // Dispatch: ceil(O / ROWS) workgroups.
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };
-layout(set = 0, binding = 2, std430) readonly buffer Idx { int idx[]; };
 layout(set = 0, binding = 3, std430) readonly buffer X { float x[]; };
 layout(set = 0, binding = 3, std430) readonly buffer X4 { vec4 x4[]; };
-layout(set = 0, binding = 4, std430) readonly buffer Wts { float wts[]; };
 
 #include "matvec_core.glsl"
 
 layout(constant_id = 5) const uint E = 1;
 layout(constant_id = 6) const uint K = 1;
 
+#ifdef ROUTED
+layout(constant_id = 7) const uint N = 1;
+layout(set = 0, binding = 2, std430) readonly buffer Logits { float logits[]; };
+#define ROUTE_LOGIT(i) logits[i]
+#include "route_pick.glsl"
+#define EXPERT(j) min(route_id[j], E - 1u)
+#define WEIGHT(j) route_w[j]
+#else
+layout(set = 0, binding = 2, std430) readonly buffer Idx { int idx[]; };
+layout(set = 0, binding = 4, std430) readonly buffer Wts { float wts[]; };
+#define EXPERT(j) uint(clamp(idx[j], 0, int(E) - 1))
+#define WEIGHT(j) wts[j]
+#endif
+
 void main() {
     uint row0 = group_id() * ROWS;
     if (row0 >= O) {
         return;
     }
+#ifdef ROUTED
+    route_pick();
+#endif
     // Invocation r < ROWS accumulates output row row0 + r.
     float total = 0.0;
     for (uint j = 0u; j < K; j++) {
-        uint e = uint(clamp(idx[j], 0, int(E) - 1));
+        uint e = EXPERT(j);
         float d = matvec_rows(e * O + row0, e * O + O - 1u, j * I);
         // The next call reuses the reduction's shared memory.
         barrier();
-        total += d * wts[j];
+        total += d * WEIGHT(j);
     }
     uint t = gl_LocalInvocationID.x;
     if (t < ROWS && row0 + t < O) {

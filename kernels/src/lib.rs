@@ -93,6 +93,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ),
     ("fused_gdn.glsl", include_str!("../glsl/fused_gdn.glsl")),
     ("fused_route.glsl", include_str!("../glsl/fused_route.glsl")),
+    ("route_pick.glsl", include_str!("../glsl/route_pick.glsl")),
     (
         "fused_expert_glu.glsl",
         include_str!("../glsl/fused_expert_glu.glsl"),

@@ -485,6 +485,17 @@ pub struct ExpertSpec {
     pub o: usize,
     pub i: usize,
     pub k: usize,
+    /// Where the chosen experts come from.
+    pub routing: Routing,
+}
+
+/// How an expert kernel learns which experts (and, summing, their weights) a token chose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Routing {
+    /// It reads the router kernel's indices (and weights).
+    Read,
+    /// Each workgroup routes for itself from the router's `n` logits (`route_pick.glsl`).
+    Own { n: usize },
 }
 
 /// The tail kernel.
@@ -1265,7 +1276,8 @@ pub fn route(spec: &RouteSpec) -> Generated {
         spec.k, spec.n
     );
     s += "#include \"common.glsl\"\n#include \"fused_route.glsl\"\n";
-    let wg = u(spec.n.next_power_of_two().clamp(32, 256));
+    // One subgroup routes (route_pick.glsl); the others only write the result out.
+    let wg = 32;
     Generated {
         label: format!("fused_route[n={},k={}]", spec.n, spec.k),
         source: s,
@@ -1275,9 +1287,14 @@ pub fn route(spec: &RouteSpec) -> Generated {
     }
 }
 
-/// The weighted expert sum of `spec`.
+/// The weighted expert sum of `spec` (the weights are a binding of their own unless the kernel
+/// routes for itself).
 pub fn expert_sum(spec: &ExpertSpec) -> Generated {
-    expert_kernel(spec, "fused_expert_sum", "weighted and summed", 1, 5)
+    let bindings = match spec.routing {
+        Routing::Read => 5,
+        Routing::Own { .. } => 4,
+    };
+    expert_kernel(spec, "fused_expert_sum", "weighted and summed", 1, bindings)
 }
 
 /// The expert SwiGLU of `spec` (gate and up packed into one binding).
@@ -1301,10 +1318,25 @@ fn expert_kernel(
         spec.k, spec.o, spec.i
     );
     let _ = writeln!(s, "#define DTYPE_1 {}", dtype_code(spec.dtype));
+    let mut spec_constants = vec![
+        wg,
+        u(spec.o),
+        u(spec.i),
+        rows,
+        crate::kernels::vec4(spec.dtype, spec.i),
+        u(spec.e),
+        u(spec.k),
+    ];
+    let mut routed = String::new();
+    if let Routing::Own { n } = spec.routing {
+        s += "#define ROUTED 1\n";
+        spec_constants.push(u(n));
+        routed = format!(",routed from {n}");
+    }
     let _ = writeln!(s, "#include \"common.glsl\"\n#include \"{anchor}.glsl\"");
     Generated {
         label: format!(
-            "{anchor}[{},e={},o={},i={},k={}]",
+            "{anchor}[{},e={},o={},i={},k={}{routed}]",
             dtype_code(spec.dtype),
             spec.e,
             spec.o,
@@ -1312,15 +1344,7 @@ fn expert_kernel(
             spec.k
         ),
         source: s,
-        spec_constants: vec![
-            wg,
-            u(spec.o),
-            u(spec.i),
-            rows,
-            crate::kernels::vec4(spec.dtype, spec.i),
-            u(spec.e),
-            u(spec.k),
-        ],
+        spec_constants,
         workgroups: workgroups(groups_per_block * spec.o.div_ceil(rows as usize)),
         bindings,
     }

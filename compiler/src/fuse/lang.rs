@@ -142,6 +142,12 @@ define_language! {
         // (expert_glu wg wu idx x): silu(expert_matvec(wg, idx, x)) * expert_matvec(wu, idx, x),
         // both stacks packed and read by one kernel
         "expert_glu" = ExpertGlu([Id; 4]),
+        // (expert_glu_routed wg wu logits shape x): (expert_glu wg wu (route_ids (route logits
+        // shape)) x), each workgroup routing for itself from the logits (no router kernel)
+        "expert_glu_routed" = ExpertGluRouted([Id; 5]),
+        // (expert_sum_routed w logits shape x): (expert_sum w (route_ids r) x (out r)) with
+        // r = (route logits shape), each workgroup routing for itself from the logits
+        "expert_sum_routed" = ExpertSumRouted([Id; 4]),
         // (mvchain e2 w2 e1 w1 x prologue extras2): (mvk e2 w2 (mvk e1 w1 x prologue nil)
         // nonorm extras2) in one kernel: the inner rows split over workgroups, each adding its
         // share of every outer row into the output (float atomics; `fused_chain.glsl`)
@@ -224,6 +230,8 @@ impl FuseLang {
                 | FuseLang::Route(_)
                 | FuseLang::ExpertSum(_)
                 | FuseLang::ExpertGlu(_)
+                | FuseLang::ExpertGluRouted(_)
+                | FuseLang::ExpertSumRouted(_)
                 | FuseLang::MvChain(_)
         )
     }
@@ -628,6 +636,19 @@ impl Analysis<FuseLang> for FuseAnalysis {
             ExpertGlu([w, _, idx, _]) => {
                 facts.ty = match (ty(w), ty(idx)) {
                     (Some(w), Some(i)) => f32_of(vec![i.shape.numel(), w.shape.dims()[1]]),
+                    _ => None,
+                }
+            }
+            ExpertSumRouted([w, ..]) => {
+                facts.ty = ty(w).and_then(|t| f32_of(vec![t.shape.dims()[1]]))
+            }
+            ExpertGluRouted([w, _, _, shape, _]) => {
+                let k = g[*shape].nodes.iter().find_map(|n| match n {
+                    Attr(crate::fuse::lang::Attr::Shape(s)) => Some(s.numel()),
+                    _ => None,
+                });
+                facts.ty = match (ty(w), k) {
+                    (Some(w), Some(k)) => f32_of(vec![k, w.shape.dims()[1]]),
                     _ => None,
                 }
             }

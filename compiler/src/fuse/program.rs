@@ -5,7 +5,7 @@
 use super::ablate;
 use super::codegen::{
     self, AttnSpec, ChainSpec, ElementwiseSpec, Epi, ExpertSpec, ExtraSpec, GdnSpec, Generated,
-    MatvecSpec, NormSpec, RouteSpec, TailSpec,
+    MatvecSpec, NormSpec, RouteSpec, Routing, TailSpec,
 };
 use super::cost::Cost;
 use super::extract::Extraction;
@@ -741,7 +741,8 @@ impl Builder<'_> {
                 self.with_out(KernelKind::Route(spec), ty, bytes, inputs, Some(generated))
             }
             ExpertSum([w, idx, x, wts]) => {
-                let spec = self.expert_spec(*w, *idx)?;
+                let k = self.ty(*idx)?.shape.numel();
+                let spec = self.expert_spec(*w, k, Routing::Read)?;
                 let mut inputs = vec![];
                 for i in [w, idx, x, wts] {
                     inputs.push(self.value(*i)?);
@@ -749,17 +750,25 @@ impl Builder<'_> {
                 let generated = codegen::expert_sum(&spec);
                 self.expert_out(c, KernelKind::ExpertSum(spec), inputs, generated)?
             }
+            ExpertSumRouted([w, logits, _, x]) => {
+                let n = self.ty(*logits)?.shape.numel();
+                let k = self.ty(*x)?.shape.dims()[0];
+                let spec = self.expert_spec(*w, k, Routing::Own { n })?;
+                let mut inputs = vec![];
+                for i in [w, logits, x] {
+                    inputs.push(self.value(*i)?);
+                }
+                let generated = codegen::expert_sum(&spec);
+                self.expert_out(c, KernelKind::ExpertSum(spec), inputs, generated)?
+            }
             ExpertGlu([wg, wu, idx, x]) => {
-                let spec = self.expert_spec(*wg, *idx)?;
-                // Gate experts then up experts, packed into one binding at compile time.
-                let parts = vec![self.value(*wg)?, self.value(*wu)?];
-                let packed = self.push_value(UValue::Packed {
-                    parts,
-                    ty: Type::new(spec.dtype, [2 * spec.e, spec.o, spec.i]),
-                });
-                let inputs = vec![packed, self.value(*idx)?, self.value(*x)?];
-                let generated = codegen::expert_glu(&spec);
-                self.expert_out(c, KernelKind::ExpertGlu(spec), inputs, generated)?
+                let k = self.ty(*idx)?.shape.numel();
+                self.expert_glu(c, [*wg, *wu, *idx, *x], k, Routing::Read)?
+            }
+            ExpertGluRouted([wg, wu, logits, _, x]) => {
+                let n = self.ty(*logits)?.shape.numel();
+                let k = self.ty(c)?.shape.dims()[0];
+                self.expert_glu(c, [*wg, *wu, *logits, *x], k, Routing::Own { n })?
             }
             RouteIds([k]) => {
                 let of = self.value(*k)?;
@@ -855,8 +864,29 @@ impl Builder<'_> {
         Ok(v)
     }
 
-    /// The shape of a kernel over the experts of stack `w` chosen by `idx`.
-    fn expert_spec(&self, w: Id, idx: Id) -> Result<ExpertSpec, ProgramError> {
+    /// The expert SwiGLU kernel writing class `c`: stacks `wg` and `wu` packed, `route` (the
+    /// router's indices, or its logits where the kernel routes for itself) and input `x`.
+    fn expert_glu(
+        &mut self,
+        c: Id,
+        [wg, wu, route, x]: [Id; 4],
+        k: usize,
+        routing: Routing,
+    ) -> Result<usize, ProgramError> {
+        let spec = self.expert_spec(wg, k, routing)?;
+        // Gate experts then up experts, packed into one binding at compile time.
+        let parts = vec![self.value(wg)?, self.value(wu)?];
+        let packed = self.push_value(UValue::Packed {
+            parts,
+            ty: Type::new(spec.dtype, [2 * spec.e, spec.o, spec.i]),
+        });
+        let inputs = vec![packed, self.value(route)?, self.value(x)?];
+        let generated = codegen::expert_glu(&spec);
+        self.expert_out(c, KernelKind::ExpertGlu(spec), inputs, generated)
+    }
+
+    /// The shape of a kernel over `k` chosen experts of stack `w`.
+    fn expert_spec(&self, w: Id, k: usize, routing: Routing) -> Result<ExpertSpec, ProgramError> {
         let tw = self.ty(w)?;
         let d = tw.shape.dims();
         if d.len() != 3 {
@@ -867,7 +897,8 @@ impl Builder<'_> {
             e: d[0],
             o: d[1],
             i: d[2],
-            k: self.ty(idx)?.shape.numel(),
+            k,
+            routing,
         })
     }
 
@@ -1298,6 +1329,14 @@ impl Builder<'_> {
     }
 }
 
+/// How an expert kernel's description ends: where it routes for itself, from what.
+fn routed(e: &ExpertSpec) -> String {
+    match e.routing {
+        Routing::Read => String::new(),
+        Routing::Own { n } => format!(", routed in each workgroup from {n} logits"),
+    }
+}
+
 impl UKernel {
     /// A one-line description.
     pub fn describe(&self, op_names: &[&str]) -> String {
@@ -1331,12 +1370,20 @@ impl UKernel {
             KernelKind::Tail(TailSpec::Step { .. }) => "argmax -> token, position + 1".to_string(),
             KernelKind::Gdn(spec) => format!("linear-attention step: {}", spec.describe()),
             KernelKind::ExpertSum(e) => format!(
-                "experts weighted and summed: {} of {} experts [{}x{}]",
-                e.k, e.e, e.o, e.i
+                "experts weighted and summed: {} of {} experts [{}x{}]{}",
+                e.k,
+                e.e,
+                e.o,
+                e.i,
+                routed(e)
             ),
             KernelKind::ExpertGlu(e) => format!(
-                "experts silu(gate) * up: {} of {} experts [{}x{}] x 2",
-                e.k, e.e, e.o, e.i
+                "experts silu(gate) * up: {} of {} experts [{}x{}] x 2{}",
+                e.k,
+                e.e,
+                e.o,
+                e.i,
+                routed(e)
             ),
             KernelKind::Route(r) => {
                 format!("router: softmax, top {} of {}, renormalised", r.k, r.n)

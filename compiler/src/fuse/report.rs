@@ -2,7 +2,7 @@
 //! their instance counts, every unit's fused kernels with the ops each covers, why each fusion
 //! was taken, and every rule match a condition refused.
 
-use super::codegen::MatvecSpec;
+use super::codegen::{ExpertSpec, MatvecSpec, Routing};
 use super::program::{plural, FusedUnit, KernelKind};
 use super::schedule::{unfused_dispatches, Fused};
 use crate::ir::Program;
@@ -111,11 +111,13 @@ fn reasons(u: &FusedUnit, k: &super::program::UKernel) -> Vec<String> {
             ))
         }
         KernelKind::Tail(_) => r.push("tail: argmax and position written on the device".into()),
-        KernelKind::ExpertGlu(_) => r.push(format!(
-            "experts' gate and up with silu·mul ({computed} ops in one dispatch, stacks packed)"
+        KernelKind::ExpertGlu(e) => r.push(format!(
+            "experts' gate and up with silu·mul ({computed} ops in one dispatch, stacks packed{})",
+            routes_itself(e)
         )),
-        KernelKind::ExpertSum(_) => r.push(format!(
-            "experts' down, weighting and sum ({computed} ops in one dispatch)"
+        KernelKind::ExpertSum(e) => r.push(format!(
+            "experts' down, weighting and sum ({computed} ops in one dispatch{})",
+            routes_itself(e)
         )),
         KernelKind::Route(_) => r.push(format!(
             "router ({computed} ops in one dispatch; the experts read the chosen indices on the device)"
@@ -221,6 +223,14 @@ impl fmt::Display for FusionReport {
 }
 
 /// The fusions a matvec-family kernel took.
+/// An expert kernel's word on routing for itself (the router's level saved).
+fn routes_itself(e: &ExpertSpec) -> &'static str {
+    match e.routing {
+        Routing::Read => "",
+        Routing::Own { .. } => "; each workgroup routes from the logits, no router level",
+    }
+}
+
 fn matvec_reasons(spec: &MatvecSpec, r: &mut Vec<String>, ops: &dyn Fn(&[&str]) -> usize) {
     if spec.norm.is_some() {
         r.push("norm -> matvec (norm-into-matvec: the norm's dispatch and level go)".into());

@@ -1,12 +1,13 @@
 //! Family (j): the experts' weighted sum. The routed experts' down projections, each scaled by
 //! its routing weight and summed over the experts, become one kernel: every workgroup walks the
 //! chosen experts (indices read on the device) for its rows, adding in expert order as the
-//! unfused sum does.
+//! unfused sum does. Expert kernels fed by the router kernel then route for themselves from
+//! its logits (`route_pick.glsl`), so that the router's single-workgroup level goes.
 
 use super::{other, var, Rule};
 use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang};
 use crate::ir::OpKind;
-use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol};
+use egg::{rewrite, Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol};
 
 const RULE: &str = "weighted-expert-sum";
 const GLU: &str = "expert-swiglu";
@@ -24,6 +25,15 @@ pub fn rules() -> Vec<Rule> {
         // mul(silu(expert_matvec(wg, idx, x)), expert_matvec(wu, idx, x))
         //   == expert_glu(wg, wu, idx, x)
         Rewrite::new(GLU, glu, SwiGlu).expect("valid rule"),
+        // expert_glu(wg, wu, route_ids(route(l, s)), x) == expert_glu_routed(wg, wu, l, s, x)
+        rewrite!("route-in-expert-glu";
+            "(expert_glu ?wg ?wu (route_ids (route ?l ?s)) ?x)"
+            => "(expert_glu_routed ?wg ?wu ?l ?s ?x)"),
+        // expert_sum(w, route_ids(r), x, out(r)) == expert_sum_routed(w, l, s, x) with
+        // r = route(l, s): the indices and the weights of one router
+        rewrite!("route-in-expert-sum";
+            "(expert_sum ?w (route_ids (route ?l ?s)) ?x (out (route ?l ?s)))"
+            => "(expert_sum_routed ?w ?l ?s ?x)"),
     ]
 }
 

@@ -1,0 +1,184 @@
+//! The MoE routing (`route_pick.glsl`) in the three kernels that compute it: the router kernel,
+//! and the experts' SwiGLU and weighted sum routing for themselves from the logits
+//! (`Routing::Own`), against the CPU: the experts ranked by logit (softmax's order; ties to the
+//! lower index, as transformers' `torch.topk` over equal probabilities and our top_k.comp),
+//! the weights as softmax renormalised over the picks in f64, the expert rows dotted in f64.
+//! Logits are quarters in [-2, 2): distinct ones differ by a quarter (no near-tie the GPU's exp
+//! could reorder), and equal ones are frequent, so the tie rule is exercised. On whatever Vulkan
+//! device is here (lavapipe on the CPU machines) with the validation layer on.
+
+mod common;
+
+use common::{buffer, noise, rel_l2};
+use proptest::prelude::*;
+use std::time::Duration;
+use vkfuse_compiler::fuse::codegen::{self, ExpertSpec, Generated, RouteSpec, Routing};
+use vkfuse_compiler::ir::DType;
+use vkfuse_runtime::Device;
+
+const WAIT: Duration = Duration::from_secs(300);
+/// Rows of one expert and their length.
+const O: usize = 8;
+const I: usize = 16;
+
+/// The CPU's picks: indices by logit, largest first, ties to the lower index; their weights
+/// (softmax renormalised over the picks).
+fn cpu_route(logits: &[f32], k: usize) -> (Vec<u32>, Vec<f64>) {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    order.truncate(k);
+    let m = logits.iter().fold(f32::MIN, |m, &v| m.max(v)) as f64;
+    let e: Vec<f64> = order
+        .iter()
+        .map(|&i| (logits[i] as f64 - m).exp())
+        .collect();
+    let total: f64 = e.iter().sum();
+    (
+        order.iter().map(|&i| i as u32).collect(),
+        e.iter().map(|v| v / total).collect(),
+    )
+}
+
+/// Row `o` of expert `e` of a stack of `experts` [O x I] matrices, dotted with `x`, in f64.
+fn dot(w: &[f32], e: u32, o: usize, x: &[f32]) -> f64 {
+    let row = &w[(e as usize * O + o) * I..][..I];
+    row.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum()
+}
+
+/// `gen`, an expert kernel routing for itself, over stacks `w`, `logits` and input `x`: its `out`
+/// outputs.
+fn run_expert(
+    device: &Device,
+    gen: &Generated,
+    w: &[f32],
+    logits: &[f32],
+    x: &[f32],
+    out: usize,
+) -> Vec<f32> {
+    let pipeline = common::generated_pipeline(device, gen);
+    let sizes = [out, w.len(), logits.len(), x.len()];
+    let mut bufs: Vec<_> = sizes
+        .iter()
+        .map(|&n| buffer(device, 4 * n as u64))
+        .collect();
+    assert_eq!(bufs.len(), gen.bindings);
+    device.upload_pod(&mut bufs[1], 0, w).expect("weights");
+    device.upload_pod(&mut bufs[2], 0, logits).expect("logits");
+    device.upload_pod(&mut bufs[3], 0, x).expect("x");
+    let mut cmd = common::record_generated(device, &pipeline, gen, &bufs);
+    device.submit_and_wait(&mut cmd, WAIT).expect("run");
+    device.readback_pod(&bufs[0], 0, out).expect("y")
+}
+
+fn check(logits: &[f32], k: usize) {
+    let n = logits.len();
+    let (ids, wts) = cpu_route(logits, k);
+    let (device, log) = common::validated_device();
+
+    // The router kernel.
+    let spec = RouteSpec { n, k };
+    let gen = codegen::route(&spec);
+    let pipeline = common::generated_pipeline(&device, &gen);
+    let out_words = spec.ids_offset() + k;
+    let mut bufs = vec![
+        buffer(&device, 4 * out_words as u64),
+        buffer(&device, 4 * n as u64),
+    ];
+    device.upload_pod(&mut bufs[1], 0, logits).expect("logits");
+    let mut cmd = common::record_generated(&device, &pipeline, &gen, &bufs);
+    device.submit_and_wait(&mut cmd, WAIT).expect("run");
+    let out: Vec<u32> = device.readback_pod(&bufs[0], 0, out_words).expect("out");
+    let got_ids = &out[spec.ids_offset()..];
+    assert_eq!(got_ids, &ids[..], "router: indices of {logits:?}");
+    for (r, (&bits, want)) in out[..k].iter().zip(&wts).enumerate() {
+        let got = f32::from_bits(bits) as f64;
+        assert!(
+            (got - want).abs() <= 1e-6 * want.max(1e-3),
+            "router: weight {r} is {got}, want {want}"
+        );
+    }
+
+    let expert = |routing| ExpertSpec {
+        dtype: DType::F32,
+        e: n,
+        o: O,
+        i: I,
+        k,
+        routing,
+    };
+    let own = Routing::Own { n };
+
+    // The weighted sum routing for itself: y = sum_j wts[j] * (W[ids[j]] . x[j]).
+    let w: Vec<f32> = (0..n * O * I).map(|i| noise(i, 1)).collect();
+    let x: Vec<f32> = (0..k * I).map(|i| noise(i, 2)).collect();
+    let y = run_expert(
+        &device,
+        &codegen::expert_sum(&expert(own)),
+        &w,
+        logits,
+        &x,
+        O,
+    );
+    let want: Vec<f64> = (0..O)
+        .map(|o| {
+            (0..k)
+                .map(|j| wts[j] * dot(&w, ids[j], o, &x[j * I..][..I]))
+                .sum()
+        })
+        .collect();
+    let rel = rel_l2(&y, &want);
+    assert!(rel < 1e-5, "expert sum, routed: relative L2 {rel:.2e}");
+
+    // The SwiGLU routing for itself: y[j] = silu(Wg[ids[j]] . x) * (Wu[ids[j]] . x), the gate
+    // and up stacks packed one after the other.
+    let w: Vec<f32> = (0..2 * n * O * I).map(|i| noise(i, 3)).collect();
+    let x: Vec<f32> = (0..I).map(|i| 2.0 * noise(i, 4)).collect();
+    let y = run_expert(
+        &device,
+        &codegen::expert_glu(&expert(own)),
+        &w,
+        logits,
+        &x,
+        k * O,
+    );
+    let up = &w[n * O * I..];
+    let want: Vec<f64> = (0..k * O)
+        .map(|r| {
+            let (j, o) = (r / O, r % O);
+            let g = dot(&w, ids[j], o, &x);
+            g / (1.0 + (-g).exp()) * dot(up, ids[j], o, &x)
+        })
+        .collect();
+    let rel = rel_l2(&y, &want);
+    assert!(rel < 1e-5, "expert SwiGLU, routed: relative L2 {rel:.2e}");
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
+
+/// `n` logits, quarters in [-2, 2), and a top-k of 1..=min(n, 10).
+fn case() -> impl Strategy<Value = (Vec<f32>, usize)> {
+    prop_oneof![Just(4usize), Just(8), Just(33), Just(64), Just(130)].prop_flat_map(|n| {
+        (
+            proptest::collection::vec((-8i32..8).prop_map(|q| q as f32 / 4.0), n),
+            1..=n.min(10),
+        )
+    })
+}
+
+proptest! {
+    // Each case builds a device and three pipelines: a few cover the sizes (fewer logits than a
+    // subgroup, several per lane, a partial last round) and the ties.
+    #![proptest_config(ProptestConfig::with_cases(12))]
+    #[test]
+    fn the_kernels_route_as_the_cpu((logits, k) in case()) {
+        check(&logits, k);
+    }
+}
+
+#[test]
+fn equal_logits_pick_the_lowest_indices() {
+    check(&[0.5; 64], 8);
+    let mut logits = vec![-1.0; 64];
+    logits[40] = 1.0;
+    logits[3] = 1.0;
+    check(&logits, 3);
+}
