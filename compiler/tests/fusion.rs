@@ -583,9 +583,53 @@ fn should_route_in_the_expert_kernels_and_drop_the_router() {
         ],
         &[
             "(expert_glu_routed wgs wus lg shape:2 xin)",
-            "(expert_sum_routed wstk lg shape:2 mx)",
+            "(expert_sum_routed acc wstk lg shape:2 mx nil)",
         ],
     );
+}
+
+#[test]
+fn should_add_the_shared_expert_and_the_residual_as_the_routed_sums_are_written() {
+    // sum + shared, then residual + that (Qwen3-Next's MoE block): one kernel, in that order.
+    let mut env = routed_experts_env();
+    for (i, name) in ["shr", "res"].into_iter().enumerate() {
+        let info = LeafInfo {
+            ty: Type::f32([16]),
+            kind: LeafKind::Value,
+            order: 400 + i,
+            state: None,
+        };
+        env.leaves.insert(name.into(), info);
+    }
+    let (g, roots) = saturated_in(
+        env,
+        &["(add res (add (expert_sum wstk (route_ids (route lg shape:2)) mx (out (route lg shape:2))) shr))"],
+    );
+    let ex = extract(&g, &roots, &DeviceCost::default());
+    assert_eq!(
+        chosen(&g, &ex, roots[0]),
+        "(expert_sum_routed (e.add in1 (e.add acc in0)) wstk lg shape:2 mx (cons shr (cons res nil)))"
+    );
+}
+
+#[test]
+fn should_not_add_a_broadcast_row_into_the_routed_sums() {
+    // An addend of another length than the sums' rows would broadcast: the kernel writes rows.
+    let mut env = routed_experts_env();
+    let info = LeafInfo {
+        ty: Type::f32([2, 16]),
+        kind: LeafKind::Value,
+        order: 400,
+        state: None,
+    };
+    env.leaves.insert("wide".into(), info);
+    let (g, roots) = saturated_in(
+        env,
+        &["(add wide (expert_sum wstk (route_ids (route lg shape:2)) mx (out (route lg shape:2))))"],
+    );
+    let ex = extract(&g, &roots, &DeviceCost::default());
+    assert!(!chosen(&g, &ex, roots[0]).contains("e.add"));
+    assert_refused(&g, "fold-add-into-expert-sum", "neither a row of the sums");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The MoE routing (`route_pick.glsl`) in the three kernels that compute it: the router kernel,
 //! and the experts' SwiGLU and weighted sum routing for themselves from the logits
-//! (`Routing::Own`), against the CPU: the experts ranked by logit (softmax's order; ties to the
+//! (`Routing::Own`; the sum also with its epilogue adding two rows), against the CPU: the experts ranked by logit (softmax's order; ties to the
 //! lower index, as transformers' `torch.topk` over equal probabilities and our top_k.comp),
 //! the weights as softmax renormalised over the picks in f64, the expert rows dotted in f64.
 //! Logits are quarters in [-2, 2): distinct ones differ by a quarter (no near-tie the GPU's exp
@@ -12,7 +12,9 @@ mod common;
 use common::{buffer, noise, rel_l2};
 use proptest::prelude::*;
 use std::time::Duration;
-use vkfuse_compiler::fuse::codegen::{self, ExpertSpec, Generated, RouteSpec, Routing};
+use vkfuse_compiler::fuse::codegen::{
+    self, Epi, ExpertSpec, ExtraSpec, Generated, RouteSpec, Routing,
+};
 use vkfuse_compiler::ir::DType;
 use vkfuse_runtime::Device;
 
@@ -53,18 +55,18 @@ fn run_expert(
     w: &[f32],
     logits: &[f32],
     x: &[f32],
+    extras: &[&[f32]],
     out: usize,
 ) -> Vec<f32> {
     let pipeline = common::generated_pipeline(device, gen);
-    let sizes = [out, w.len(), logits.len(), x.len()];
-    let mut bufs: Vec<_> = sizes
-        .iter()
-        .map(|&n| buffer(device, 4 * n as u64))
-        .collect();
+    let mut inputs = vec![w, logits, x];
+    inputs.extend(extras);
+    let sizes = std::iter::once(out).chain(inputs.iter().map(|i| i.len()));
+    let mut bufs: Vec<_> = sizes.map(|n| buffer(device, 4 * n as u64)).collect();
     assert_eq!(bufs.len(), gen.bindings);
-    device.upload_pod(&mut bufs[1], 0, w).expect("weights");
-    device.upload_pod(&mut bufs[2], 0, logits).expect("logits");
-    device.upload_pod(&mut bufs[3], 0, x).expect("x");
+    for (b, input) in bufs[1..].iter_mut().zip(inputs) {
+        device.upload_pod(b, 0, input).expect("input");
+    }
     let mut cmd = common::record_generated(device, &pipeline, gen, &bufs);
     device.submit_and_wait(&mut cmd, WAIT).expect("run");
     device.readback_pod(&bufs[0], 0, out).expect("y")
@@ -105,20 +107,16 @@ fn check(logits: &[f32], k: usize) {
         i: I,
         k,
         routing,
+        epi: Epi::Acc,
+        extras: vec![],
     };
     let own = Routing::Own { n };
 
     // The weighted sum routing for itself: y = sum_j wts[j] * (W[ids[j]] . x[j]).
     let w: Vec<f32> = (0..n * O * I).map(|i| noise(i, 1)).collect();
     let x: Vec<f32> = (0..k * I).map(|i| noise(i, 2)).collect();
-    let y = run_expert(
-        &device,
-        &codegen::expert_sum(&expert(own)),
-        &w,
-        logits,
-        &x,
-        O,
-    );
+    let gen = codegen::expert_sum(&expert(own));
+    let y = run_expert(&device, &gen, &w, logits, &x, &[], O);
     let want: Vec<f64> = (0..O)
         .map(|o| {
             (0..k)
@@ -129,18 +127,39 @@ fn check(logits: &[f32], k: usize) {
     let rel = rel_l2(&y, &want);
     assert!(rel < 1e-5, "expert sum, routed: relative L2 {rel:.2e}");
 
+    // The same sums with the shared expert's row and the residual added as they are written
+    // (Qwen3-Next's MoE block: residual + (sum + shared)).
+    let shared: Vec<f32> = (0..O).map(|i| noise(i, 5)).collect();
+    let residual: Vec<f32> = (0..O).map(|i| 4.0 * noise(i, 6)).collect();
+    let extra = ExtraSpec {
+        dtype: DType::F32,
+        scalar: false,
+    };
+    let spec = ExpertSpec {
+        epi: Epi::Add(
+            Box::new(Epi::In(1)),
+            Box::new(Epi::Add(Box::new(Epi::Acc), Box::new(Epi::In(0)))),
+        ),
+        extras: vec![extra.clone(), extra],
+        ..expert(own)
+    };
+    let gen = codegen::expert_sum(&spec);
+    let y = run_expert(&device, &gen, &w, logits, &x, &[&shared, &residual], O);
+    let want: Vec<f64> = (0..O)
+        .map(|o| residual[o] as f64 + (want[o] + shared[o] as f64))
+        .collect();
+    let rel = rel_l2(&y, &want);
+    assert!(
+        rel < 1e-5,
+        "expert sum with its epilogue: relative L2 {rel:.2e}"
+    );
+
     // The SwiGLU routing for itself: y[j] = silu(Wg[ids[j]] . x) * (Wu[ids[j]] . x), the gate
     // and up stacks packed one after the other.
     let w: Vec<f32> = (0..2 * n * O * I).map(|i| noise(i, 3)).collect();
     let x: Vec<f32> = (0..I).map(|i| 2.0 * noise(i, 4)).collect();
-    let y = run_expert(
-        &device,
-        &codegen::expert_glu(&expert(own)),
-        &w,
-        logits,
-        &x,
-        k * O,
-    );
+    let gen = codegen::expert_glu(&expert(own));
+    let y = run_expert(&device, &gen, &w, logits, &x, &[], k * O);
     let up = &w[n * O * I..];
     let want: Vec<f64> = (0..k * O)
         .map(|r| {

@@ -7,6 +7,8 @@
 // (route_pick.glsl) instead of reading the router kernel's indices and weights.
 // Bindings: 0 = y f32[O], 1 = w [E, O, I] of DTYPE_1, 2 = idx i32[K] (ROUTED: the router
 // logits f32[N]), 3 = x f32[K, I], 4 = wts f32[K] (not ROUTED).
+// With EPILOGUE defined, each row's sum goes through it as it is written: the shared expert's
+// output and the residual added, reading the extra inputs bound after those above.
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (rows per
 // workgroup, 1..=8), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = N (ROUTED).
 // Dispatch: ceil(O / ROWS) workgroups.
@@ -18,6 +20,13 @@ layout(set = 0, binding = 3, std430) readonly buffer X { float x[]; };
 layout(set = 0, binding = 3, std430) readonly buffer X4 { vec4 x4[]; };
 
 #include "matvec_core.glsl"
+#include "fused_epilogue.glsl"
+
+// The including source may define EPILOGUE(row, a) over the row's sum a[0] and extra inputs
+// IN<k>(row) bound after the kernel's own bindings (codegen's declare_inputs).
+#ifndef EPILOGUE
+#define EPILOGUE(row, a) a[0]
+#endif
 
 layout(constant_id = 5) const uint E = 1;
 layout(constant_id = 6) const uint K = 1;
@@ -55,6 +64,7 @@ void main() {
     }
     uint t = gl_LocalInvocationID.x;
     if (t < ROWS && row0 + t < O) {
-        y[row0 + t] = total;
+        float a[1] = float[1](total);
+        y[row0 + t] = EPILOGUE(row0 + t, a);
     }
 }

@@ -477,7 +477,7 @@ impl RouteSpec {
 }
 
 /// A fused kernel over the chosen experts' stacked weights (SwiGLU, or down weighted and summed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ExpertSpec {
     pub dtype: DType,
     /// Experts, output rows, input length, experts chosen.
@@ -487,6 +487,10 @@ pub struct ExpertSpec {
     pub k: usize,
     /// Where the chosen experts come from.
     pub routing: Routing,
+    /// The weighted sum's epilogue over its row (`acc`) and `extras` (`Epi::Acc` and none for
+    /// the SwiGLU).
+    pub epi: Epi,
+    pub extras: Vec<ExtraSpec>,
 }
 
 /// How an expert kernel learns which experts (and, summing, their weights) a token chose.
@@ -1294,7 +1298,13 @@ pub fn expert_sum(spec: &ExpertSpec) -> Generated {
         Routing::Read => 5,
         Routing::Own { .. } => 4,
     };
-    expert_kernel(spec, "fused_expert_sum", "weighted and summed", 1, bindings)
+    expert_kernel(
+        spec,
+        "fused_expert_sum",
+        "weighted and summed",
+        1,
+        bindings + spec.extras.len(),
+    )
 }
 
 /// The expert SwiGLU of `spec` (gate and up packed into one binding).
@@ -1333,7 +1343,14 @@ fn expert_kernel(
         spec_constants.push(u(n));
         routed = format!(",routed from {n}");
     }
-    let _ = writeln!(s, "#include \"common.glsl\"\n#include \"{anchor}.glsl\"");
+    s += "#include \"common.glsl\"\n";
+    if !spec.epi.is_identity() {
+        // The extra inputs follow the kernel's own bindings.
+        declare_inputs(&mut s, &spec.extras, bindings - spec.extras.len());
+        let _ = writeln!(s, "#define EPILOGUE(row, a) {}", spec.epi.glsl());
+        routed += &format!(",{}", spec.epi);
+    }
+    let _ = writeln!(s, "#include \"{anchor}.glsl\"");
     Generated {
         label: format!(
             "{anchor}[{},e={},o={},i={},k={}{routed}]",

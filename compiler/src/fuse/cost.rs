@@ -223,6 +223,15 @@ pub fn node_bytes(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) -
                 .map_or(0, |t| t.shape.dims()[1] / super::codegen::ChainSpec::BLOCK);
             ty_bytes(g, *w2) + matvec_reads(g, *w1, *x, *pro, *ins) + out * blocks as f64
         }
+        // The stack, the logits, the input rows and the epilogue's extra inputs.
+        ExpertSumRouted([_, w, l, _, x, ins]) => {
+            let extras: f64 = super::rules::list_items(g, *ins)
+                .unwrap_or_default()
+                .iter()
+                .map(|&e| ty_bytes(g, e))
+                .sum();
+            ty_bytes(g, *w) + ty_bytes(g, *l) + ty_bytes(g, *x) + extras + out
+        }
         Ewk([_, ins]) => {
             let inputs: f64 = super::rules::list_items(g, *ins)
                 .unwrap_or_default()

@@ -3,8 +3,11 @@
 //! the roots, each paid once, plus one barrier per dependency level.
 //!
 //! 1. **Greedy over sub-DAGs**: every class takes the node whose own cost plus the union of its
-//!    children's reachable classes is least, iterated to a fixpoint (no node whose sub-DAG
-//!    reaches its own class).
+//!    children's reachable classes, plus a barrier per dispatch on its longest chain, is least,
+//!    iterated to a fixpoint (no node whose sub-DAG reaches its own class). The chain's term
+//!    lets a form that is one level shorter win where the nodes cost alike (the routed experts'
+//!    sum adding the shared expert, whose gate/up then takes its norm as a prologue), which no
+//!    single move of step 2 would reach.
 //! 2. **Local search** on the whole price: switch one class to another node, or switch every
 //!    class that can read a shared class to its node that does (the move that packs q, k and v
 //!    into one kernel at once); keep a move only if the price drops. Repeat to a fixpoint.
@@ -119,18 +122,22 @@ pub fn extract(g: &FuseGraph, roots: &[Id], dev: &DeviceCost) -> Extraction {
     // cost of that class's chosen node.
     let mut choice: BTreeMap<Id, FuseLang> = BTreeMap::new();
     let mut sets: HashMap<Id, BTreeMap<Id, f64>> = HashMap::new();
-    let mut totals: HashMap<Id, f64> = HashMap::new();
+    // A class's chosen price: its sub-DAG's cost and its longest chain of dispatches.
+    let mut totals: HashMap<Id, (f64, usize)> = HashMap::new();
+    let key = |(cost, depth): (f64, usize)| cost + depth as f64 * dev.barrier_us;
     for _ in 0..100 {
         let mut changed = false;
         for &c in &classes {
             for n in &g[c].nodes {
                 let n = ctx.canon(n);
                 let mut set: BTreeMap<Id, f64> = BTreeMap::new();
+                let mut depth = 0;
                 let mut ok = true;
                 for ch in n.children() {
                     match sets.get(ch) {
                         Some(s) if !s.contains_key(&c) => {
-                            set.extend(s.iter().map(|(k, v)| (*k, *v)))
+                            set.extend(s.iter().map(|(k, v)| (*k, *v)));
+                            depth = depth.max(totals[ch].1);
                         }
                         _ => {
                             ok = false;
@@ -142,10 +149,10 @@ pub fn extract(g: &FuseGraph, roots: &[Id], dev: &DeviceCost) -> Extraction {
                     continue;
                 }
                 set.insert(c, node_cost(g, c, &n, dev));
-                let total: f64 = set.values().sum();
+                let total = (set.values().sum(), depth + usize::from(n.is_kernel()));
                 let better = match totals.get(&c) {
                     None => true,
-                    Some(&t) => total < t - 1e-9,
+                    Some(&t) => key(total) < key(t) - 1e-9,
                 };
                 if better {
                     totals.insert(c, total);

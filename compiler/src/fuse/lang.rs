@@ -145,9 +145,11 @@ define_language! {
         // (expert_glu_routed wg wu logits shape x): (expert_glu wg wu (route_ids (route logits
         // shape)) x), each workgroup routing for itself from the logits (no router kernel)
         "expert_glu_routed" = ExpertGluRouted([Id; 5]),
-        // (expert_sum_routed w logits shape x): (expert_sum w (route_ids r) x (out r)) with
-        // r = (route logits shape), each workgroup routing for itself from the logits
-        "expert_sum_routed" = ExpertSumRouted([Id; 4]),
+        // (expert_sum_routed epi w logits shape x extras): `epi` (an epilogue as mvk's, `acc`
+        // the row's weighted sum) over (expert_sum w (route_ids r) x (out r)) with
+        // r = (route logits shape) and the row's extra inputs, each workgroup routing for
+        // itself from the logits
+        "expert_sum_routed" = ExpertSumRouted([Id; 6]),
         // (mvchain e2 w2 e1 w1 x prologue extras2): (mvk e2 w2 (mvk e1 w1 x prologue nil)
         // nonorm extras2) in one kernel: the inner rows split over workgroups, each adding its
         // share of every outer row into the output (float atomics; `fused_chain.glsl`)
@@ -639,7 +641,7 @@ impl Analysis<FuseLang> for FuseAnalysis {
                     _ => None,
                 }
             }
-            ExpertSumRouted([w, ..]) => {
+            ExpertSumRouted([_, w, ..]) => {
                 facts.ty = ty(w).and_then(|t| f32_of(vec![t.shape.dims()[1]]))
             }
             ExpertGluRouted([w, _, _, shape, _]) => {

@@ -750,13 +750,20 @@ impl Builder<'_> {
                 let generated = codegen::expert_sum(&spec);
                 self.expert_out(c, KernelKind::ExpertSum(spec), inputs, generated)?
             }
-            ExpertSumRouted([w, logits, _, x]) => {
+            ExpertSumRouted([e, w, logits, _, x, extras]) => {
                 let n = self.ty(*logits)?.shape.numel();
                 let k = self.ty(*x)?.shape.dims()[0];
-                let spec = self.expert_spec(*w, k, Routing::Own { n })?;
+                let mut spec = self.expert_spec(*w, k, Routing::Own { n })?;
+                spec.epi = self.epi(*e)?;
                 let mut inputs = vec![];
                 for i in [w, logits, x] {
                     inputs.push(self.value(*i)?);
+                }
+                let items = list_items(self.g, *extras).ok_or_else(|| self.err("bad inputs"))?;
+                for it in items {
+                    let (extra, v) = self.extra_input(it, spec.o)?;
+                    spec.extras.push(extra);
+                    inputs.push(v);
                 }
                 let generated = codegen::expert_sum(&spec);
                 self.expert_out(c, KernelKind::ExpertSum(spec), inputs, generated)?
@@ -899,6 +906,8 @@ impl Builder<'_> {
             i: d[2],
             k,
             routing,
+            epi: Epi::Acc,
+            extras: vec![],
         })
     }
 
@@ -1370,11 +1379,16 @@ impl UKernel {
             KernelKind::Tail(TailSpec::Step { .. }) => "argmax -> token, position + 1".to_string(),
             KernelKind::Gdn(spec) => format!("linear-attention step: {}", spec.describe()),
             KernelKind::ExpertSum(e) => format!(
-                "experts weighted and summed: {} of {} experts [{}x{}]{}",
+                "experts weighted and summed: {} of {} experts [{}x{}]{}{}",
                 e.k,
                 e.e,
                 e.o,
                 e.i,
+                if e.epi.is_identity() {
+                    String::new()
+                } else {
+                    format!(": {}", e.epi)
+                },
                 routed(e)
             ),
             KernelKind::ExpertGlu(e) => format!(

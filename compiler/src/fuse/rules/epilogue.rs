@@ -2,8 +2,8 @@
 //! (`silu(gate)·up` over zipped parts), sigmoid gates. The epilogue is an expression over the
 //! row's accumulators and its extra inputs; codegen turns it into GLSL.
 
-use super::{list_items, make_list, Rule};
-use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang, MAX_EXTRAS};
+use super::{append_extra, Rule};
+use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang};
 use egg::{rewrite, Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
 
 /// The rules of this family.
@@ -144,20 +144,9 @@ impl Applier<FuseLang, FuseAnalysis> for FoldExtra {
             );
             return vec![];
         }
-        let Some(mut items) = list_items(g, i) else {
+        let Some((k, list)) = append_extra(g, i, r, self.name, eclass) else {
             return vec![];
         };
-        if items.len() >= MAX_EXTRAS {
-            g.analysis.refuse(
-                self.name,
-                format!("a kernel reads at most {MAX_EXTRAS} extra inputs"),
-                vec![eclass],
-            );
-            return vec![];
-        }
-        let k = g.add(FuseLang::extra(items.len()));
-        items.push(r);
-        let list = make_list(g, &items);
         let (a, b) = if self.kernel_left { (e, k) } else { (k, e) };
         let epi = g.add(match self.op {
             Op::Add => FuseLang::EAdd([a, b]),

@@ -4,13 +4,15 @@
 //! unfused sum does. Expert kernels fed by the router kernel then route for themselves from
 //! its logits (`route_pick.glsl`), so that the router's single-workgroup level goes.
 
-use super::{other, var, Rule};
+use super::{append_extra, other, var, Rule};
 use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang};
 use crate::ir::OpKind;
 use egg::{rewrite, Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol};
 
 const RULE: &str = "weighted-expert-sum";
 const GLU: &str = "expert-swiglu";
+const FOLD: &str = "fold-add-into-expert-sum";
+const FOLD_LEFT: &str = "fold-add-into-expert-sum-left";
 
 /// The rules of this family.
 pub fn rules() -> Vec<Rule> {
@@ -29,11 +31,30 @@ pub fn rules() -> Vec<Rule> {
         rewrite!("route-in-expert-glu";
             "(expert_glu ?wg ?wu (route_ids (route ?l ?s)) ?x)"
             => "(expert_glu_routed ?wg ?wu ?l ?s ?x)"),
-        // expert_sum(w, route_ids(r), x, out(r)) == expert_sum_routed(w, l, s, x) with
+        // expert_sum(w, route_ids(r), x, out(r)) == expert_sum_routed(acc, w, l, s, x, []) with
         // r = route(l, s): the indices and the weights of one router
         rewrite!("route-in-expert-sum";
             "(expert_sum ?w (route_ids (route ?l ?s)) ?x (out (route ?l ?s)))"
-            => "(expert_sum_routed ?w ?l ?s ?x)"),
+            => "(expert_sum_routed acc ?w ?l ?s ?x nil)"),
+        // add(r, expert_sum_routed(e, .., [i..])) == expert_sum_routed(add(inK, e), .., [i.., r]):
+        // the shared expert's output and the residual added as the sums are written
+        Rewrite::new(
+            FOLD,
+            "(add ?r (expert_sum_routed ?e ?w ?l ?s ?x ?i))"
+                .parse::<Pattern<FuseLang>>()
+                .expect("a valid pattern"),
+            FoldAdd { kernel_left: false },
+        )
+        .expect("valid rule"),
+        // add(expert_sum_routed(e, .., [i..]), r) == expert_sum_routed(add(e, inK), .., [i.., r])
+        Rewrite::new(
+            FOLD_LEFT,
+            "(add (expert_sum_routed ?e ?w ?l ?s ?x ?i) ?r)"
+                .parse::<Pattern<FuseLang>>()
+                .expect("a valid pattern"),
+            FoldAdd { kernel_left: true },
+        )
+        .expect("valid rule"),
     ]
 }
 
@@ -119,6 +140,56 @@ impl Applier<FuseLang, FuseAnalysis> for SwiGlu {
         }
         let fused = g.add(FuseLang::ExpertGlu([ga[0], ua[0], ga[1], ga[2]]));
         if g.union(eclass, fused) {
+            vec![eclass]
+        } else {
+            vec![]
+        }
+    }
+}
+
+/// The applier of the `fold-add-into-expert-sum` rules: an addend that is a row of the sums'
+/// length (or a scalar) becomes the routed sum kernel's next extra input.
+pub struct FoldAdd {
+    kernel_left: bool,
+}
+
+impl Applier<FuseLang, FuseAnalysis> for FoldAdd {
+    fn apply_one(
+        &self,
+        g: &mut FuseGraph,
+        eclass: Id,
+        s: &Subst,
+        _: Option<&PatternAst<FuseLang>>,
+        _: Symbol,
+    ) -> Vec<Id> {
+        let name = if self.kernel_left { FOLD_LEFT } else { FOLD };
+        let [r, e, w, l, sh, x, i] = ["?r", "?e", "?w", "?l", "?s", "?x", "?i"].map(|v| s[var(v)]);
+        let kernel = FuseLang::ExpertSumRouted([e, w, l, sh, x, i]);
+        let Some(tk) = g.lookup(kernel).and_then(|k| g[k].data.ty.clone()) else {
+            return vec![];
+        };
+        let (Some(tr), Some(tout)) = (g[r].data.ty.clone(), g[eclass].data.ty.clone()) else {
+            return vec![];
+        };
+        let rows = tk.shape.numel();
+        if tout.shape != tk.shape || (tr.shape.numel() != rows && tr.shape.numel() != 1) {
+            g.analysis.refuse(
+                name,
+                format!(
+                    "the addend {} is neither a row of the sums nor a scalar",
+                    tr.shape
+                ),
+                vec![eclass],
+            );
+            return vec![];
+        }
+        let Some((k, list)) = append_extra(g, i, r, name, eclass) else {
+            return vec![];
+        };
+        let (a, b) = if self.kernel_left { (e, k) } else { (k, e) };
+        let epi = g.add(FuseLang::EAdd([a, b]));
+        let folded = g.add(FuseLang::ExpertSumRouted([epi, w, l, sh, x, list]));
+        if g.union(eclass, folded) {
             vec![eclass]
         } else {
             vec![]

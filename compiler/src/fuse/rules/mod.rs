@@ -83,6 +83,32 @@ pub(crate) fn list_items(g: &FuseGraph, mut l: Id) -> Option<Vec<Id>> {
     }
 }
 
+/// Extras list `list` with `r` appended, and the `inK` leaf that reads it; None (a refusal by
+/// `rule` of `class`) when the kernel already reads as many extra inputs as it may.
+pub(crate) fn append_extra(
+    g: &mut FuseGraph,
+    list: Id,
+    r: Id,
+    rule: &'static str,
+    class: Id,
+) -> Option<(Id, Id)> {
+    let mut items = list_items(g, list)?;
+    if items.len() >= super::lang::MAX_EXTRAS {
+        g.analysis.refuse(
+            rule,
+            format!(
+                "a kernel reads at most {} extra inputs",
+                super::lang::MAX_EXTRAS
+            ),
+            vec![class],
+        );
+        return None;
+    }
+    let k = g.add(FuseLang::extra(items.len()));
+    items.push(r);
+    Some((k, make_list(g, &items)))
+}
+
 /// Builds an extras list class from its items.
 pub(crate) fn make_list(g: &mut FuseGraph, items: &[Id]) -> Id {
     let mut l = g.add(FuseLang::Nil);
