@@ -28,6 +28,11 @@ pub struct BenchArgs {
     /// Greedy tokens to decode per configuration.
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
+    /// KV-cache capacity in tokens (default: the model's max_position_embeddings, at most 4096).
+    /// For a model directory only: a schedule file's is fixed when it is compiled
+    /// (compile-model --max-context).
+    #[arg(long, value_name = "N")]
+    pub max_context: Option<usize>,
     #[command(flatten)]
     pub device: crate::options::DeviceArg,
     /// Print a JSON array (one object per configuration) as the last stdout line.
@@ -198,13 +203,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut schedules: Vec<(bool, Schedule)> = vec![];
     let weights: Box<dyn TensorBytes> = if args.model.is_file() {
         args.run.check_file()?;
+        if args.max_context.is_some() {
+            bail!("--max-context is fixed when the schedule is compiled (compile-model --max-context)");
+        }
         let (s, w) = crate::options::open_to_decode(&args.model)?.into_parts();
         let fused = s.kernels.iter().any(|k| k.label.starts_with("fused_"));
         schedules.push((fused, s));
         Box::new(w)
     } else {
         let model = crate::options::load_model(&args.model)?;
-        let program = args.run.program(&model, &trace::TraceOptions::default())?;
+        let trace_opts = trace::TraceOptions {
+            max_context: args.max_context,
+            ..Default::default()
+        };
+        let program = args.run.program(&model, &trace_opts)?;
         let meta = lower::Meta::of(&model);
         let mut spirv = SpirvCache::default();
         schedules.push((false, lower::lower(&program, &meta, &mut spirv)?));
@@ -230,7 +242,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 true => "compile-model --max-context sets it".to_string(),
                 false => format!(
                     "a model directory reserves its config's max_position_embeddings, at most \
-                     {}: for more, compile it with compile-model --max-context and bench the file",
+                     {} unless --max-context says otherwise",
                     trace::TraceOptions::DEFAULT_MAX_CONTEXT
                 ),
             };

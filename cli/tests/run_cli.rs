@@ -339,6 +339,12 @@ fn bad_arguments_are_refused_before_decoding() {
             "reserves its config's max_position_embeddings",
         ],
     );
+    // --max-context sets a model directory's capacity for bench as for run.
+    let out = vkfuse(&["bench", d, "--tokens", "9", "--max-context", "8"]);
+    refused_alone(
+        &out,
+        &["--tokens 9 needs 9 positions; the schedule reserves 8"],
+    );
 }
 
 #[test]

@@ -9,7 +9,8 @@
 // Bindings: 0 = y f32[K, O], 1 = w [2E, O, I] of DTYPE_1, 2 = idx i32[K] (ROUTED: the router
 // logits f32[N]), 3 = x f32[I].
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (rows per
-// workgroup, 1..=8), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = N (ROUTED).
+// workgroup, 1..=4: the gate's and the up's rows are one pass of 2 ROWS dots), 4 = VEC4 (see
+// matvec_core.glsl), 5 = E, 6 = K, 7 = N (ROUTED).
 // Dispatch: K * ceil(O / ROWS) workgroups.
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
@@ -19,6 +20,7 @@ layout(set = 0, binding = 3, std430) readonly buffer X { float x[]; };
 layout(set = 0, binding = 3, std430) readonly buffer X4 { vec4 x4[]; };
 
 #include "matvec_core.glsl"
+#include "expert_dots.glsl"
 
 layout(constant_id = 5) const uint E = 1;
 layout(constant_id = 6) const uint K = 1;
@@ -46,13 +48,17 @@ void main() {
     route_pick();
 #endif
     uint e = EXPERT(j);
-    // Invocation r < ROWS holds row row0 + r's dots.
-    float gate = matvec_rows(e * O + row0, e * O + O - 1u, 0u);
-    // The next call reuses the reduction's shared memory.
-    barrier();
-    float up = matvec_rows((E + e) * O + row0, (E + e) * O + O - 1u, 0u);
+    // The gate's ROWS rows then the up's, one pass (rows past O repeat row O - 1, dropped).
+    uint wrow[MAX_DOTS];
+    uint xoff[MAX_DOTS];
+    for (uint d = 0u; d < MAX_DOTS; d++) {
+        uint r = min(row0 + d % ROWS, O - 1u);
+        wrow[d] = (d < ROWS ? e : E + e) * O + r;
+        xoff[d] = 0u;
+    }
+    expert_dots(wrow, xoff, 2u * ROWS);
     uint t = gl_LocalInvocationID.x;
     if (t < ROWS && row0 + t < O) {
-        y[j * O + row0 + t] = silu(gate) * up;
+        y[j * O + row0 + t] = silu(wg_dot_total(t)) * wg_dot_total(ROWS + t);
     }
 }

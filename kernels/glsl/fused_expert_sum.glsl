@@ -9,9 +9,10 @@
 // logits f32[N]), 3 = x f32[K, I], 4 = wts f32[K] (not ROUTED).
 // With EPILOGUE defined, each row's sum goes through it as it is written: the shared expert's
 // output and the residual added, reading the extra inputs bound after those above.
-// Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (rows per
-// workgroup, 1..=8), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = N (ROUTED).
-// Dispatch: ceil(O / ROWS) workgroups.
+// Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (1: a row per
+// workgroup, its K dots in one pass), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = N
+// (ROUTED).
+// Dispatch: O workgroups.
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
@@ -20,6 +21,7 @@ layout(set = 0, binding = 3, std430) readonly buffer X { float x[]; };
 layout(set = 0, binding = 3, std430) readonly buffer X4 { vec4 x4[]; };
 
 #include "matvec_core.glsl"
+#include "expert_dots.glsl"
 #include "fused_epilogue.glsl"
 
 // The including source may define EPILOGUE(row, a) over the row's sum a[0] and extra inputs
@@ -45,26 +47,39 @@ layout(set = 0, binding = 4, std430) readonly buffer Wts { float wts[]; };
 #define WEIGHT(j) wts[j]
 #endif
 
+// Experts a pass takes: all K where their dots fit one exchange (expert_dots.glsl).
+const uint ND = K < MAX_DOTS ? K : MAX_DOTS;
+
 void main() {
-    uint row0 = group_id() * ROWS;
-    if (row0 >= O) {
+    uint row = group_id();
+    if (row >= O) {
         return;
     }
 #ifdef ROUTED
     route_pick();
 #endif
-    // Invocation r < ROWS accumulates output row row0 + r.
+    // The chosen experts' rows stream together, ND per pass, and add in expert order.
     float total = 0.0;
-    for (uint j = 0u; j < K; j++) {
-        uint e = EXPERT(j);
-        float d = matvec_rows(e * O + row0, e * O + O - 1u, j * I);
-        // The next call reuses the reduction's shared memory.
+    for (uint j0 = 0u; j0 < K; j0 += ND) {
+        uint wrow[MAX_DOTS];
+        uint xoff[MAX_DOTS];
+        for (uint d = 0u; d < MAX_DOTS; d++) {
+            // Past K (the last pass of a K that is no multiple of ND): a row read and dropped.
+            uint j = min(j0 + d, K - 1u);
+            wrow[d] = EXPERT(j) * O + row;
+            xoff[d] = j * I;
+        }
+        expert_dots(wrow, xoff, ND);
+        for (uint d = 0u; d < ND; d++) {
+            if (j0 + d < K) {
+                total += wg_dot_total(d) * WEIGHT(j0 + d);
+            }
+        }
+        // The next pass reuses the exchange's shared memory.
         barrier();
-        total += d * WEIGHT(j);
     }
-    uint t = gl_LocalInvocationID.x;
-    if (t < ROWS && row0 + t < O) {
+    if (gl_LocalInvocationID.x == 0u) {
         float a[1] = float[1](total);
-        y[row0 + t] = EPILOGUE(row0 + t, a);
+        y[row] = EPILOGUE(row, a);
     }
 }

@@ -94,6 +94,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("fused_gdn.glsl", include_str!("../glsl/fused_gdn.glsl")),
     ("fused_route.glsl", include_str!("../glsl/fused_route.glsl")),
     ("route_pick.glsl", include_str!("../glsl/route_pick.glsl")),
+    ("expert_dots.glsl", include_str!("../glsl/expert_dots.glsl")),
     (
         "fused_expert_glu.glsl",
         include_str!("../glsl/fused_expert_glu.glsl"),

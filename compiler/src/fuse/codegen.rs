@@ -1298,29 +1298,47 @@ pub fn expert_sum(spec: &ExpertSpec) -> Generated {
         Routing::Read => 5,
         Routing::Own { .. } => 4,
     };
+    // A row per workgroup: its K experts' dots in one pass (`expert_dots.glsl`).
+    let grid = (1, 1);
     expert_kernel(
         spec,
         "fused_expert_sum",
         "weighted and summed",
-        1,
+        grid,
         bindings + spec.extras.len(),
     )
 }
 
 /// The expert SwiGLU of `spec` (gate and up packed into one binding).
 pub fn expert_glu(spec: &ExpertSpec) -> Generated {
-    expert_kernel(spec, "fused_expert_glu", "silu(gate) * up", spec.k, 4)
+    // The matvecs' rows per workgroup, at most 4: the gate's and the up's rows are one pass
+    // of twice as many dots, at most `MAX_DOTS` (8).
+    let (_, rows) = crate::kernels::matvec_tuning(spec.o, spec.dtype);
+    let grid = (rows.min(4), spec.k);
+    expert_kernel(spec, "fused_expert_glu", "silu(gate) * up", grid, 4)
 }
 
-/// `anchor` over `groups_per_block` workgroups per block of ROWS rows, with `bindings`.
+/// Invocations of an expert kernel's workgroup: one 16-byte step of each row per invocation
+/// (`expert_dots.glsl` strides the row so), in 32..=128.
+fn expert_wg(spec: &ExpertSpec) -> u32 {
+    let per_step = match (crate::kernels::vec4(spec.dtype, spec.i), spec.dtype) {
+        (0, _) => 1,
+        (_, DType::F32) => 4,
+        _ => 8,
+    };
+    u((spec.i / per_step).next_power_of_two().clamp(32, 128))
+}
+
+/// `anchor` over `groups_per_block` workgroups per block of `rows` rows (`grid`), with
+/// `bindings`.
 fn expert_kernel(
     spec: &ExpertSpec,
     anchor: &str,
     what: &str,
-    groups_per_block: usize,
+    (rows, groups_per_block): (u32, usize),
     bindings: usize,
 ) -> Generated {
-    let (wg, rows) = crate::kernels::matvec_tuning(spec.o, spec.dtype);
+    let wg = expert_wg(spec);
     let mut s = String::from(HEADER);
     let _ = writeln!(
         s,

@@ -149,14 +149,25 @@ fn bad_safetensors(file: &Path, bytes: &[u8], error: SafeTensorError) -> ImportE
     }
 }
 
-/// The first entry of a safetensors `header` (JSON), by name (so that the message does not
-/// depend on the header's hash order), whose offsets are reversed or span other than its
-/// shape's bytes: the crate's refusal names no tensor (and its `Metadata` does not parse such
-/// a header, so each entry is read on its own).
+/// What is wrong with a safetensors `header` (JSON) that the crate refused, naming the tensor:
+/// the first entry, by name (so that the message does not depend on the header's hash order),
+/// that does not parse (an unknown dtype, a missing field) or whose offsets are reversed or
+/// span other than its shape's bytes; else the first place, in data order, where the entries
+/// leave a gap or overlap. The crate's own refusal names no tensor for the first kind and only
+/// "invalid offset" for the second (and its `Metadata` does not parse such a header, so each
+/// entry is read on its own).
 fn bad_entry(header: &[u8]) -> Option<String> {
     let json: BTreeMap<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
-    json.into_iter().find_map(|(name, entry)| {
-        let t: safetensors::tensor::TensorInfo = serde_json::from_value(entry).ok()?;
+    let mut spans = vec![];
+    for (name, entry) in json {
+        // The header's free-form string map, no tensor.
+        if name == "__metadata__" {
+            continue;
+        }
+        let t: safetensors::tensor::TensorInfo = match serde_json::from_value(entry) {
+            Ok(t) => t,
+            Err(e) => return Some(format!("tensor \"{name}\": {e}")),
+        };
         let (begin, end) = t.data_offsets;
         if end < begin {
             return Some(format!(
@@ -166,18 +177,45 @@ fn bad_entry(header: &[u8]) -> Option<String> {
         let bits = t
             .shape
             .iter()
-            .try_fold(t.dtype.bitsize(), |acc, &d| acc.checked_mul(d))?;
-        (bits % 8 == 0 && bits / 8 != end - begin).then(|| {
-            format!(
+            .try_fold(t.dtype.bitsize(), |acc, &d| acc.checked_mul(d));
+        if let Some(bits) = bits.filter(|b| b % 8 == 0 && b / 8 != end - begin) {
+            return Some(format!(
                 "tensor \"{name}\": shape {:?} of {} is {} bytes, but its data_offsets \
                  [{begin}, {end}] span {}",
                 t.shape,
                 t.dtype,
                 bits / 8,
                 end - begin
-            )
-        })
-    })
+            ));
+        }
+        spans.push((begin, end, name));
+    }
+    // The entries must tile the data from byte 0, one after another.
+    spans.sort();
+    let mut at = 0;
+    let mut previous: Option<&str> = None;
+    for (begin, end, name) in &spans {
+        if *begin != at {
+            return Some(match previous {
+                None => format!(
+                    "tensor \"{name}\" starts at byte {begin} of the data, but the first \
+                     tensor must start at 0"
+                ),
+                Some(p) if *begin > at => format!(
+                    "tensor \"{name}\" starts at byte {begin} of the data, but \"{p}\" ends at \
+                     {at}: {} bytes between them belong to no tensor",
+                    begin - at
+                ),
+                Some(p) => format!(
+                    "tensor \"{name}\" starts at byte {begin} of the data, inside \"{p}\", \
+                     which ends at {at}"
+                ),
+            });
+        }
+        at = *end;
+        previous = Some(name);
+    }
+    None
 }
 
 fn readable(dtype: Dtype) -> Option<DType> {
@@ -630,6 +668,53 @@ mod tests {
         // A good file has no bad entry.
         let good = with_entry(r#"{"dtype":"F32","shape":[2,2],"data_offsets":[16,32]}"#);
         assert!(SafeTensors::read_metadata(&good).is_ok());
+    }
+
+    /// An entry that does not parse, or offsets that leave a gap or overlap, are named by the
+    /// tensors concerned (the crate says "invalid offset for tensor" or only where the JSON
+    /// failed).
+    #[test]
+    fn a_bad_dtype_a_gap_or_an_overlap_is_named_by_its_tensors() {
+        for (entry, why) in [
+            (
+                r#"{"dtype":"F99","shape":[2,2],"data_offsets":[16,32]}"#,
+                r#"tensor "b": unknown variant `F99`"#,
+            ),
+            (
+                r#"{"dtype":"F32","shape":[2,2]}"#,
+                r#"tensor "b": missing field `data_offsets`"#,
+            ),
+            (
+                r#"{"dtype":"F32","shape":[2],"data_offsets":[24,32]}"#,
+                r#"tensor "b" starts at byte 24 of the data, but "a" ends at 16: 8 bytes between them belong to no tensor"#,
+            ),
+            (
+                r#"{"dtype":"F32","shape":[2,2],"data_offsets":[8,24]}"#,
+                r#"tensor "b" starts at byte 8 of the data, inside "a", which ends at 16"#,
+            ),
+        ] {
+            let message = refusal(&with_entry(entry));
+            assert!(message.contains(why), "{entry}: {message}");
+        }
+        // The first tensor starts past 0 (the crate reads this one too).
+        let header = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(&[0; 16]);
+        let message = refusal(&bytes);
+        assert!(
+            message.contains(
+                r#"tensor "a" starts at byte 8 of the data, but the first tensor must start at 0"#
+            ),
+            "{message}"
+        );
+        // The header's own string map is no tensor.
+        let header = r#"{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(&[0; 16]);
+        assert!(SafeTensors::read_metadata(&bytes).is_ok());
+        assert_eq!(bad_entry(header.as_bytes()), None);
     }
 
     #[test]

@@ -1,0 +1,57 @@
+#ifndef EXPERT_DOTS_GLSL
+#define EXPERT_DOTS_GLSL
+// The expert kernels' dots: nd rows of an expert stack, each with its own input row, in one
+// pass (every invocation issues its loads for all nd dots together, then one exchange for all),
+// where matvec_core.glsl's matvec_rows takes consecutive rows of one input, and a caller looping
+// over experts with it waits for each expert's loads and exchange before the next (the weighted
+// sum's eight experts were eight round trips in a row). Expert stacks stay as stored (f32, f16
+// or bf16: quant::convert never converts them), so there is no block-format path.
+//
+// The including kernel declares W / W4 on the weight binding (DTYPE_1), X / X4 on the input
+// binding, and includes matvec_core.glsl (the constants I and VEC4, reduce.glsl) first.
+
+#if DTYPE_1 == Q8_0 || DTYPE_1 == Q4_0
+#error "expert stacks stay as stored: no block-format expert kernel"
+#endif
+
+// Dot d < nd of weight row wrow[d] with x[xoff[d] .. xoff[d] + I]; afterwards (a barrier ends
+// the exchange) wg_dot_total(d) is dot d's total in any invocation. nd <= MAX_DOTS is a
+// constant at every call (a spec-constant expression), so that the driver unrolls the loops
+// and issues the loads together. Uniform control flow required.
+void expert_dots(uint wrow[MAX_DOTS], uint xoff[MAX_DOTS], uint nd) {
+    uint t = gl_LocalInvocationID.x;
+    float acc[MAX_DOTS];
+    for (uint d = 0u; d < MAX_DOTS; d++) {
+        acc[d] = 0.0;
+    }
+    if (VEC4 != 0u) {
+#if DTYPE_1 == F32
+        uint n4 = I / 4u;
+        for (uint c = t; c < n4; c += gl_WorkGroupSize.x) {
+            for (uint d = 0u; d < nd; d++) {
+                acc[d] += dot(uintBitsToFloat(w4[wrow[d] * n4 + c]), x4[xoff[d] / 4u + c]);
+            }
+        }
+#else
+        uint n8 = I / 8u;
+        for (uint c = t; c < n8; c += gl_WorkGroupSize.x) {
+            for (uint d = 0u; d < nd; d++) {
+                uvec4 wv = w4[wrow[d] * n8 + c];
+                vec4 xa = x4[xoff[d] / 4u + 2u * c];
+                vec4 xb = x4[xoff[d] / 4u + 2u * c + 1u];
+                acc[d] += dot(vec4(PAIR(DTYPE_1, wv.x), PAIR(DTYPE_1, wv.y)), xa) +
+                          dot(vec4(PAIR(DTYPE_1, wv.z), PAIR(DTYPE_1, wv.w)), xb);
+            }
+        }
+#endif
+    } else {
+        for (uint c = t; c < I; c += gl_WorkGroupSize.x) {
+            for (uint d = 0u; d < nd; d++) {
+                acc[d] += LOAD(DTYPE_1, w, wrow[d] * I + c) * x[xoff[d] + c];
+            }
+        }
+    }
+    wg_share_dots(acc, nd);
+}
+
+#endif // EXPERT_DOTS_GLSL
