@@ -238,9 +238,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         // A one-token prompt, then tokens - 1 more steps: one position per token.
         if args.tokens > capacity {
             let tokens = args.tokens;
-            let raise = match args.model.is_file() {
-                true => "compile-model --max-context sets it".to_string(),
-                false => format!(
+            let raise = match (args.model.is_file(), args.max_context) {
+                (true, _) => "compile-model --max-context sets it".to_string(),
+                (false, Some(n)) => format!("--max-context {n} sets it"),
+                (false, None) => format!(
                     "a model directory reserves its config's max_position_embeddings, at most \
                      {} unless --max-context says otherwise",
                     trace::TraceOptions::DEFAULT_MAX_CONTEXT

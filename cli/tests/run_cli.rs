@@ -343,7 +343,7 @@ fn bad_arguments_are_refused_before_decoding() {
     let out = vkfuse(&["bench", d, "--tokens", "9", "--max-context", "8"]);
     refused_alone(
         &out,
-        &["--tokens 9 needs 9 positions; the schedule reserves 8"],
+        &["--tokens 9 needs 9 positions; the schedule reserves 8 (--max-context 8 sets it)"],
     );
 }
 

@@ -629,7 +629,7 @@ fn should_not_add_a_broadcast_row_into_the_routed_sums() {
     );
     let ex = extract(&g, &roots, &DeviceCost::default());
     assert!(!chosen(&g, &ex, roots[0]).contains("e.add"));
-    assert_refused(&g, "fold-add-into-expert-sum", "neither a row of the sums");
+    assert_refused(&g, "fold-add-into-expert-sum", "would broadcast to [2,16]");
 }
 
 #[test]

@@ -10,7 +10,10 @@
 // each weight e / (the sum of the K picked e, in pick order). Softmax's normaliser cancels in
 // the renormalisation, so no sum over all N is taken: the max is exact in any order, the
 // comparisons are exact, and the only sum has a fixed order. One subgroup does it all with
-// subgroup operations (no barrier per pick); its lanes own logits i = lane, lane + size, ...
+// subgroup operations (no barrier per pick); its lanes own logits i = lane, lane + width, ...
+// Against the unfused ops (softmax.comp, then top_k.comp over p = e * (1/s)) the picks differ
+// only where rounding that product makes two different e equal: top_k then takes the lower
+// index, this the larger e (the order of exact softmax).
 //
 // The including source declares the spec constants N and K (K <= N) and defines
 // ROUTE_LOGIT(i), logit i as a float. The caller is in uniform control flow.
@@ -22,8 +25,11 @@ shared float route_w[K];
 void route_pick() {
     if (gl_SubgroupID == 0u) {
         uint lane = gl_SubgroupInvocationID;
+        // A workgroup narrower than the subgroup (32 invocations on a 64-wide device) fills
+        // only part of it: stride by the lanes that are there.
+        uint width = min(gl_SubgroupSize, gl_WorkGroupSize.x);
         float m = NEG_BIG;
-        for (uint i = lane; i < N; i += gl_SubgroupSize) {
+        for (uint i = lane; i < N; i += width) {
             m = max(m, ROUTE_LOGIT(i));
         }
         m = subgroupMax(m);
@@ -34,7 +40,7 @@ void route_pick() {
             // This lane's best candidate after the previous pick.
             uint bk = 0u;
             uint bi = NONE;
-            for (uint i = lane; i < N; i += gl_SubgroupSize) {
+            for (uint i = lane; i < N; i += width) {
                 uint key = order_key(exp(ROUTE_LOGIT(i) - m));
                 bool after_prev = prev_idx == NONE || before(prev_key, prev_idx, key, i);
                 if (after_prev && before(key, i, bk, bi)) {

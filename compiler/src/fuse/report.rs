@@ -222,7 +222,6 @@ impl fmt::Display for FusionReport {
     }
 }
 
-/// The fusions a matvec-family kernel took.
 /// An expert kernel's word on routing for itself (the router's level saved).
 fn routes_itself(e: &ExpertSpec) -> &'static str {
     match e.routing {
@@ -231,6 +230,7 @@ fn routes_itself(e: &ExpertSpec) -> &'static str {
     }
 }
 
+/// The fusions a matvec-family kernel took.
 fn matvec_reasons(spec: &MatvecSpec, r: &mut Vec<String>, ops: &dyn Fn(&[&str]) -> usize) {
     if spec.norm.is_some() {
         r.push("norm -> matvec (norm-into-matvec: the norm's dispatch and level go)".into());

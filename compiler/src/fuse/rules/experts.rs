@@ -171,8 +171,19 @@ impl Applier<FuseLang, FuseAnalysis> for FoldAdd {
         let (Some(tr), Some(tout)) = (g[r].data.ty.clone(), g[eclass].data.ty.clone()) else {
             return vec![];
         };
+        if tout.shape != tk.shape {
+            g.analysis.refuse(
+                name,
+                format!(
+                    "the kernel's output {} would broadcast to {}",
+                    tk.shape, tout.shape
+                ),
+                vec![eclass],
+            );
+            return vec![];
+        }
         let rows = tk.shape.numel();
-        if tout.shape != tk.shape || (tr.shape.numel() != rows && tr.shape.numel() != 1) {
+        if tr.shape.numel() != rows && tr.shape.numel() != 1 {
             g.analysis.refuse(
                 name,
                 format!(

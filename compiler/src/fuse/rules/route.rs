@@ -16,6 +16,8 @@ pub fn rules() -> Vec<Rule> {
     vec![
         // div(gather(p, i), sum(gather(p, i))) with p = softmax(logits), i = top_k(p)
         //   == out(K), and i == route_ids(K), with K = route(logits, shape:k)
+        // (the kernel ranks exp(logit - max), softmax's exact order: where rounding p ties two
+        // different values, top_k takes the lower index and the kernel the larger value)
         Rewrite::new(RULE, p, Route).expect("valid rule"),
     ]
 }
