@@ -30,12 +30,16 @@ struct Args {
     /// KV-cache capacity in tokens (default: the model's max_position_embeddings, at most 4096).
     #[arg(long, value_name = "N")]
     max_context: Option<usize>,
+    /// The KV caches' element type: f16 or f32.
+    ///
     /// The KV caches' element type: f16 (keys and values rounded to f16 as they are written:
     /// half the memory and the bytes attention reads; on an H100 +1.4% tokens/s at 256 tokens
     /// and +5.8% at 3000 over f32, docs/perf.md), or f32 (unrounded; the logits move by about
     /// f16's rounding between the two).
     #[arg(long, value_name = "TYPE", default_value = "f16")]
     kv_cache: trace::KvCache,
+    /// Fold RMSNorm weights into the matrices after them at compile time: auto, on or off.
+    ///
     /// Fold the RMSNorm weight before each group of matvecs into those matrices' columns at
     /// compile time (`W · diag(w)`, rounded to the weights' dtype or quantised after the fold):
     /// the attention norm into q/k/v, the MLP's into gate/up, the final norm into an lm_head
@@ -50,6 +54,8 @@ struct Args {
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = trace::FoldNorms::Auto,
           num_args = 0..=1, default_missing_value = "on")]
     fold_norms: trace::FoldNorms,
+    /// The arithmetic of the q8_0/q4_0 dot products: auto, f16 or f32.
+    ///
     /// The arithmetic of the fused kernels' q8_0/q4_0 dot products: `f16` (packed f16
     /// products, f32 sums: one multiply-add per two weights; on an H200, the Qwen3-0.6B shape:
     /// q8_0 +5.0% and q4_0 +6.2% tokens/s, the logits 1-2e-3 relative L2 from f32's, where
@@ -66,6 +72,8 @@ struct Args {
     /// Give every transient value its own arena slot instead of planning reuse from liveness.
     #[arg(long)]
     no_plan: bool,
+    /// Workgroups per query head of the attention block (1 to 64; default from the shapes).
+    ///
     /// Workgroups per query head of the fused attention block, each over a chunk of the context
     /// (1: one workgroup walks the whole context). Default: chosen from the shapes and the
     /// device's compute units (`--device-cost`; else an H100's 132): about two workgroups per
@@ -75,11 +83,15 @@ struct Args {
     /// below position 2048). 1 to 64.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     attention_splits: Option<u32>,
+    /// Workgroup size of the attention block (a tuning knob).
+    ///
     /// Workgroup size of the fused attention block (a power of two up to 1024, raised to the
     /// head dim where smaller). Default: 8 invocations per head element (64..1024), 4 when the
     /// block is split. A tuning knob.
     #[arg(long, value_name = "N")]
     attention_wg: Option<u32>,
+    /// The attention block's grids for short positions, `BELOW:SPLITSxWG,...` or `none`.
+    ///
     /// Other grids of the attention block for short positions, as `BELOW:SPLITSxWG,...`
     /// (ascending positions; each band's grid serves the positions below its bound, the
     /// block's own grid every position past the last) or `none`. Every grid computes the same
@@ -92,6 +104,9 @@ struct Args {
     /// than its own), none otherwise.
     #[arg(long, value_name = "BANDS", value_parser = parse_bands)]
     attention_bands: Option<Bands>,
+    /// MiB of the next levels' weights read into L2 beside attention and linear-attention
+    /// levels (0: none).
+    ///
     /// MiB of the next matvec levels' weights to read into the L2 cache beside each level that
     /// streams none of its own and holds an attention block or a linear-attention step, so
     /// those matvecs hit L2 (0: none).
@@ -103,6 +118,8 @@ struct Args {
     /// past it (unless it is 0).
     #[arg(long, value_name = "MIB")]
     prefetch_mib: Option<u64>,
+    /// Slots per kv head of the K/V caches read into L2 before each attention block (0: none).
+    ///
     /// Slots per kv head of each attention block's K and V caches to read into the L2 cache a
     /// level or two before the block (up to the step's position; 0: none), so that the first
     /// K/V tile it loads at its start hits L2. Default by the matvec weights' format, as
@@ -116,12 +133,16 @@ struct Args {
     /// first block under q8_0's place, the embedding's level).
     #[arg(long, value_name = "SLOTS", conflicts_with = "no_fuse")]
     prefetch_kv: Option<u32>,
+    /// Keep SwiGLU's down in a level of its own (for devices without float atomics).
+    ///
     /// Keep a matvec fed by another matvec kernel (SwiGLU's down after gate/up) in a level of
     /// its own instead of chaining both into one kernel. The chained kernel adds partial sums
     /// with float atomics, which the device must offer (`shaderBufferFloat32AtomicAdd`,
     /// VK_EXT_shader_atomic_float: NVIDIA, AMD and lavapipe do); without it, use this.
     #[arg(long)]
     no_chain: bool,
+    /// Keep the argmax in a level of its own (for devices without 64-bit atomics).
+    ///
     /// Keep the step's tail (the argmax that picks the next token, the position advance) in a
     /// level of its own instead of folding it into the matvec that computes the logits. The
     /// folded kernel picks the token with a 64-bit atomicMax, which the device must offer
@@ -129,6 +150,8 @@ struct Args {
     /// without them, use this.
     #[arg(long)]
     no_argmax_in_matvec: bool,
+    /// The device costs fusion minimises, from `vkfuse calibrate -o FILE` (default: an H100's).
+    ///
     /// The device costs fusion minimises and the attention block's splits follow: a JSON file
     /// that `vkfuse calibrate -o FILE` writes on the target device (its bandwidth, dispatch
     /// cost and the cost of a boundary between streaming levels as measured, which is below
@@ -136,6 +159,8 @@ struct Args {
     /// as the driver reports them). Default: an H100's, from docs/perf.md's measurements.
     #[arg(long, value_name = "FILE", conflicts_with = "no_fuse")]
     device_cost: Option<PathBuf>,
+    /// Timing probes, never for use: reduce these fused kernels to their input wait and output.
+    ///
     /// Timing probes, never for use: reduce these fused kernels, in every layer, to their
     /// input wait and output (`matvec`: q/k/v, and lm_head under --no-argmax-in-matvec;
     /// `wide-matvec`: o_proj; `attention`;
@@ -150,6 +175,8 @@ struct Args {
         conflicts_with = "no_fuse"
     )]
     ablate: Vec<fuse::ablate::Ablate>,
+    /// A timing probe, never for use: record when each workgroup ran, for `vkfuse timeline`.
+    ///
     /// A timing probe, never for use: every kernel also records when each of its workgroups
     /// began and ended on the device's realtime clock, for `vkfuse timeline FILE` to show what
     /// ran when inside a replayed step (handoffs included). The tokens are as without it; the
@@ -161,6 +188,8 @@ struct Args {
     /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.
     #[arg(long)]
     explain: bool,
+    /// Store the matvec weights as f16, bf16, q8_0 or q4_0 (default: the checkpoint's dtypes).
+    ///
     /// Store the matvec weights (projections, lm_head; the embedding table when lm_head shares
     /// it) as f16, bf16, or ggml's block formats q8_0 / q4_0 (32 weights and an f16 scale per
     /// block, quantised here, dequantised in the matvec's inner loop). Norm weights and other
