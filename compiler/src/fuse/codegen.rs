@@ -1311,10 +1311,14 @@ pub fn expert_sum(spec: &ExpertSpec) -> Generated {
 
 /// The expert SwiGLU of `spec` (gate and up packed into one binding).
 pub fn expert_glu(spec: &ExpertSpec) -> Generated {
-    // The matvecs' rows per workgroup, at most 4: the gate's and the up's rows are one pass
-    // of twice as many dots, at most `MAX_DOTS` (8).
-    let (_, rows) = crate::kernels::matvec_tuning(spec.o, spec.dtype);
-    let grid = (rows.min(4), spec.k);
+    // 4 rows per workgroup: the gate's and the up's rows are one pass of 8 dots, `MAX_DOTS`.
+    // On an H200 (qwen3-next-small, experts of [512 x 1024]) 4 rows took bf16 +3.7% and q4_0
+    // +4.3% over the matvecs' 2, and 1 row lost 4.1% (docs/perf.md, session 46);
+    // `VKFUSE_EXPERT_GLU_ROWS` (1..=4), read at compile time, is that A/B knob.
+    let rows = crate::kernels::knob("VKFUSE_EXPERT_GLU_ROWS")
+        .filter(|r| (1..=4).contains(r))
+        .unwrap_or(4);
+    let grid = (rows, spec.k);
     expert_kernel(spec, "fused_expert_glu", "silu(gate) * up", grid, 4)
 }
 
@@ -1326,6 +1330,7 @@ fn expert_wg(spec: &ExpertSpec) -> u32 {
         (_, DType::F32) => 4,
         _ => 8,
     };
+    // Halving it (two steps per invocation) lost 1.8-2.2% on an H200, doubling it 17%.
     u((spec.i / per_step).next_power_of_two().clamp(32, 128))
 }
 
