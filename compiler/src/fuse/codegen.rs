@@ -1305,7 +1305,7 @@ pub fn expert_sum(spec: &ExpertSpec) -> Generated {
         "fused_expert_sum",
         "weighted and summed",
         grid,
-        bindings + spec.extras.len(),
+        bindings,
     )
 }
 
@@ -1335,7 +1335,7 @@ fn expert_wg(spec: &ExpertSpec) -> u32 {
 }
 
 /// `anchor` over `groups_per_block` workgroups per block of `rows` rows (`grid`), with
-/// `bindings`.
+/// `bindings` of its own and the epilogue's extra inputs after them.
 fn expert_kernel(
     spec: &ExpertSpec,
     anchor: &str,
@@ -1369,7 +1369,7 @@ fn expert_kernel(
     s += "#include \"common.glsl\"\n";
     if !spec.epi.is_identity() {
         // The extra inputs follow the kernel's own bindings.
-        declare_inputs(&mut s, &spec.extras, bindings - spec.extras.len());
+        declare_inputs(&mut s, &spec.extras, bindings);
         let _ = writeln!(s, "#define EPILOGUE(row, a) {}", spec.epi.glsl());
         routed += &format!(",{}", spec.epi);
     }
@@ -1386,7 +1386,7 @@ fn expert_kernel(
         source: s,
         spec_constants,
         workgroups: workgroups(groups_per_block * spec.o.div_ceil(rows as usize)),
-        bindings,
+        bindings: bindings + spec.extras.len(),
     }
 }
 

@@ -174,6 +174,15 @@ fn ty_bytes(g: &FuseGraph, c: Id) -> f64 {
     g[c].data.ty.as_ref().map_or(0.0, |t| t.bytes() as f64)
 }
 
+/// Bytes of the values in an inputs list class (`cons` ... `nil`).
+fn list_bytes(g: &FuseGraph, list: Id) -> f64 {
+    super::rules::list_items(g, list)
+        .unwrap_or_default()
+        .iter()
+        .map(|&e| ty_bytes(g, e))
+        .sum()
+}
+
 /// Bytes a matvec-family kernel reads: weights, input, norm weight, extra inputs.
 fn matvec_reads(g: &FuseGraph, w: Id, x: Id, pro: Id, ins: Id) -> f64 {
     let norm: f64 = g[pro]
@@ -184,12 +193,7 @@ fn matvec_reads(g: &FuseGraph, w: Id, x: Id, pro: Id, ins: Id) -> f64 {
             _ => None,
         })
         .unwrap_or(0.0);
-    let extras: f64 = super::rules::list_items(g, ins)
-        .unwrap_or_default()
-        .iter()
-        .map(|&e| ty_bytes(g, e))
-        .sum();
-    ty_bytes(g, w) + ty_bytes(g, x) + norm + extras
+    ty_bytes(g, w) + ty_bytes(g, x) + norm + list_bytes(g, ins)
 }
 
 /// Bytes a kernel node moves (reads and writes), estimated; 0 for nodes that are no kernel.
@@ -225,21 +229,9 @@ pub fn node_bytes(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) -
         }
         // The stack, the logits, the input rows and the epilogue's extra inputs.
         ExpertSumRouted([_, w, l, _, x, ins]) => {
-            let extras: f64 = super::rules::list_items(g, *ins)
-                .unwrap_or_default()
-                .iter()
-                .map(|&e| ty_bytes(g, e))
-                .sum();
-            ty_bytes(g, *w) + ty_bytes(g, *l) + ty_bytes(g, *x) + extras + out
+            ty_bytes(g, *w) + ty_bytes(g, *l) + ty_bytes(g, *x) + list_bytes(g, *ins) + out
         }
-        Ewk([_, ins]) => {
-            let inputs: f64 = super::rules::list_items(g, *ins)
-                .unwrap_or_default()
-                .iter()
-                .map(|&e| ty_bytes(g, e))
-                .sum();
-            inputs + out
-        }
+        Ewk([_, ins]) => list_bytes(g, *ins) + out,
         UpdateInPlace([st, _, k, v, gg, b]) => {
             2.0 * ty_bytes(g, *st)
                 + ty_bytes(g, *k)

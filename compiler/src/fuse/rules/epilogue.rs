@@ -2,7 +2,7 @@
 //! (`silu(gate)·up` over zipped parts), sigmoid gates. The epilogue is an expression over the
 //! row's accumulators and its extra inputs; codegen turns it into GLSL.
 
-use super::{append_extra, Rule};
+use super::{append_extra, fits_as_extra, Rule};
 use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang};
 use egg::{rewrite, Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
 
@@ -125,23 +125,7 @@ impl Applier<FuseLang, FuseAnalysis> for FoldExtra {
             g.lookup(node).and_then(|k| g[k].data.ty.clone())
         };
         let Some(tk) = kernel_ty else { return vec![] };
-        if tk.shape != tout.shape {
-            g.analysis.refuse(
-                self.name,
-                format!(
-                    "the kernel's output {} would broadcast to {}",
-                    tk.shape, tout.shape
-                ),
-                vec![eclass],
-            );
-            return vec![];
-        }
-        if tr.shape.numel() != tk.shape.numel() && tr.shape.numel() != 1 {
-            g.analysis.refuse(
-                self.name,
-                format!("the extra input {} is neither a row nor a scalar", tr.shape),
-                vec![eclass],
-            );
+        if !fits_as_extra(g, self.name, eclass, [&tk, &tr, &tout]) {
             return vec![];
         }
         let Some((k, list)) = append_extra(g, i, r, self.name, eclass) else {

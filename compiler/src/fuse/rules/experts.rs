@@ -4,7 +4,7 @@
 //! unfused sum does. Expert kernels fed by the router kernel then route for themselves from
 //! its logits (`route_pick.glsl`), so that the router's single-workgroup level goes.
 
-use super::{append_extra, other, var, Rule};
+use super::{append_extra, fits_as_extra, other, var, Rule};
 use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang};
 use crate::ir::OpKind;
 use egg::{rewrite, Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol};
@@ -147,8 +147,8 @@ impl Applier<FuseLang, FuseAnalysis> for SwiGlu {
     }
 }
 
-/// The applier of the `fold-add-into-expert-sum` rules: an addend that is a row of the sums'
-/// length (or a scalar) becomes the routed sum kernel's next extra input.
+/// The applier of the `fold-add-into-expert-sum` rules: an addend that fits as an extra input
+/// (`fits_as_extra`) becomes the routed sum kernel's next extra input.
 pub struct FoldAdd {
     kernel_left: bool,
 }
@@ -171,27 +171,7 @@ impl Applier<FuseLang, FuseAnalysis> for FoldAdd {
         let (Some(tr), Some(tout)) = (g[r].data.ty.clone(), g[eclass].data.ty.clone()) else {
             return vec![];
         };
-        if tout.shape != tk.shape {
-            g.analysis.refuse(
-                name,
-                format!(
-                    "the kernel's output {} would broadcast to {}",
-                    tk.shape, tout.shape
-                ),
-                vec![eclass],
-            );
-            return vec![];
-        }
-        let rows = tk.shape.numel();
-        if tr.shape.numel() != rows && tr.shape.numel() != 1 {
-            g.analysis.refuse(
-                name,
-                format!(
-                    "the addend {} is neither a row of the sums nor a scalar",
-                    tr.shape
-                ),
-                vec![eclass],
-            );
+        if !fits_as_extra(g, name, eclass, [&tk, &tr, &tout]) {
             return vec![];
         }
         let Some((k, list)) = append_extra(g, i, r, name, eclass) else {

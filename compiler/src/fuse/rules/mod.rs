@@ -83,6 +83,37 @@ pub(crate) fn list_items(g: &FuseGraph, mut l: Id) -> Option<Vec<Id>> {
     }
 }
 
+/// Whether a value of type `r` can be the next extra input of a kernel of output type
+/// `kernel` whose epilogue then gives class `class` (of type `out`): no broadcast, and `r` a
+/// row of the output's length or a scalar; else a refusal by `rule`.
+pub(crate) fn fits_as_extra(
+    g: &FuseGraph,
+    rule: &'static str,
+    class: Id,
+    [kernel, r, out]: [&crate::ir::Type; 3],
+) -> bool {
+    if kernel.shape != out.shape {
+        g.analysis.refuse(
+            rule,
+            format!(
+                "the kernel's output {} would broadcast to {}",
+                kernel.shape, out.shape
+            ),
+            vec![class],
+        );
+        return false;
+    }
+    if r.shape.numel() != kernel.shape.numel() && r.shape.numel() != 1 {
+        g.analysis.refuse(
+            rule,
+            format!("the extra input {} is neither a row nor a scalar", r.shape),
+            vec![class],
+        );
+        return false;
+    }
+    true
+}
+
 /// Extras list `list` with `r` appended, and the `inK` leaf that reads it; None (a refusal by
 /// `rule` of `class`) when the kernel already reads as many extra inputs as it may.
 pub(crate) fn append_extra(
