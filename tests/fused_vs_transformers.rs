@@ -7,9 +7,10 @@
 //! token. Every fixture is checked at 32 teacher-forced and 31 greedy positions (at least 30
 //! each; the hybrid fixture's conv and delta-rule states are carried across all of them).
 
+use vkfuse_compiler::fuse::FuseOptions;
 use vkfuse_runtime::session::{Eager, Loaded, Replay};
 use vkfuse_tests::{
-    assert_rows_close, eager_greedy, expected, fused_schedule, validated_device, FIXTURES,
+    assert_rows_close, eager_greedy, expected, fused_schedule_with, validated_device, FIXTURES,
 };
 
 /// Layers of each fixture (from its config).
@@ -20,11 +21,11 @@ fn layers(name: &str) -> usize {
     v["num_hidden_layers"].as_u64().expect("num_hidden_layers") as usize
 }
 
-fn check(name: &str, dense: bool) {
+fn check(name: &str, dense: bool, opts: &FuseOptions) {
     let (device, log) = validated_device();
     let want = expected(name);
     {
-        let (model, schedule, report) = fused_schedule(name);
+        let (model, schedule, report) = fused_schedule_with(name, opts);
         let load = |s| Loaded::new(device.clone(), s, &model.tensors).unwrap();
         let mut eager = Eager::new(load(schedule.clone())).unwrap();
         let mut replay = Replay::new(load(schedule)).unwrap();
@@ -116,20 +117,38 @@ fn check(name: &str, dense: bool) {
 
 #[test]
 fn fused_matches_transformers_qwen3_tied() {
-    check(FIXTURES[0], true);
+    check(FIXTURES[0], true, &FuseOptions::default());
 }
 
 #[test]
 fn fused_matches_transformers_qwen3_untied_sharded() {
-    check(FIXTURES[1], true);
+    check(FIXTURES[1], true, &FuseOptions::default());
 }
 
 #[test]
 fn fused_matches_transformers_llama_gqa() {
-    check(FIXTURES[2], true);
+    check(FIXTURES[2], true, &FuseOptions::default());
 }
 
 #[test]
 fn fused_matches_transformers_qwen3_next() {
-    check(FIXTURES[3], false);
+    check(FIXTURES[3], false, &FuseOptions::default());
+}
+
+/// The linear-attention step in 4 parts a key head: parts of 8 state columns, narrower than
+/// the fixture's value heads of 16, so the part that arrives last shifts the head's q and k conv
+/// rows and normalises its outputs (`fused_gdn.glsl`; the default takes one part here).
+#[test]
+fn fused_matches_transformers_qwen3_next_in_parts() {
+    let opts = FuseOptions {
+        gdn_parts: Some(4),
+        ..FuseOptions::default()
+    };
+    let (_, schedule, _) = fused_schedule_with(FIXTURES[3], &opts);
+    let steps = schedule
+        .kernels
+        .iter()
+        .filter(|k| k.label.contains("fused_gdn"));
+    assert!(steps.clone().count() > 0 && steps.clone().all(|k| k.label.contains("parts=4")));
+    check(FIXTURES[3], false, &opts);
 }

@@ -104,8 +104,27 @@ pub fn attention_split_wg(head_dim: usize) -> u32 {
     (4 * head_dim).next_power_of_two().clamp(64, 1024) as u32
 }
 
-/// Workgroup size of the Gated DeltaNet step (one workgroup per key head).
-pub const GDN_WG: u32 = 256;
+/// State columns a part of the Gated DeltaNet step takes by default (`fused_gdn.glsl`): a
+/// subgroup's width of one row, 128 bytes.
+const GDN_PART_COLUMNS: usize = 32;
+/// State rows each invocation of the step walks by default.
+const GDN_ROWS: usize = 16;
+
+/// The parts each key head's state columns (`r * dv`) are split over in the Gated DeltaNet
+/// step: `want` (`FuseOptions::gdn_parts`; else `VKFUSE_GDN_PARTS`, read at compile time, the
+/// A/B knob; else enough for parts of [`GDN_PART_COLUMNS`]) rounded down to a divisor of the
+/// columns that leaves at most 1024 columns a part (one invocation each at least).
+pub fn gdn_parts(r: usize, dv: usize, want: Option<usize>) -> usize {
+    let cols = (r * dv).max(1);
+    let want = want
+        .or_else(|| crate::kernels::knob("VKFUSE_GDN_PARTS").map(|p| p as usize))
+        .unwrap_or(cols / GDN_PART_COLUMNS)
+        .clamp(cols.div_ceil(1024), cols);
+    (1..=want)
+        .rev()
+        .find(|&p| cols.is_multiple_of(p) && cols / p <= 1024)
+        .unwrap_or(cols)
+}
 
 /// An rms-norm prologue.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -434,6 +453,9 @@ pub struct GdnSpec {
     pub dk: usize,
     pub dv: usize,
     pub km1: usize,
+    /// Workgroups per key head, each taking `r * dv / parts` of its state columns
+    /// ([`gdn_parts`]); above 1 they count their arrivals (`KernelKind::arrival`).
+    pub parts: usize,
     pub layout: crate::fuse::lang::GdnLayout,
     pub conv_dtype: DType,
     pub norm_dtype: DType,
@@ -446,8 +468,12 @@ pub struct GdnSpec {
 
 impl GdnSpec {
     pub fn describe(&self) -> String {
+        let parts = match self.parts {
+            1 => String::new(),
+            n => format!(" in {n} parts"),
+        };
         format!(
-            "{} key heads x {} value heads of {}x{}, conv {}, g = {}, beta = {}",
+            "{} key heads x {} value heads of {}x{}{parts}, conv {}, g = {}, beta = {}",
             self.hk,
             self.r,
             self.dk,
@@ -456,6 +482,19 @@ impl GdnSpec {
             self.g,
             self.beta
         )
+    }
+
+    /// Invocations of a workgroup: each of the part's columns walked by `dsplit` of them, a
+    /// divisor of `dk`, about [`GDN_ROWS`] rows each (`VKFUSE_GDN_ROWS` the knob), at most 1024
+    /// in all.
+    pub fn workgroup_size(&self) -> u32 {
+        let cols = (self.r * self.dv / self.parts.max(1)).max(1);
+        let rows = crate::kernels::knob("VKFUSE_GDN_ROWS").map_or(GDN_ROWS, |r| r as usize);
+        let mut dsplit = (self.dk / rows.max(1)).clamp(1, (1024 / cols).max(1));
+        while !self.dk.is_multiple_of(dsplit) {
+            dsplit -= 1;
+        }
+        u(cols * dsplit)
     }
 }
 
@@ -1208,6 +1247,7 @@ pub fn gdn(spec: &GdnSpec) -> Generated {
     );
     let _ = writeln!(s, "#define CW_DTYPE {}", dtype_code(spec.conv_dtype));
     let _ = writeln!(s, "#define NW_DTYPE {}", dtype_code(spec.norm_dtype));
+    let _ = writeln!(s, "#define GDN_PARTS {}", spec.parts);
     s += "#include \"common.glsl\"\n#include \"fused_epilogue.glsl\"\n";
     let mut binding = 6;
     let mut maps = l.gate_inputs.iter();
@@ -1242,9 +1282,14 @@ pub fn gdn(spec: &GdnSpec) -> Generated {
             let _ = writeln!(s, "#undef IN{k}");
         }
     }
+    if spec.parts > 1 {
+        // The arrival counters, after the kernel's other bindings (`KernelKind::arrival`).
+        let _ = writeln!(s, "#define COUNT_BINDING {binding}");
+        binding += 1;
+    }
     s += "#include \"fused_gdn.glsl\"\n";
     let spec_constants = vec![
-        GDN_WG,
+        spec.workgroup_size(),
         u(spec.hk),
         u(spec.r),
         u(spec.dk),
@@ -1261,12 +1306,12 @@ pub fn gdn(spec: &GdnSpec) -> Generated {
     ];
     Generated {
         label: format!(
-            "fused_gdn[hk={},r={},dk={},dv={},g={},beta={}]",
-            spec.hk, spec.r, spec.dk, spec.dv, spec.g, spec.beta
+            "fused_gdn[hk={},r={},dk={},dv={},parts={},g={},beta={}]",
+            spec.hk, spec.r, spec.dk, spec.dv, spec.parts, spec.g, spec.beta
         ),
         source: s,
         spec_constants,
-        workgroups: workgroups(spec.hk),
+        workgroups: workgroups(spec.hk * spec.parts),
         bindings: binding,
     }
 }

@@ -70,8 +70,9 @@ pub enum KernelKind {
 }
 
 /// The extra buffers of a kernel whose workgroups combine by last arrival (the split attention
-/// block, the multi-workgroup tail): each workgroup writes its partial to the scratch and
-/// counts itself; the last combines and sets the counters back to zero. Both are bound after
+/// block, the multi-workgroup tail, the linear-attention step in parts): each workgroup writes
+/// its partial to the scratch (or, the step, its output) and counts itself; the last combines
+/// and sets the counters back to zero. Both are bound after
 /// the kernel's other bindings, the scratch first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Arrival {
@@ -96,6 +97,10 @@ impl KernelKind {
             KernelKind::Tail(spec) if codegen::tail_groups(spec) > 1 => Some(Arrival {
                 scratch_bytes: 8 * codegen::tail_groups(spec) as u64,
                 counter_bytes: 4,
+            }),
+            KernelKind::Gdn(spec) if spec.parts > 1 => Some(Arrival {
+                scratch_bytes: 0,
+                counter_bytes: 4 * spec.hk as u64,
             }),
             _ => None,
         }
@@ -806,6 +811,7 @@ impl Builder<'_> {
                     dk: sd[1],
                     dv: sd[2],
                     km1: cd[1],
+                    parts: 1,
                     layout,
                     conv_dtype: self.ty(*cw)?.dtype,
                     norm_dtype: self.ty(*nw)?.dtype,
@@ -830,6 +836,7 @@ impl Builder<'_> {
                         inputs.push(self.value(it)?);
                     }
                 }
+                spec.parts = codegen::gdn_parts(spec.r, spec.dv, self.opts.gdn_parts);
                 let generated = codegen::gdn(&spec);
                 let ty = self.ty(c)?;
                 let bytes = ty.bytes() as u64;

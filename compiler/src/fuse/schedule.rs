@@ -66,6 +66,9 @@ pub struct FuseOptions {
     /// the choice for the program's weights ([`super::bands::for_program`]), where the block is
     /// split and has at least the bands' splits. Given bands that cannot apply are an error.
     pub attention_bands: Option<Vec<AttentionBand>>,
+    /// Workgroups per key head of the linear-attention step, each taking a share of its state
+    /// columns (rounded down to a divisor of them); `None`: [`super::codegen::gdn_parts`].
+    pub gdn_parts: Option<usize>,
     /// Weight prefetch into L2 beside weight-free levels ([`super::prefetch`]); `None`: the
     /// choice for the program's weights and bands ([`Prefetch::for_program`]).
     pub prefetch: Option<Prefetch>,
@@ -101,6 +104,7 @@ impl Default for FuseOptions {
             attention_splits: None,
             attention_wg: None,
             attention_bands: None,
+            gdn_parts: None,
             prefetch: None,
             kv_prefetch: None,
             chain: true,
