@@ -20,8 +20,24 @@
 
 shared uint route_id[K];
 shared float route_w[K];
+// Each logit's key, order_key(e), in shared memory: every logit is read from device memory and
+// exponentiated once, where the rounds below read and exponentiated all of them in each of the
+// K rounds (docs/perf.md, session 47).
+shared uint route_key[N];
+
+// Comparisons a lane makes to rank its logits against all N: the rank path's cost.
+const uint RANK_BUDGET = 1024u;
 
 // Fills route_id (indices, largest first) and route_w (their weights); ends with a barrier.
+// Every workgroup of the expert kernels routes for itself, and the picking is on its critical
+// path (between the router's logits and the first expert weight load). Two ways to the same
+// picks, chosen by the subgroup's width (each yields the one total order, so kernels of either
+// way agree bit for bit):
+// - rank (where a lane's logits times N fit RANK_BUDGET: Qwen3-Next-small's 64 experts on
+//   32-wide subgroups): each lane counts, for each of its logits, the logits before it in the
+//   order; those of rank < K are the picks. Independent comparisons, no serial chain;
+// - K rounds, each the best candidate after the previous pick (two subgroup reductions a round):
+//   a serial chain, but N comparisons a lane in all instead of N per logit (Qwen3-Next's 512).
 void route_pick() {
     if (gl_SubgroupID == 0u) {
         uint lane = gl_SubgroupInvocationID;
@@ -30,40 +46,74 @@ void route_pick() {
         uint width = min(gl_SubgroupSize, gl_WorkGroupSize.x);
         float m = NEG_BIG;
         for (uint i = lane; i < N; i += width) {
-            m = max(m, ROUTE_LOGIT(i));
+            float l = ROUTE_LOGIT(i);
+            route_key[i] = floatBitsToUint(l);
+            m = max(m, l);
         }
         m = subgroupMax(m);
-        uint prev_key = 0u;
-        uint prev_idx = NONE;
-        float total = 0.0;
-        for (uint r = 0u; r < K; r++) {
-            // This lane's best candidate after the previous pick.
-            uint bk = 0u;
-            uint bi = NONE;
+        for (uint i = lane; i < N; i += width) {
+            route_key[i] = order_key(exp(uintBitsToFloat(route_key[i]) - m));
+        }
+        if ((N + width - 1u) / width * N <= RANK_BUDGET) {
+            // Every lane reads every key: the writes above made visible to the subgroup.
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
             for (uint i = lane; i < N; i += width) {
-                uint key = order_key(exp(ROUTE_LOGIT(i) - m));
-                bool after_prev = prev_idx == NONE || before(prev_key, prev_idx, key, i);
-                if (after_prev && before(key, i, bk, bi)) {
-                    bk = key;
-                    bi = i;
+                uint key = route_key[i];
+                uint rank = 0u;
+                for (uint j = 0u; j < N; j++) {
+                    uint kj = route_key[j];
+                    rank += kj > key || (kj == key && j < i) ? 1u : 0u;
+                }
+                if (rank < K) {
+                    route_id[rank] = i;
+                    // e >= 0, so its order key is its bits with the sign bit set.
+                    route_w[rank] = uintBitsToFloat(key & 0x7fffffffu);
                 }
             }
-            // The largest key, then the lowest index holding it.
-            uint key = subgroupMax(bi == NONE ? 0u : bk);
-            uint best = subgroupMin(bi != NONE && bk == key ? bi : NONE);
-            prev_key = key;
-            prev_idx = best;
-            // e >= 0, so its order key is its bits with the sign bit set.
-            float e = uintBitsToFloat(key & 0x7fffffffu);
-            total += e;
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
             if (lane == 0u) {
-                route_id[r] = best;
-                route_w[r] = e;
+                float total = 0.0;
+                for (uint r = 0u; r < K; r++) {
+                    total += route_w[r];
+                }
+                for (uint r = 0u; r < K; r++) {
+                    route_w[r] /= total;
+                }
             }
-        }
-        if (lane == 0u) {
+        } else {
+            uint prev_key = 0u;
+            uint prev_idx = NONE;
+            float total = 0.0;
             for (uint r = 0u; r < K; r++) {
-                route_w[r] /= total;
+                // This lane's best candidate after the previous pick.
+                uint bk = 0u;
+                uint bi = NONE;
+                for (uint i = lane; i < N; i += width) {
+                    uint key = route_key[i];
+                    bool after_prev = prev_idx == NONE || before(prev_key, prev_idx, key, i);
+                    if (after_prev && before(key, i, bk, bi)) {
+                        bk = key;
+                        bi = i;
+                    }
+                }
+                // The largest key, then the lowest index holding it.
+                uint key = subgroupMax(bi == NONE ? 0u : bk);
+                uint best = subgroupMin(bi != NONE && bk == key ? bi : NONE);
+                prev_key = key;
+                prev_idx = best;
+                float e = uintBitsToFloat(key & 0x7fffffffu);
+                total += e;
+                if (lane == 0u) {
+                    route_id[r] = best;
+                    route_w[r] = e;
+                }
+            }
+            if (lane == 0u) {
+                for (uint r = 0u; r < K; r++) {
+                    route_w[r] /= total;
+                }
             }
         }
     }
