@@ -8,7 +8,7 @@
 // Bindings: 0 = y f32[O], 1 = w [E, O, I] of DTYPE_1, 2 = idx i32[K] (ROUTED: the router
 // logits f32[N]), 3 = x f32[K, I], 4 = wts f32[K] (not ROUTED).
 // With EPILOGUE defined, each row's sum goes through it as it is written: the shared expert's
-// output and the residual added, reading the extra inputs bound after those above.
+// output and the residual added, from the extra inputs bound after those above, loaded first.
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (1: a row per
 // workgroup, its K dots in one pass), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = N
 // (ROUTED).
@@ -24,10 +24,13 @@ layout(set = 0, binding = 3, std430) readonly buffer X4 { vec4 x4[]; };
 #include "expert_dots.glsl"
 #include "fused_epilogue.glsl"
 
-// The including source may define EPILOGUE(row, a) over the row's sum a[0] and extra inputs
-// IN<k>(row) bound after the kernel's own bindings (codegen's declare_inputs).
+// The including source may define EPILOGUE(row, a, pre) over the row's sum a[0] and pre[k],
+// the row's element of extra input k (bound after the kernel's own bindings, codegen's
+// declare_inputs), with N_IN and PRELOAD_INS(row, pre), which loads them before the routing.
 #ifndef EPILOGUE
-#define EPILOGUE(row, a) a[0]
+#define EPILOGUE(row, a, pre) a[0]
+#define N_IN 1
+#define PRELOAD_INS(row, pre)
 #endif
 
 layout(constant_id = 5) const uint E = 1;
@@ -55,6 +58,10 @@ void main() {
     if (row >= O) {
         return;
     }
+    float pre[N_IN];
+    if (gl_LocalInvocationID.x == 0u) {
+        PRELOAD_INS(row, pre)
+    }
 #ifdef ROUTED
     route_pick();
 #endif
@@ -80,6 +87,6 @@ void main() {
     }
     if (gl_LocalInvocationID.x == 0u) {
         float a[1] = float[1](total);
-        y[row] = EPILOGUE(row, a);
+        y[row] = EPILOGUE(row, a, pre);
     }
 }

@@ -1415,7 +1415,18 @@ fn expert_kernel(
     if !spec.epi.is_identity() {
         // The extra inputs follow the kernel's own bindings.
         declare_inputs(&mut s, &spec.extras, bindings);
-        let _ = writeln!(s, "#define EPILOGUE(row, a) {}", spec.epi.glsl());
+        // Loaded into `pre` before the routing and the dots, as the matvecs do
+        // (fused_matvec.glsl): the epilogue then waits on no memory.
+        let _ = writeln!(s, "#define N_IN {}", spec.extras.len().max(1));
+        let loads: String = (0..spec.extras.len())
+            .map(|k| format!(" pre[{k}] = IN{k}(row);"))
+            .collect();
+        let _ = writeln!(s, "#define PRELOAD_INS(row, pre){loads}");
+        let _ = writeln!(
+            s,
+            "#define EPILOGUE(row, a, pre) {}",
+            spec.epi.glsl_with(&|k| format!("pre[{k}]"))
+        );
         routed += &format!(",{}", spec.epi);
     }
     let _ = writeln!(s, "#include \"{anchor}.glsl\"");
