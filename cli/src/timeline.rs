@@ -35,9 +35,10 @@ pub struct TimelineArgs {
     pub handoffs: Handoffs,
     /// Also write every workgroup's record as JSON: an array of dispatches, each with its step,
     /// dispatch index, level, label, kernel and [begin, mark 0, mark 1, end] ns per workgroup
-    /// (a mark is 0 where the kernel names none).
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// (a mark is 0 where the kernel names none). Named as `run --logits-out` is: `--json`
+    /// elsewhere prints to stdout (`--json FILE`, its old name, still works).
+    #[arg(long = "json-out", alias = "json", value_name = "FILE")]
+    pub json_out: Option<PathBuf>,
     #[command(flatten)]
     pub device: crate::options::DeviceArg,
 }
@@ -53,8 +54,8 @@ struct JsonRun<'a> {
 }
 
 pub fn run(args: &TimelineArgs) -> Result<()> {
-    if let Some(path) = &args.json {
-        crate::options::check_out_folder("--json", path)?;
+    if let Some(path) = &args.json_out {
+        crate::options::check_out_folder("--json-out", path)?;
     }
     let file = crate::options::open_schedule(&args.file)?;
     let schedule = file.schedule().clone();
@@ -139,7 +140,7 @@ pub fn run(args: &TimelineArgs) -> Result<()> {
             "clock check: the device has no timestamps to check the clock by"
         )?,
     }
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.json_out {
         let json: Vec<JsonRun> = runs
             .iter()
             .map(|r| JsonRun {

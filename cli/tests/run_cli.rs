@@ -816,7 +816,7 @@ fn timeline_runs_a_probed_schedule_and_refuses_others() {
         "3",
         "--tokens-per-submit",
         "2",
-        "--json",
+        "--json-out",
         json.to_str().unwrap(),
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -860,7 +860,8 @@ fn timeline_runs_a_probed_schedule_and_refuses_others() {
         stderr.contains("--show-step 3: the timed steps are 0 to 2"),
         "{stderr}"
     );
-    // A --json folder that does not exist is refused before anything is timed.
+    // A --json-out folder that does not exist is refused before anything is timed (by its old
+    // name, --json, too).
     let missing = dir
         .join(format!("vkfuse-timeline-none-{id}"))
         .join("t.json");
@@ -868,7 +869,7 @@ fn timeline_runs_a_probed_schedule_and_refuses_others() {
     let stderr = String::from_utf8_lossy(&lost.stderr);
     assert_eq!(lost.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("--json") && stderr.contains("does not exist"),
+        stderr.contains("--json-out") && stderr.contains("does not exist"),
         "{stderr}"
     );
     assert!(
