@@ -37,6 +37,11 @@ struct Shape {
     km1: usize,
 }
 
+/// Key heads, value heads per key head, key and value head dims, conv kernel size - 1.
+const fn shape(hk: usize, r: usize, dk: usize, dv: usize, km1: usize) -> Shape {
+    Shape { hk, r, dk, dv, km1 }
+}
+
 impl Shape {
     fn rdv(&self) -> usize {
         self.r * self.dv
@@ -155,11 +160,16 @@ fn cpu_step(
     y
 }
 
-fn check(s: &Shape, parts: usize, dsplit: usize, seed: u64) {
+/// The step in `parts` parts, each column walked by `dsplit` invocations (`None`: as many as
+/// codegen gives it).
+fn check(s: &Shape, parts: usize, dsplit: Option<usize>, seed: u64) {
     let spec = s.spec(parts);
     let mut gen = codegen::gdn(&spec);
     let cols = s.rdv() / parts;
-    gen.spec_constants[0] = (cols * dsplit) as u32;
+    if let Some(dsplit) = dsplit {
+        gen.spec_constants[0] = (cols * dsplit) as u32;
+    }
+    let dsplit = gen.spec_constants[0] as usize / cols;
     assert_eq!(gen.workgroups[0] as usize, s.hk * parts);
     let (device, log) = common::validated_device();
     let pipeline = common::generated_pipeline(&device, &gen);
@@ -244,16 +254,10 @@ fn check(s: &Shape, parts: usize, dsplit: usize, seed: u64) {
 /// Value heads of 16, two a key head: parts of whole value heads (1, 2) and narrower (4, 8).
 #[test]
 fn parts_of_whole_and_partial_value_heads() {
-    let s = Shape {
-        hk: 2,
-        r: 2,
-        dk: 32,
-        dv: 16,
-        km1: 3,
-    };
+    let s = shape(2, 2, 32, 16, 3);
     for parts in [1, 2, 4, 8] {
         for dsplit in [1, 2, 4] {
-            check(&s, parts, dsplit, 0x6d0 + parts as u64);
+            check(&s, parts, Some(dsplit), 0x6d0 + parts as u64);
         }
     }
 }
@@ -261,28 +265,41 @@ fn parts_of_whole_and_partial_value_heads() {
 /// Three key heads, one value head of 32 each, a conv of two taps (one state column).
 #[test]
 fn one_value_head_a_key_head() {
-    let s = Shape {
-        hk: 3,
-        r: 1,
-        dk: 16,
-        dv: 32,
-        km1: 1,
-    };
+    let s = shape(3, 1, 16, 32, 1);
     for parts in [1, 2, 4] {
-        check(&s, parts, 2, 0x7e1 + parts as u64);
+        check(&s, parts, Some(2), 0x7e1 + parts as u64);
     }
+}
+
+/// Qwen3-Next's head sizes as the compiler lays them out: 8 parts of 32 columns (a quarter of
+/// a value head), 8 invocations of 16 rows each.
+#[test]
+fn qwen3_next_head_sizes_as_compiled() {
+    let s = shape(2, 2, 128, 128, 3);
+    check(&s, 8, None, 0x8f2);
+}
+
+/// Parts of two whole value heads (the second part's heads start past the first), a key head
+/// width no power of two takes (100 rows: 5 walkers of 20), no conv history (kernel 1), and
+/// workgroups of one invocation.
+#[test]
+fn odd_shapes() {
+    let two_heads = shape(2, 4, 16, 16, 3);
+    check(&two_heads, 2, None, 0x903);
+    let wide = shape(1, 1, 100, 32, 2);
+    check(&wide, 1, None, 0x914);
+    check(&wide, 4, None, 0x915);
+    let no_history = shape(2, 2, 16, 16, 0);
+    check(&no_history, 4, None, 0x926);
+    // One column a part and a head of 8 rows: workgroups of one invocation.
+    let single = shape(1, 1, 8, 4, 3);
+    check(&single, 4, None, 0x937);
 }
 
 /// What the compiler picks: parts of 32 columns, about 16 rows an invocation.
 #[test]
 fn default_parts_and_workgroup() {
-    let s = Shape {
-        hk: 8,
-        r: 2,
-        dk: 128,
-        dv: 128,
-        km1: 3,
-    };
+    let s = shape(8, 2, 128, 128, 3);
     if std::env::var_os("VKFUSE_GDN_PARTS").is_none()
         && std::env::var_os("VKFUSE_GDN_ROWS").is_none()
     {
@@ -294,4 +311,6 @@ fn default_parts_and_workgroup() {
     assert_eq!(codegen::gdn_parts(2, 128, Some(6)), 4);
     assert_eq!(codegen::gdn_parts(3, 16, Some(5)), 4);
     assert_eq!(codegen::gdn_parts(2, 16, Some(64)), 32);
+    // No divisor at or below the ask leaves at most 1024 columns a part: the fewest above it.
+    assert_eq!(codegen::gdn_parts(2, 1025, Some(1)), 5);
 }

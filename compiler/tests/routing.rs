@@ -208,3 +208,55 @@ fn equal_logits_pick_the_lowest_indices() {
     logits[3] = 1.0;
     check(&logits, 3);
 }
+
+/// The router kernel's raw output (weights' bits, then the ids) with `route_pick.glsl`'s rank
+/// path or its rounds forced (`ROUTE_RANK_BUDGET`).
+fn route_words(device: &Device, logits: &[f32], k: usize, rank: bool) -> Vec<u32> {
+    let spec = RouteSpec { n: logits.len(), k };
+    let mut gen = codegen::route(&spec);
+    let budget = if rank { "0xffffffffu" } else { "0u" };
+    let at = gen
+        .source
+        .find("require\n")
+        .expect("the header's extension line")
+        + 8;
+    gen.source
+        .insert_str(at, &format!("#define ROUTE_RANK_BUDGET {budget}\n"));
+    let pipeline = common::generated_pipeline(device, &gen);
+    let words = spec.ids_offset() + k;
+    let mut bufs = vec![
+        buffer(device, 4 * words as u64),
+        buffer(device, 4 * logits.len() as u64),
+    ];
+    device.upload_pod(&mut bufs[1], 0, logits).expect("logits");
+    let mut cmd = common::record_generated(device, &pipeline, &gen, &bufs);
+    device.submit_and_wait(&mut cmd, WAIT).expect("run");
+    let out: Vec<u32> = device.readback_pod(&bufs[0], 0, words).expect("out");
+    [&out[..k], &out[spec.ids_offset()..]].concat()
+}
+
+/// Both ways to the picks give the same bits, the CPU's experts, at the sizes each serves by
+/// default: Qwen3-Next-small's 64 experts (rank on 32-wide subgroups) and Qwen3-Next's 512 top-10
+/// (rounds), with ties.
+#[test]
+fn rank_and_rounds_agree_bit_for_bit() {
+    let (device, log) = common::validated_device();
+    for (n, k, seed) in [(64, 8, 11), (512, 10, 12), (130, 10, 13)] {
+        let logits: Vec<f32> = (0..n)
+            .map(|i| (noise(i, seed) * 8.0).round() / 4.0)
+            .collect();
+        let ranked = route_words(&device, &logits, k, true);
+        let rounds = route_words(&device, &logits, k, false);
+        assert_eq!(
+            ranked, rounds,
+            "{n} logits, top {k}: rank and rounds differ"
+        );
+        let (ids, _) = cpu_route(&logits, k);
+        assert_eq!(
+            &ranked[k..],
+            &ids[..],
+            "{n} logits, top {k}: not the CPU's picks"
+        );
+    }
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}

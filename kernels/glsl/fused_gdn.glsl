@@ -87,17 +87,18 @@ shared float inv_s[R];
 // The head's q and k conv state rows shifted (step 1), written out by the last to arrive.
 shared float qk_new[2u * DK * KM1 + 1u];
 
-// Two sums over the workgroup in one exchange (reduce.glsl's wg_sum, paired).
+// Two sums over the workgroup in one exchange (reduce.glsl's wg_sum, paired; its own array, so
+// that a workgroup of one invocation has the two slots).
+shared vec2 red2_f[gl_WorkGroupSize.x];
 vec2 wg_sum2(vec2 v) {
     v = subgroupAdd(v);
     if (subgroupElect()) {
-        red_f[2u * gl_SubgroupID] = v.x;
-        red_f[2u * gl_SubgroupID + 1u] = v.y;
+        red2_f[gl_SubgroupID] = v;
     }
     barrier();
     vec2 r = vec2(0.0);
     for (uint g = 0u; g < gl_NumSubgroups; g++) {
-        r += vec2(red_f[2u * g], red_f[2u * g + 1u]);
+        r += red2_f[g];
     }
     barrier();
     return r;

@@ -25,8 +25,11 @@ shared float route_w[K];
 // K rounds (docs/perf.md, session 47).
 shared uint route_key[N];
 
-// Comparisons a lane makes to rank its logits against all N: the rank path's cost.
-const uint RANK_BUDGET = 1024u;
+// Comparisons a lane makes to rank its logits against all N: the rank path's cost (a define, so
+// that routing.rs can force either path and compare their bits).
+#ifndef ROUTE_RANK_BUDGET
+#define ROUTE_RANK_BUDGET 1024u
+#endif
 
 // Fills route_id (indices, largest first) and route_w (their weights); ends with a barrier.
 // Every workgroup of the expert kernels routes for itself, and the picking is on its critical
@@ -44,17 +47,20 @@ void route_pick() {
         // A workgroup narrower than the subgroup (32 invocations on a 64-wide device) fills
         // only part of it: stride by the lanes that are there.
         uint width = min(gl_SubgroupSize, gl_WorkGroupSize.x);
-        float m = NEG_BIG;
+        // The max as the largest order key: exact and the same in any order, NaN included
+        // (a float max() of a NaN depends on the order, and so would the picks).
+        uint mk = 0u;
         for (uint i = lane; i < N; i += width) {
             float l = ROUTE_LOGIT(i);
             route_key[i] = floatBitsToUint(l);
-            m = max(m, l);
+            mk = max(mk, order_key(l));
         }
-        m = subgroupMax(m);
+        mk = subgroupMax(mk);
+        float m = uintBitsToFloat((mk & 0x80000000u) != 0u ? mk & 0x7fffffffu : ~mk);
         for (uint i = lane; i < N; i += width) {
             route_key[i] = order_key(exp(uintBitsToFloat(route_key[i]) - m));
         }
-        if ((N + width - 1u) / width * N <= RANK_BUDGET) {
+        if ((N + width - 1u) / width * N <= ROUTE_RANK_BUDGET) {
             // Every lane reads every key: the writes above made visible to the subgroup.
             subgroupMemoryBarrierShared();
             subgroupBarrier();

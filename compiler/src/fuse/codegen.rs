@@ -113,16 +113,19 @@ const GDN_ROWS: usize = 16;
 /// The parts each key head's state columns (`r * dv`) are split over in the Gated DeltaNet
 /// step: `want` (`FuseOptions::gdn_parts`; else `VKFUSE_GDN_PARTS`, read at compile time, the
 /// A/B knob; else enough for parts of [`GDN_PART_COLUMNS`]) rounded down to a divisor of the
-/// columns that leaves at most 1024 columns a part (one invocation each at least).
+/// columns that leaves at most 1024 columns a part (one invocation each at least), else the
+/// fewest parts above it that do.
 pub fn gdn_parts(r: usize, dv: usize, want: Option<usize>) -> usize {
     let cols = (r * dv).max(1);
     let want = want
         .or_else(|| crate::kernels::knob("VKFUSE_GDN_PARTS").map(|p| p as usize))
         .unwrap_or(cols / GDN_PART_COLUMNS)
         .clamp(cols.div_ceil(1024), cols);
+    let fits = |&p: &usize| cols.is_multiple_of(p) && cols / p <= 1024;
     (1..=want)
         .rev()
-        .find(|&p| cols.is_multiple_of(p) && cols / p <= 1024)
+        .find(fits)
+        .or_else(|| (want..=cols).find(fits))
         .unwrap_or(cols)
 }
 
