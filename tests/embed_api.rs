@@ -72,6 +72,42 @@ fn embedded_session_generates_transformers_greedy_ids() {
     assert!(log.is_clean(), "{}", log.report());
 }
 
+/// A warm-up step leaves a fresh sequence and counters that start after it; it is refused once
+/// a sequence has started.
+#[test]
+fn warm_up_leaves_a_fresh_sequence_and_counters() {
+    let path = schedule_file("warm");
+    let want = expected(FIXTURE);
+    let n = want.greedy_ids.len();
+    for (backend, k) in [(Backend::Replay, 8u32), (Backend::Eager, 1)] {
+        let mut session = Session::open(&path, &options(backend, k)).unwrap();
+        let log = session.device().validation_log();
+        session.warm_up().unwrap();
+        assert_eq!(session.position().unwrap(), 0, "{backend:?}");
+        let c = session.counters();
+        assert_eq!(
+            (c.tokens, c.submits, c.wall_ns),
+            (0, 0, 0),
+            "{backend:?}: {c:?}"
+        );
+        assert!(c.gpu_ns.is_none_or(|ns| ns == 0), "{backend:?}: {c:?}");
+        session.feed(&want.prompt_ids).unwrap();
+        let ids: Vec<u32> = session.generate(n).collect::<Result<_, _>>().unwrap();
+        assert_eq!(ids, want.greedy_ids, "{backend:?} after a warm-up");
+        let c = session.counters();
+        assert_eq!(
+            c.tokens as usize,
+            want.prompt_ids.len() + n - 1,
+            "{backend:?}"
+        );
+        let again = session.warm_up().unwrap_err().to_string();
+        assert!(again.contains("before the first feed"), "{again}");
+        drop(session);
+        assert!(log.is_clean(), "{backend:?}: {}", log.report());
+    }
+    std::fs::remove_file(&path).ok();
+}
+
 #[test]
 fn chained_steps_and_eager_give_the_same_ids() {
     let path = schedule_file("chained");

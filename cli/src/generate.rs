@@ -200,6 +200,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     drop(weights);
     let eos = session.meta().eos_token_ids.clone();
+    // As `run` does (decode.rs): the figures printed at the end leave a first step's one-time
+    // costs out (lavapipe compiling the shaders on their first use).
+    session.warm_up()?;
     session.feed(&prompt)?;
 
     let mut out = std::io::stdout().lock();
@@ -257,7 +260,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     } else {
         eprintln!(
             "[{} prompt + {} generated tokens{}: {:.1} tokens/s, host {:.1} us/token, {:.0} \
-             dispatches, {:.0} barriers, {:.2} submits per token ({backend} backend)]",
+             dispatches, {:.0} barriers, {:.2} submits per token ({backend} backend, after one \
+             warm-up step)]",
             prompt.len(),
             ids.len(),
             if stopped_at_eos {

@@ -142,6 +142,8 @@ pub struct Session {
     /// Steps run and the wall time spent in them.
     steps: u64,
     wall_ns: u64,
+    /// The executor's GPU time before the counters' start (a warm-up step's).
+    gpu_before: f64,
     /// Greedy tokens computed but not yet read, oldest first. The last is the device's next
     /// input (not yet in the KV cache); any before it were computed ahead and are.
     pending: VecDeque<u32>,
@@ -264,6 +266,7 @@ impl Session {
             start,
             steps: 0,
             wall_ns: 0,
+            gpu_before: 0.0,
             pending: VecDeque::new(),
             started: false,
         })
@@ -383,6 +386,29 @@ impl Session {
         }
     }
 
+    /// Runs one step (on token 0) and starts a new sequence, the counters starting after it:
+    /// what only a first step costs (lavapipe compiles each shader on its first use) is paid
+    /// here rather than in the first tokens a caller times. Refused once a sequence has
+    /// started, since it resets it.
+    pub fn warm_up(&mut self) -> Result<(), SessionError> {
+        if self.started || self.position()? != 0 {
+            return Err(SessionError::Request(
+                "warm_up runs before the first feed: it resets the sequence".into(),
+            ));
+        }
+        self.run_step(Some(0))?;
+        self.reset()?;
+        self.start = self.device().counters();
+        self.steps = 0;
+        self.wall_ns = 0;
+        self.gpu_before = match &self.exec {
+            Executor::Replay(r) => r.gpu_ns(),
+            Executor::Eager(e) => e.gpu_ns(),
+        }
+        .unwrap_or(0.0);
+        Ok(())
+    }
+
     /// Starts a new sequence: position 0, state zeroed, nothing pending. Counters go on.
     pub fn reset(&mut self) -> Result<(), SessionError> {
         match &mut self.exec {
@@ -404,7 +430,7 @@ impl Session {
             Executor::Replay(r) => r.gpu_ns(),
             Executor::Eager(e) => e.gpu_ns(),
         }
-        .map(|ns| ns as u64);
+        .map(|ns| (ns - self.gpu_before) as u64);
         c.tokens = self.steps;
         c.wall_ns = self.wall_ns;
         c
