@@ -5,7 +5,8 @@
 //! cargo run --release -p vkfuse-compiler --example random_model -- qwen3-next-small OUT_DIR
 //!
 //! Shapes: `qwen3-0.6b` (Qwen3-0.6B exactly); `qwen3-next-small` and `qwen3-next-tiny`
-//! (Qwen3-Next's hybrid pattern scaled down, see [`hybrid`]).
+//! (Qwen3-Next's hybrid pattern scaled down, see [`hybrid`]); `qwen3-next-80b-4l` (its full
+//! widths in 4 layers).
 
 use half::bf16;
 use safetensors::tensor::{Dtype, TensorView};
@@ -54,15 +55,16 @@ pub(crate) fn tensor(rng: &mut Rng, n: usize, center: f32, spread: f32) -> Vec<u
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let (Some(shape_name), Some(out)) = (args.get(1), args.get(2)) else {
-        return Err("usage: random_model SHAPE OUT_DIR (SHAPE: qwen3-0.6b, qwen3-next-small or qwen3-next-tiny)".into());
+        return Err("usage: random_model SHAPE OUT_DIR (SHAPE: qwen3-0.6b, qwen3-next-small, qwen3-next-tiny or qwen3-next-80b-4l)".into());
     };
     let s = match shape_name.as_str() {
         "qwen3-0.6b" => QWEN3_0_6B,
         "qwen3-next-small" => return hybrid::write(&hybrid::SMALL, Path::new(out)),
         "qwen3-next-tiny" => return hybrid::write(&hybrid::TINY, Path::new(out)),
+        "qwen3-next-80b-4l" => return hybrid::write(&hybrid::WIDE, Path::new(out)),
         other => {
             return Err(format!(
-                "unknown shape {other} (known: qwen3-0.6b, qwen3-next-small, qwen3-next-tiny)"
+                "unknown shape {other} (known: qwen3-0.6b, qwen3-next-small, qwen3-next-tiny, qwen3-next-80b-4l)"
             )
             .into())
         }
@@ -244,6 +246,28 @@ mod hybrid {
         conv: 4,
         experts: 64,
         top_k: 8,
+        expert_inter: 512,
+        shared_inter: 512,
+        vocab: 151936,
+    };
+
+    /// Qwen3-Next-80B-A3B's widths exactly (hidden 2048, 16 key and 32 value heads of 128 in
+    /// the linear attention, 16 q and 2 kv heads of 256, 512 experts, top-10) in 4 layers of
+    /// 48: the sizes its kernels take (the router's 512 logits pick by rounds, 16 key heads),
+    /// ~14 GB of bf16 weights, for a GPU.
+    pub const WIDE: Hybrid = Hybrid {
+        hidden: 2048,
+        layers: 4,
+        heads: 16,
+        kv_heads: 2,
+        head_dim: 256,
+        k_heads: 16,
+        v_heads: 32,
+        k_dim: 128,
+        v_dim: 128,
+        conv: 4,
+        experts: 512,
+        top_k: 10,
         expert_inter: 512,
         shared_inter: 512,
         vocab: 151936,
