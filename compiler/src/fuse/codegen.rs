@@ -640,16 +640,7 @@ fn plain_matvec(spec: &MatvecSpec) -> Generated {
     let first_extra = 3 + usize::from(norm.is_some());
     declare_inputs(&mut s, &spec.extras, first_extra);
     // The extra inputs are loaded into `pre` before the dots (fused_matvec.glsl).
-    let _ = writeln!(s, "#define N_IN {}", spec.extras.len().max(1));
-    let loads: String = (0..spec.extras.len())
-        .map(|k| format!(" pre[{k}] = IN{k}(row);"))
-        .collect();
-    let _ = writeln!(s, "#define PRELOAD_INS(row, pre){loads}");
-    let _ = writeln!(
-        s,
-        "#define EPILOGUE(row, a, pre) {}",
-        spec.epi.glsl_with(&|k| format!("pre[{k}]"))
-    );
+    preloaded_epilogue(&mut s, spec.extras.len(), &spec.epi);
     let step_binding = first_extra + spec.extras.len();
     if spec.step {
         let _ = writeln!(s, "#define STEP 1\n#define STEP_BINDING {step_binding}");
@@ -1096,6 +1087,22 @@ fn declare_inputs(s: &mut String, inputs: &[ExtraSpec], first: usize) {
     declare_inputs_as(s, inputs, first, "", "");
 }
 
+/// `N_IN`, `PRELOAD_INS(row, pre)` (each of the `extras` inputs' elements loaded into `pre`) and
+/// `EPILOGUE(row, a, pre)` (`epi` over the accumulators and `pre`): a kernel loads its extra
+/// inputs before its dots, so that the epilogue waits on no memory (fused_matvec.glsl).
+fn preloaded_epilogue(s: &mut String, extras: usize, epi: &Epi) {
+    let _ = writeln!(s, "#define N_IN {}", extras.max(1));
+    let loads: String = (0..extras)
+        .map(|k| format!(" pre[{k}] = IN{k}(row);"))
+        .collect();
+    let _ = writeln!(s, "#define PRELOAD_INS(row, pre){loads}");
+    let _ = writeln!(
+        s,
+        "#define EPILOGUE(row, a, pre) {}",
+        epi.glsl_with(&|k| format!("pre[{k}]"))
+    );
+}
+
 /// [`declare_inputs`] with blocks named `E<tag><k>` / `e<tag><k>` and a qualifier.
 fn declare_inputs_as(
     s: &mut String,
@@ -1418,18 +1425,8 @@ fn expert_kernel(
     if !spec.epi.is_identity() {
         // The extra inputs follow the kernel's own bindings.
         declare_inputs(&mut s, &spec.extras, bindings);
-        // Loaded into `pre` before the routing and the dots, as the matvecs do
-        // (fused_matvec.glsl): the epilogue then waits on no memory.
-        let _ = writeln!(s, "#define N_IN {}", spec.extras.len().max(1));
-        let loads: String = (0..spec.extras.len())
-            .map(|k| format!(" pre[{k}] = IN{k}(row);"))
-            .collect();
-        let _ = writeln!(s, "#define PRELOAD_INS(row, pre){loads}");
-        let _ = writeln!(
-            s,
-            "#define EPILOGUE(row, a, pre) {}",
-            spec.epi.glsl_with(&|k| format!("pre[{k}]"))
-        );
+        // Loaded into `pre` before the routing and the dots, as the matvecs do.
+        preloaded_epilogue(&mut s, spec.extras.len(), &spec.epi);
         routed += &format!(",{}", spec.epi);
     }
     let _ = writeln!(s, "#include \"{anchor}.glsl\"");
