@@ -168,20 +168,7 @@ void consume_hash(uint hx, uint slot_at) {
 }
 #endif
 
-// wg_sum (reduce.glsl) of two values at once: one exchange for both.
-vec2 wg_sum2(vec2 v) {
-    v = vec2(subgroupAdd(v.x), subgroupAdd(v.y));
-    if (subgroupElect()) {
-        red2_s[gl_SubgroupID] = v;
-    }
-    barrier();
-    vec2 r = vec2(0.0);
-    for (uint g = 0u; g < gl_NumSubgroups; g++) {
-        r += red2_s[g];
-    }
-    barrier();
-    return r;
-}
+#include "wg_sum2.glsl"
 
 // Element t (< D) of h's q row (x) and of g's fresh k row (y) after the norm and rope, from
 // their raw elements `v` and (QK_NORM) norm weights `wn`, and those of t's rope partner (`pv`,

@@ -87,22 +87,10 @@ shared float inv_s[R];
 // The head's q and k conv state rows shifted (step 1), written out by the last to arrive.
 shared float qk_new[2u * DK * KM1 + 1u];
 
-// Two sums over the workgroup in one exchange (reduce.glsl's wg_sum, paired; its own array, so
-// that a workgroup of one invocation has the two slots).
-shared vec2 red2_f[gl_WorkGroupSize.x];
-vec2 wg_sum2(vec2 v) {
-    v = subgroupAdd(v);
-    if (subgroupElect()) {
-        red2_f[gl_SubgroupID] = v;
-    }
-    barrier();
-    vec2 r = vec2(0.0);
-    for (uint g = 0u; g < gl_NumSubgroups; g++) {
-        r += red2_f[g];
-    }
-    barrier();
-    return r;
-}
+// q's and k's squares summed in one exchange (wg_sum2.glsl; its own array, where reduce.glsl's
+// has one slot for a one-invocation workgroup).
+shared vec2 red2_s[gl_WorkGroupSize.x];
+#include "wg_sum2.glsl"
 
 // The conv state row index of the head's q or k channel i (i < 2 * DK).
 uint qk_channel(uint kh, uint i) {

@@ -47,6 +47,7 @@ pub const KERNELS: &[(&str, &str)] = sources!(".comp":
 pub const HEADERS: &[(&str, &str)] = &[
     ("common.glsl", include_str!("../glsl/common.glsl")),
     ("reduce.glsl", include_str!("../glsl/reduce.glsl")),
+    ("wg_sum2.glsl", include_str!("../glsl/wg_sum2.glsl")),
     ("argbest.glsl", include_str!("../glsl/argbest.glsl")),
     ("matvec_core.glsl", include_str!("../glsl/matvec_core.glsl")),
     ("quant.glsl", include_str!("../glsl/quant.glsl")),
