@@ -258,11 +258,12 @@ fn kv_prefetch_llama_gqa_before_q_k_v() {
     check_kv("llama-gqa", choice, 2, true);
 }
 
-/// Qwen3-Next's weight prefetch goes beside its linear-attention steps, not beside the
-/// attention block's output gate (a short elementwise level that a prefetch only lengthened,
-/// docs/perf.md session 45), and a K/V prefetch led by the q/k/v's slices (Lead::Input, the
-/// 16-bit floats' lead) is none, while the level before them (Lead::BeforeInput, q/k/v
-/// itself) gets one per block. Replay with both still matches transformers.
+/// Qwen3-Next's weight prefetch goes beside its linear-attention steps (hosts), and a K/V
+/// prefetch goes only where its lead level streams weights: beside the gated block's q/k/v
+/// (Lead::Input, the 16-bit floats' lead; the block reads q and its gate from that projection
+/// with no level of slices between), one per block, and none led by the level before
+/// (Lead::BeforeInput: the experts' sum, which streams no matvec's rows). Replay with both
+/// prefetches still matches transformers.
 #[test]
 fn qwen3_next_prefetches_beside_hosts_and_streaming_leads_only() {
     let name = "qwen3-next";
@@ -312,17 +313,19 @@ fn qwen3_next_prefetches_beside_hosts_and_streaming_leads_only() {
     };
     assert_eq!(
         is_kv(&schedule),
-        0,
-        "{name}: a K/V prefetch beside the slices"
-    );
-
-    let (device, log) = validated_device();
-    let (model, schedule, _) = fused_schedule_with(name, &opts(Lead::BeforeInput));
-    assert_eq!(
-        is_kv(&schedule),
         count(&schedule, "attention"),
         "{name}: a K/V prefetch beside each block's q/k/v"
     );
+    // The level before q/k/v is the MoE block's experts' sum, which streams no matvec's rows.
+    let (_, before, _) = fused_schedule_with(name, &opts(Lead::BeforeInput));
+    assert_eq!(
+        is_kv(&before),
+        0,
+        "{name}: a K/V prefetch beside the experts"
+    );
+
+    let (device, log) = validated_device();
+    let (model, schedule, _) = fused_schedule_with(name, &opts(Lead::Input));
     let replay = Replay::new(Loaded::new(device, schedule, &model.tensors).unwrap()).unwrap();
     matches_transformers(
         &format!("{name} with both prefetches"),

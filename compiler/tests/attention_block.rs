@@ -62,6 +62,9 @@ struct Shape {
     sg: bool,
     /// Test-only defines of the kernel (comma-separated names, each defined as 1).
     defines: &'static str,
+    /// Qwen3-Next's output gate (`AttnSpec::gated`): q read from rows `[q_h | gate_h]`, the
+    /// output times sigmoid(gate).
+    gated: bool,
 }
 
 impl Shape {
@@ -76,6 +79,15 @@ impl Shape {
     /// Bytes of one cache.
     fn cache_bytes(&self) -> u64 {
         (self.hkv * self.cap * self.d * if self.f16 { 2 } else { 4 }) as u64
+    }
+
+    /// Columns of the q binding's rows: the gate's after q's where gated.
+    fn q_row(&self) -> usize {
+        if self.gated {
+            2 * self.d
+        } else {
+            self.d
+        }
     }
 
     fn spec(&self) -> AttnSpec {
@@ -105,11 +117,13 @@ impl Shape {
             polled_combine: false,
             early_tile: self.early,
             subgroup_walk: self.sg,
+            gated: self.gated,
         }
     }
 }
 
-/// The unfused step the block computes: norms, rope, KV writes, attention.
+/// The unfused step the block computes: norms, rope, KV writes, attention (gated: q and the
+/// gate sliced from one projection, the output times the gate's sigmoid).
 struct Step {
     p: Program,
     kc: StateId,
@@ -133,7 +147,7 @@ fn step_program(s: &Shape) -> Step {
         .unwrap()
         .unwrap()
     };
-    let q = weight(&mut p, "q", &[s.hq, s.d]);
+    let q = weight(&mut p, "q", &[s.hq, s.q_row()]);
     let k = weight(&mut p, "k", &[s.hkv, s.d]);
     let v = weight(&mut p, "v", &[s.hkv, s.d]);
     let qn = weight(&mut p, "qn", &[s.d]);
@@ -141,6 +155,17 @@ fn step_program(s: &Shape) -> Step {
     let op =
         |p: &mut Program, kind: OpKind, args: &[ValueId]| p.value(kind, args.to_vec()).unwrap();
     let pos = op(&mut p, OpKind::ReadState { state: pos_state }, &[]);
+    let (q, gate) = if s.gated {
+        let cols = |start, end| OpKind::Slice {
+            axis: 1,
+            start,
+            end,
+        };
+        let gate = op(&mut p, cols(s.d, 2 * s.d), &[q]);
+        (op(&mut p, cols(0, s.d), &[q]), Some(gate))
+    } else {
+        (q, None)
+    };
     let norm = OpKind::RmsNorm {
         eps: F32Attr(EPS),
         zero_centered: false,
@@ -156,7 +181,11 @@ fn step_program(s: &Shape) -> Step {
     let kw = op(&mut p, OpKind::KvWrite { state: kc }, &[k, pos]);
     let vw = op(&mut p, OpKind::KvWrite { state: vc }, &[v, pos]);
     let scale = F32Attr(1.0 / (s.d as f32).sqrt());
-    let y = op(&mut p, OpKind::Attention { scale }, &[q, kw, vw, pos]);
+    let mut y = op(&mut p, OpKind::Attention { scale }, &[q, kw, vw, pos]);
+    if let Some(gate) = gate {
+        let sig = op(&mut p, OpKind::Sigmoid, &[gate]);
+        y = op(&mut p, OpKind::Mul, &[y, sig]);
+    }
     Step {
         p,
         kc,
@@ -228,7 +257,7 @@ fn block_buffers(device: &Device, s: &Shape) -> Vec<Buffer> {
     let f = |n: usize| (n * 4) as u64;
     let mut sizes = vec![
         f(s.hq * s.d),
-        f(s.hq * s.d),
+        f(s.hq * s.q_row()),
         f(s.hkv * s.d),
         f(s.hkv * s.d),
         s.cache_bytes(),
@@ -310,7 +339,7 @@ fn matches_the_reference_step_after_step(s: Shape, positions: &[i32]) {
     for &pos in positions {
         // Sharper than 1/sqrt(d) so the softmax is not flat.
         let mut weights: HashMap<String, Vec<f32>> = HashMap::new();
-        weights.insert("q".into(), rng.vec(s.hq * s.d, -2.0, 2.0));
+        weights.insert("q".into(), rng.vec(s.hq * s.q_row(), -2.0, 2.0));
         weights.insert("k".into(), rng.vec(s.hkv * s.d, -2.0, 2.0));
         weights.insert("v".into(), rng.vec(s.hkv * s.d, -1.0, 1.0));
         weights.insert("qn".into(), qn.clone());
@@ -393,6 +422,7 @@ fn should_match_the_reference_without_splits() {
             early: false,
             sg: false,
             defines: "",
+            gated: false,
         },
         &POSITIONS,
     );
@@ -412,6 +442,7 @@ const TWO_SPLITS: Shape = Shape {
     early: false,
     sg: false,
     defines: "",
+    gated: false,
 };
 
 #[test]
@@ -437,6 +468,7 @@ fn should_match_the_reference_split_in_five_with_one_kv_head() {
             early: false,
             sg: false,
             defines: "",
+            gated: false,
         },
         &POSITIONS,
     );
@@ -460,6 +492,7 @@ fn should_match_the_reference_in_thirty_two_splits() {
             early: false,
             sg: false,
             defines: "",
+            gated: false,
         },
         &[0, 31, 500, 1023, 1024, 1100, 1399],
     );
@@ -479,6 +512,7 @@ const UNALIGNED: Shape = Shape {
     early: false,
     sg: false,
     defines: "",
+    gated: false,
 };
 const UNALIGNED_POSITIONS: [i32; 10] = [0, 3, 8, 9, 50, 55, 56, 120, 199, 199];
 
@@ -505,6 +539,7 @@ fn should_match_the_reference_with_f16_caches() {
         early: false,
         sg: false,
         defines: "",
+        gated: false,
     };
     matches_the_reference_step_after_step(d128, &POSITIONS);
     matches_the_reference_step_after_step(Shape { splits: 2, ..d128 }, &POSITIONS);
@@ -613,6 +648,7 @@ fn bench_attention_block_splits() {
                 early: false,
                 sg: false,
                 defines: "",
+                gated: false,
             };
             if let Some(us) = time_block(&gpu, &s, pos) {
                 eprintln!("pos {pos:>5}  splits {splits:>2}  wg {wg:>4}  {us:>8.2} us");
@@ -638,6 +674,7 @@ const HEAD_32: Shape = Shape {
     early: true,
     sg: true,
     defines: "",
+    gated: false,
 };
 const HEAD_32_POSITIONS: [i32; 10] = [0, 1, 15, 16, 17, 63, 64, 65, 200, 299];
 
@@ -705,5 +742,28 @@ fn should_match_the_reference_with_several_slots_per_subgroup() {
             ..HEAD_32
         },
         &HEAD_32_POSITIONS,
+    );
+}
+
+/// Qwen3-Next's gated block (`AttnSpec::gated`): q and its gate read from one projection's
+/// rows, the output multiplied by the gate's sigmoid as it is stored, against the reference's
+/// slices, sigmoid and multiply; unsplit, split in two (the last split to arrive stores the
+/// gated output) and in the most splits with f16 caches, the early tile and the subgroup walk
+/// (Qwen3-Next's head_dim 256 takes 32 splits on an H100).
+#[test]
+fn should_match_the_reference_gated() {
+    let gated = Shape {
+        gated: true,
+        ..TWO_SPLITS
+    };
+    matches_the_reference_step_after_step(Shape { splits: 1, ..gated }, &POSITIONS);
+    matches_the_reference_step_after_step(gated, &POSITIONS);
+    matches_the_reference_step_after_step(
+        thirty_two_splits(Shape {
+            early: true,
+            sg: true,
+            ..gated
+        }),
+        &LONG_POSITIONS,
     );
 }

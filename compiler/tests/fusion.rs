@@ -311,6 +311,68 @@ rule_test!(should_fuse_rope_kv_write_and_attention_without_norms:
                 (kv_write vc vh pos) pos scale:0.35355338)"
     => "(attn_block qh kh vh kc vc pos nonorm nonorm rope:10000.0:8 scale:0.35355338)");
 
+/// The rule tests' leaves, plus Qwen3-Next's q projection of 4 heads of 8 (`qg`, each row a
+/// head's q then its output gate, and `qo`, another) and its column slices (`slice#N`).
+fn gated_env() -> FuseAnalysis {
+    use vkfuse_compiler::ir::OpKind;
+    let mut a = env();
+    for (i, name) in ["qg", "qo"].into_iter().enumerate() {
+        let info = LeafInfo {
+            ty: Type::f32([4, 16]),
+            kind: LeafKind::Value,
+            order: 100 + i,
+            state: None,
+        };
+        a.leaves.insert(name.into(), info);
+    }
+    let slice = |start, end| OpKind::Slice {
+        axis: 1,
+        start,
+        end,
+    };
+    for (sym, op) in [("slice#1", slice(0, 8)), ("slice#2", slice(8, 16))] {
+        a.others.insert(sym.into(), Type::f32([4, 8]));
+        a.other_ops.insert(sym.into(), op);
+    }
+    a
+}
+
+/// The gated block's attention over q = `q`, times sigmoid(`gate`).
+fn gated_attention(q: &str, gate: &str) -> String {
+    format!(
+        "(mul (attention (rope (rms_norm {q} qn norm:1e-6) pos rope:10000.0:8)
+                         (kv_write kc (rope (rms_norm kh kn norm:1e-6) pos rope:10000.0:8) pos)
+                         (kv_write vc vh pos) pos scale:0.35355338)
+              (sigmoid {gate}))"
+    )
+}
+
+// attn_block(x[:, :d], ..) * sigmoid(x[:, d:2d]) == attn_gated(x, ..)
+#[test]
+fn should_read_q_and_the_output_gate_from_one_projection_in_the_block() {
+    rewrites_in(
+        gated_env,
+        &[&gated_attention("(slice#1 qg)", "(slice#2 qg)")],
+        &["(attn_gated qg kh vh kc vc pos (norm qn norm:1e-6) (norm kn norm:1e-6) rope:10000.0:8 scale:0.35355338)"],
+    );
+}
+
+#[test]
+fn should_refuse_a_gate_that_is_not_the_other_half_of_q_s_rows() {
+    for (q, gate) in [
+        // The halves swapped: q would be read from the gate's columns.
+        ("(slice#2 qg)", "(slice#1 qg)"),
+        // The gate from another projection.
+        ("(slice#1 qg)", "(slice#2 qo)"),
+    ] {
+        let (g, roots) = saturated_in(gated_env(), &[&gated_attention(q, gate)]);
+        let ex = extract(&g, &roots, &DeviceCost::default());
+        let got = chosen(&g, &ex, roots[0]);
+        assert!(!got.contains("attn_gated"), "{q}, {gate}: `{got}`");
+        assert_refused(&g, "attention-block-gated", "two halves of one projection");
+    }
+}
+
 // (e) the tail
 rule_test!(should_write_the_argmax_and_the_position_in_one_dispatch:
     ["(write_state tok (argmax logits))", "(write_state posst (increment pos))"]

@@ -28,8 +28,12 @@
 // the first tile's K and V rows loaded before the q/k/v words are waited for: they depend on
 // none of them), EARLY_TILE (0/1: see EARLY below), ATTN_SG (0/1: the subgroup walk of
 // attend_subgroups.glsl in place of attend() where the device's subgroups fit it),
-// `float inv_freq(uint i)` for i < ROT/2 and, when SPLITS > 1, PART_BINDING and COUNT_BINDING.
-// Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D], 2 = k f32[HKV, D], 3 = v f32[HKV, D],
+// `float inv_freq(uint i)` for i < ROT/2 and, when SPLITS > 1, PART_BINDING and COUNT_BINDING;
+// GATED (0/1): binding 1 holds each query head's q row and then its output gate's row,
+// f32[HQ, 2D] (Qwen3-Next's q projection as it comes out of the matvec), and y is the attention
+// output times sigmoid(gate), so that neither the slices of q and the gate nor the gate's
+// multiply takes a level of its own.
+// Bindings: 0 = y f32[HQ, D], 1 = q f32[HQ, D] (GATED: [HQ, 2D]), 2 = k f32[HKV, D], 3 = v f32[HKV, D],
 // 4 = k cache [HKV, CAP, D], 5 = v cache [HKV, CAP, D] (f32, or f16 with KV_DTYPE F16, the
 // fresh rows rounded as stored: fresh_round), 6 = pos i32[1],
 // 7 = q norm weight [D], 8 = k norm weight [D] (when QK_NORM); when SPLITS > 1:
@@ -75,6 +79,20 @@ layout(set = 0, binding = 8, std430) readonly buffer KN { uint kn[]; };
 layout(set = 0, binding = PART_BINDING, std430) coherent buffer Part { float partial[]; };
 layout(set = 0, binding = COUNT_BINDING, std430) coherent buffer Count { uint arrived[]; };
 shared uint last_s;
+#endif
+
+#ifndef GATED
+#define GATED 0
+#endif
+// A query head's row in binding 1: its q, then (GATED) its gate; an output element as stored.
+#if GATED
+#define QROW (2u * D)
+// sigmoid(gate) of this invocation's output element, read with q.
+float out_gate = 1.0;
+#define GATE_OUT(v) ((v) * out_gate)
+#else
+#define QROW D
+#define GATE_OUT(v) (v)
 #endif
 
 // Splits per head as an unsigned constant (SPLITS is a plain integer for #if).
@@ -473,8 +491,8 @@ void write_head(uint h) {
             l += l_s[i] * w;
             o += part[i * D + t] * w;
         }
-        y[h * D + t] = o / l;
-        handoff_store(h * D + t, o / l);
+        y[h * D + t] = GATE_OUT(o / l);
+        handoff_store(h * D + t, GATE_OUT(o / l));
     }
 }
 
@@ -756,12 +774,18 @@ void main() {
         // took one more for every word whose first poll had found it empty (on an H100 bf16
         // +0.7%, q8_0 +0.3%, q4_0 +0.3%, more beside the gather's and o_proj's the same:
         // docs/perf.md, session 29).
-        uvec4 at = uvec4(handoff_at(0u, h * D + t), handoff_at(1u, g * D + t),
-                         handoff_at(0u, h * D + pt), handoff_at(1u, g * D + pt));
+        uvec4 at = uvec4(handoff_at(0u, h * QROW + t), handoff_at(1u, g * D + t),
+                         handoff_at(0u, h * QROW + pt), handoff_at(1u, g * D + pt));
         uint vat = handoff_at(2u, g * D + t);
         uvec4 got = uvec4(handoff_poll(at.x), handoff_poll(at.y), handoff_poll(at.z),
                           handoff_poll(at.w));
         uint pv = handoff_poll(vat);
+#if GATED
+        // The gate's word with the others: its value is needed only at the output, but a
+        // poll now costs no round trip of its own.
+        uint gat = handoff_at(0u, h * QROW + D + t);
+        uint pg = handoff_poll(gat);
+#endif
         // The norm weights once the first polls are out, so that their round trip overlaps
         // the wait instead of following it. Loaded before the polls (with the rope's angle)
         // they delayed them: bf16 +0.6%, q8_0 -0.7%, q4_0 -1.0% on an H100 (docs/perf.md,
@@ -783,13 +807,22 @@ void main() {
                         got.w != HANDOFF_EMPTY ? got.w : handoff_poll(at.w));
             pv = pv != HANDOFF_EMPTY ? pv : handoff_poll(vat);
         }
+#if GATED
+        while (pg == HANDOFF_EMPTY) {
+            pg = handoff_poll(gat);
+        }
+        out_gate = 1.0 / (1.0 + exp(-uintBitsToFloat(pg)));
+#endif
         raw = uintBitsToFloat(got.xy);
         praw = uintBitsToFloat(got.zw);
         vv = uintBitsToFloat(pv);
     } else if (t < D) {
-        raw = vec2(q[h * D + t], k_new[g * D + t]);
-        praw = vec2(q[h * D + pt], k_new[g * D + pt]);
+        raw = vec2(q[h * QROW + t], k_new[g * D + t]);
+        praw = vec2(q[h * QROW + pt], k_new[g * D + pt]);
         vv = v_new[g * D + t];
+#if GATED
+        out_gate = 1.0 / (1.0 + exp(-q[h * QROW + D + t]));
+#endif
         qk_norm_weights(t, pt, wn, pwn);
     }
     TIMELINE_MARK(0);
@@ -851,8 +884,8 @@ void main() {
 #endif
     if (used == 1u) {
         if (t < D) {
-            y[h * D + t] = total / lsum;
-            handoff_store(h * D + t, total / lsum);
+            y[h * D + t] = GATE_OUT(total / lsum);
+            handoff_store(h * D + t, GATE_OUT(total / lsum));
         }
         return;
     }

@@ -424,6 +424,9 @@ pub struct AttnSpec {
     /// folded once at the end (attend_subgroups.glsl), instead of the workgroup's phases
     /// meeting at barriers on every tile.
     pub subgroup_walk: bool,
+    /// Qwen3-Next's output gate: q is read from rows `[q_h | gate_h]` of `2 * head_dim`, and
+    /// the output is multiplied by `sigmoid(gate_h)` (fused_attention.glsl's `GATED`).
+    pub gated: bool,
 }
 
 impl AttnSpec {
@@ -1184,6 +1187,10 @@ pub fn attention(spec: &AttnSpec) -> Generated {
     );
     let _ = writeln!(s, "#define EARLY_TILE {}", u8::from(spec.early_tile));
     let _ = writeln!(s, "#define ATTN_SG {}", u8::from(spec.subgroup_walk));
+    // Only where gated: the other blocks' sources stay as they were.
+    if spec.gated {
+        s += "#define GATED 1\n";
+    }
     // The first tile's K and V loaded before the norms and rope (whole 16-byte chunks per lane).
     let _ = writeln!(
         s,
@@ -1221,7 +1228,7 @@ pub fn attention(spec: &AttnSpec) -> Generated {
     ];
     Generated {
         label: format!(
-            "fused_attention[hq={},hkv={},d={},rot={}{}{}{}{},splits={splits}]",
+            "fused_attention[hq={},hkv={},d={},rot={}{}{}{}{}{},splits={splits}]",
             spec.hq,
             spec.hkv,
             spec.head_dim,
@@ -1236,6 +1243,7 @@ pub fn attention(spec: &AttnSpec) -> Generated {
             // whose subgroups do not fit it), for `vkfuse kernels` and `inspect` readers.
             if spec.early_tile { ",early" } else { "" },
             if spec.subgroup_walk { ",walk" } else { "" },
+            if spec.gated { ",gated" } else { "" },
         ),
         source: s,
         spec_constants,

@@ -239,7 +239,7 @@ pub fn node_bytes(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) -
                 + ty_bytes(g, *gg)
                 + ty_bytes(g, *b)
         }
-        AttnBlock([q, k, v, kc, vc, ..]) => {
+        AttnBlock([q, k, v, kc, vc, ..]) | AttnGated([q, k, v, kc, vc, ..]) => {
             ty_bytes(g, *q)
                 + 2.0 * (ty_bytes(g, *k) + ty_bytes(g, *v))
                 + cache_read(*kc)

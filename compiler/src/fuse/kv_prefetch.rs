@@ -18,7 +18,8 @@
 //! - 768 slots: 320 gained as much at 256 tokens and less at 2048, the first 128 less than
 //!   half as much, the whole cache (4096) 1.1% less for bf16 at 2048.
 //! - Only where the lead level streams weights (see [`add`]): Qwen3-Next's bf16 blocks, led by
-//!   the q/k/v's slices, get none (session 45).
+//!   the q/k/v's slices, got none (session 45); since the gated block reads q and its gate
+//!   from the projection itself (session 48), their lead is that matvec, as a dense layer's.
 //!
 //! The timeline (`compile-model --timeline`, position 128) shows no stage of the block moving
 //! with it (docs/perf.md, session 44, item 5): its kernels wrapped fit differently, so the

@@ -105,6 +105,10 @@ define_language! {
         // norm (a prologue or nonorm) and rope, K and V written at the position, then
         // attention over the cache including the fresh row; the value is the attention output
         "attn_block" = AttnBlock([Id; 10]),
+        // (attn_gated x k v k_cache v_cache pos q_norm k_norm rope scale): x is [q heads,
+        // 2 head_dim], each row a head's q then its output gate; the value is attn_block's over
+        // q = x[:, :head_dim], times sigmoid(x[:, head_dim:]) (Qwen3-Next's gated attention)
+        "attn_gated" = AttnGated([Id; 10]),
         // (argmax_write s x): the argmax of x written straight into state s (an effect)
         "argmax_write" = ArgmaxWrite([Id; 2]),
         // (inc_write s p): p + 1 written straight into state s (an effect)
@@ -224,6 +228,7 @@ impl FuseLang {
                 | FuseLang::Ewk(_)
                 | FuseLang::UpdateInPlace(_)
                 | FuseLang::AttnBlock(_)
+                | FuseLang::AttnGated(_)
                 | FuseLang::ArgmaxWrite(_)
                 | FuseLang::IncWrite(_)
                 | FuseLang::TailStep(_)
@@ -684,6 +689,12 @@ impl Analysis<FuseLang> for FuseAnalysis {
                 facts.ty = best.map(|t| Type::f32(t.shape.dims().to_vec()));
             }
             Attention([q, ..]) | AttnBlock([q, ..]) => facts.ty = ty(q),
+            AttnGated([x, ..]) => {
+                facts.ty = ty(x).and_then(|t| match *t.shape.dims() {
+                    [h, w] if w % 2 == 0 => Some(Type::new(t.dtype, [h, w / 2])),
+                    _ => None,
+                })
+            }
             Argmax(_) | Increment(_) => facts.ty = Some(Type::i32([1])),
             WCat([a, b]) => {
                 if let (Some(ta), Some(tb)) = (ty(a), ty(b)) {

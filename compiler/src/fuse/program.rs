@@ -610,7 +610,10 @@ impl Builder<'_> {
                 self.kernels[zero].bindings = vec![out];
                 out
             }
-            AttnBlock([q, k, vv, kc, vc, pos, qn, kn, rope, scale]) => {
+            AttnBlock([q, k, vv, kc, vc, pos, qn, kn, rope, scale])
+            | AttnGated([q, k, vv, kc, vc, pos, qn, kn, rope, scale]) => {
+                // Gated: q is the projection [hq, 2 head_dim], each row q then the gate.
+                let gated = matches!(n, AttnGated(_));
                 let (tq, tk, tc) = (self.ty(*q)?, self.ty(*k)?, self.ty(*kc)?);
                 let super::lang::Attr::Rope { theta, rotary_dim } = self.attr(*rope)? else {
                     return Err(self.err("attention block without rope attributes"));
@@ -633,7 +636,7 @@ impl Builder<'_> {
                     (None, None) => None,
                     _ => return Err(self.err("attention block with one of two norms")),
                 };
-                let (hq, head_dim) = (tq.shape.dims()[0], tq.shape.dims()[1]);
+                let (hq, head_dim) = (tq.shape.dims()[0], tk.shape.dims()[1]);
                 let capacity = tc.shape.dims()[1];
                 let splits = self.opts.attention_splits.unwrap_or_else(|| {
                     let units = self.opts.device.compute_units;
@@ -670,6 +673,7 @@ impl Builder<'_> {
                     early_tile: self.opts.f16_dots
                         && super::prefetch::matvec_dtype(self.p).is_quantized(),
                     subgroup_walk: walk && codegen::subgroup_walk_fits(capacity, splits.max(1)),
+                    gated,
                 };
                 let generated = ablate::apply(&self.opts.ablate, codegen::attention(&spec));
                 let alternatives = self.attention_bands(&spec, walk)?;
@@ -1379,7 +1383,7 @@ impl UKernel {
                     ", f16 cache"
                 } else {
                     ""
-                }
+                } + if a.gated { ", output gated" } else { "" }
             ),
             KernelKind::Tail(TailSpec::Argmax { .. }) => "argmax -> token".to_string(),
             KernelKind::Tail(TailSpec::Advance) => "position + 1".to_string(),

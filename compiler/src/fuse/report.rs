@@ -100,7 +100,15 @@ fn reasons(u: &FusedUnit, k: &super::program::UKernel) -> Vec<String> {
         }
         KernelKind::Zero { .. } => {}
         KernelKind::Attention(_) => {
-            let kinds: Vec<String> = ["rms_norm", "rope", "kv_write", "attention"]
+            let kinds: Vec<String> = [
+                "slice",
+                "rms_norm",
+                "rope",
+                "kv_write",
+                "attention",
+                "sigmoid",
+                "mul",
+            ]
                 .iter()
                 .filter(|k| ops(&[k]) > 0)
                 .map(|k| format!("{} {k}", ops(&[k])))

@@ -11,7 +11,7 @@
 //! the value heads that share the key head) and those value heads' state columns, so both states
 //! are updated in place without any other workgroup touching them.
 
-use super::{list_items, make_list, other, var, Rule};
+use super::{dims, list_items, make_list, other, slice, var, Rule};
 use crate::fuse::lang::{
     Attr, FuseAnalysis, FuseGraph, FuseLang, GateIndex, GdnLayout, LeafInfo, LeafKind,
 };
@@ -67,25 +67,6 @@ fn reshaped(g: &FuseGraph, c: Id) -> Option<Id> {
         FuseLang::Reshape([x, _]) => Some(*x),
         _ => None,
     })
-}
-
-/// `c` as `slice(x, axis, start, end)`: (x, start, end).
-fn slice(g: &FuseGraph, c: Id, axis: usize) -> Option<(Id, usize, usize)> {
-    match other(g, c, "slice")? {
-        (
-            OpKind::Slice {
-                axis: a,
-                start,
-                end,
-            },
-            args,
-        ) if a == axis => Some((g.find(args[0]), start, end)),
-        _ => None,
-    }
-}
-
-fn dims(g: &FuseGraph, c: Id) -> Option<Vec<usize>> {
-    g[c].data.ty.as_ref().map(|t| t.shape.dims().to_vec())
 }
 
 fn leaf(g: &FuseGraph, c: Id) -> Option<LeafInfo> {

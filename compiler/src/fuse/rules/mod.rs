@@ -58,6 +58,26 @@ pub(crate) fn other(g: &FuseGraph, c: Id, name: &str) -> Option<(crate::ir::OpKi
     })
 }
 
+/// `c` as `slice(x, axis, start, end)`: (x, start, end).
+pub(crate) fn slice(g: &FuseGraph, c: Id, axis: usize) -> Option<(Id, usize, usize)> {
+    match other(g, c, "slice")? {
+        (
+            crate::ir::OpKind::Slice {
+                axis: a,
+                start,
+                end,
+            },
+            args,
+        ) if a == axis => Some((g.find(args[0]), start, end)),
+        _ => None,
+    }
+}
+
+/// The dims of tensor class `c`, where its type is known.
+pub(crate) fn dims(g: &FuseGraph, c: Id) -> Option<Vec<usize>> {
+    g[c].data.ty.as_ref().map(|t| t.shape.dims().to_vec())
+}
+
 /// The class of leaf `s`.
 pub(crate) fn leaf_class(g: &FuseGraph, s: Symbol) -> Option<Id> {
     g.lookup(FuseLang::Leaf(s))
