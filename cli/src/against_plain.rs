@@ -124,6 +124,7 @@ fn dispatch_times(
             progress: None,
             persistence: Persistence::Off,
             handoffs: Handoffs::Off,
+            ..LoadOptions::default()
         },
     )?;
     let mut replay = Replay::new(loaded)?;

@@ -116,6 +116,7 @@ fn load(
         progress: Some(&mut |p| upload.update(p)),
         persistence,
         handoffs,
+        ..LoadOptions::default()
     };
     Ok(Loaded::load(
         device.clone(),

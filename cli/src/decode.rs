@@ -189,6 +189,7 @@ fn vulkan_engine(
         progress: Some(&mut |p| upload.update(p)),
         persistence,
         handoffs,
+        ..LoadOptions::default()
     };
     let regions = schedule.persistent.len();
     let loaded = Loaded::load(device.clone(), schedule, weights, options)

@@ -186,6 +186,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         progress: Some(&mut |p| upload.update(p)),
         persistence: args.run.persistent,
         handoffs: args.run.handoffs,
+        ..LoadOptions::default()
     };
     let regions = schedule.persistent.len();
     let mut session = Session::load_with(schedule, weights.as_ref(), &opts, load)

@@ -173,6 +173,7 @@ impl Session {
                 progress: None,
                 persistence: options.persistence,
                 handoffs: options.handoffs,
+                ..LoadOptions::default()
             },
         )
     }
@@ -200,6 +201,7 @@ impl Session {
                 progress: None,
                 persistence: options.persistence,
                 handoffs: options.handoffs,
+                ..LoadOptions::default()
             },
         )
     }

@@ -4,6 +4,7 @@
 
 mod dump;
 mod file;
+mod pages;
 mod persistent;
 mod validate;
 
@@ -13,6 +14,7 @@ pub use file::{
     ScheduleFileError, Section, TensorEntry, Verify, END_MAGIC, FORMAT_VERSION, MAGIC,
     WEIGHT_ALIGN,
 };
+pub use pages::PieceTooLarge;
 pub use validate::ScheduleError;
 
 use std::fmt;

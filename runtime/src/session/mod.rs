@@ -123,6 +123,9 @@ pub struct LoadOptions<'a> {
     pub persistence: Persistence,
     /// Whether replay hands levels over through flagged words instead of barriers.
     pub handoffs: Handoffs,
+    /// The most bytes one weights buffer may hold (`None`: the most the device makes one
+    /// buffer); a schedule's weights past it are cut into pages ([`Schedule::with_weight_pages`]).
+    pub weight_page_bytes: Option<u64>,
 }
 
 /// Whether replay records a level with no pipeline barrier before it where the level before
@@ -315,6 +318,15 @@ impl Loaded {
                 }));
             }
         }
+        // Weights past what one buffer may hold here go to more buffers, before the regions
+        // (whose dispatches bind them) are applied.
+        let info = device.info();
+        let page = options
+            .weight_page_bytes
+            .unwrap_or(info.max_memory_allocation_size.min(info.max_buffer_size));
+        let schedule = schedule
+            .with_weight_pages(page)
+            .map_err(|e| piece_too_large(e, info))?;
         let groups = options.persistence.groups(device.info());
         let levels = schedule.levels.len();
         let schedule =
@@ -567,6 +579,25 @@ impl Loaded {
             next_token: self.schedule.io.token_encoding.decode(next),
         })
     }
+}
+
+/// The error of weights that one buffer cannot hold even cut into pages.
+fn piece_too_large(e: crate::schedule::PieceTooLarge, info: &crate::AdapterInfo) -> SessionError {
+    let what = match &e.tensors[..] {
+        [] => "a range of weights that no tensor fills".to_string(),
+        [one] => format!("`{one}`"),
+        [first, ..] => format!("`{first}` and {} more tensors", e.tensors.len() - 1),
+    };
+    SessionError::Vulkan(Error::UnsupportedDevice {
+        device: info.name.clone(),
+        reason: format!(
+            "{what}, read by one binding, take {} bytes, more than one buffer may hold here \
+             ({} bytes); `--weights q8_0` or `q4_0`, of compile-model or of run and bench on a \
+             model directory, stores most matrices in about half or a quarter of 16-bit \
+             floats' bytes",
+            e.bytes, e.limit
+        ),
+    })
 }
 
 /// Every binding within what one descriptor may cover (`maxStorageBufferRange`), named before
