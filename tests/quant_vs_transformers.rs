@@ -176,10 +176,26 @@ fn q4_0_llama_gqa() {
     check("llama-gqa", WeightFormat::Q4_0);
 }
 
+/// The expert stacks are converted with the matrices (each expert's matrix as one), and the
+/// expert kernels, fused and unfused, read them in the block format: `check` holds them to the
+/// reference interpreter on the same bytes.
 #[test]
-fn q8_0_qwen3_next_keeps_the_expert_stacks() {
-    let (_, _, report) = quantised("qwen3-next", WeightFormat::Q8_0);
-    assert!(report.kept.iter().any(|k| k.name.contains("experts")));
+fn q8_0_qwen3_next_converts_the_expert_stacks() {
+    let (_, program, report) = quantised("qwen3-next", WeightFormat::Q8_0);
+    assert!(!report.kept.iter().any(|k| k.name.contains("experts")));
+    let stacks: Vec<_> = program
+        .ops
+        .iter()
+        .filter(|o| matches!(o.kind, vkfuse_compiler::ir::OpKind::WeightStack { .. }))
+        .map(|o| program.ty(o.result.unwrap()).dtype)
+        .collect();
+    assert!(!stacks.is_empty());
+    assert!(
+        stacks
+            .iter()
+            .all(|d| *d == vkfuse_compiler::ir::DType::Q8_0),
+        "{stacks:?}"
+    );
     check("qwen3-next", WeightFormat::Q8_0);
 }
 

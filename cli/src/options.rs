@@ -29,8 +29,8 @@ impl DeviceArg {
 pub struct RunOptions {
     /// For a model directory: store the matvec weights as f16, bf16, q8_0 or q4_0 (as
     /// `compile-model --weights` does; q8_0/q4_0 keep matrices whose input size is not a
-    /// multiple of 32 and expert stacks as stored, and fold the norm weights by default:
-    /// `--fold-norms`). Default: the checkpoint's dtypes.
+    /// multiple of 32 as stored, and fold the norm weights by default: `--fold-norms`).
+    /// Default: the checkpoint's dtypes.
     #[arg(long, value_name = "FORMAT")]
     pub weights: Option<WeightFormat>,
     /// For a model directory: fold the RMSNorm weights into the matrices after them, as

@@ -4,15 +4,14 @@
 // pass (every invocation issues its loads for all nd dots together, then one exchange for all),
 // where matvec_core.glsl's matvec_rows takes consecutive rows of one input, and a caller looping
 // over experts with it waits for each expert's loads and exchange before the next (the weighted
-// sum's eight experts were eight round trips in a row). Expert stacks stay as stored (f32, f16
-// or bf16: quant::convert never converts them), so there is no block-format path.
+// sum's eight experts were eight round trips in a row). Stacks in the block formats
+// (`--weights q8_0|q4_0`, each expert's matrix converted as one) take matvec_core.glsl's step:
+// 8 weights of each row and their block's scale per invocation and step, in f32 arithmetic (the
+// exact dequantisation), or with F16_MV (`--dots f16`, the default for those formats) in the
+// matvecs' packed f16 products (quant.glsl's QH_STEP_DOT).
 //
 // The including kernel declares W / W4 on the weight binding (DTYPE_1), X / X4 on the input
 // binding, and includes matvec_core.glsl (the constants I and VEC4, reduce.glsl) first.
-
-#if DTYPE_1 == Q8_0 || DTYPE_1 == Q4_0
-#error "expert stacks stay as stored: no block-format expert kernel"
-#endif
 
 // Dot d < nd of weight row wrow[d] with x[xoff[d] .. xoff[d] + I]; afterwards (a barrier ends
 // the exchange) wg_dot_total(d) is dot d's total in any invocation. nd <= MAX_DOTS is a
@@ -24,6 +23,29 @@ void expert_dots(uint wrow[MAX_DOTS], uint xoff[MAX_DOTS], uint nd) {
     for (uint d = 0u; d < MAX_DOTS; d++) {
         acc[d] = 0.0;
     }
+#if DTYPE_1 == Q8_0 || DTYPE_1 == Q4_0
+    uint rb = q_row_bytes(DTYPE_1, I);
+    for (uint c = t; c < I / 8u; c += gl_WorkGroupSize.x) {
+        for (uint d = 0u; d < nd; d++) {
+            vec4 xa = x4[xoff[d] / 4u + 2u * c];
+            vec4 xb = x4[xoff[d] / 4u + 2u * c + 1u];
+            uint at = wrow[d] * rb;
+#ifdef F16_MV
+            acc[d] += Q_SCALE(DTYPE_1, w, at, I, c / 4u) *
+                      QH_STEP_DOT(DTYPE_1, w, at / 4u, c, QH_X(xa, xb));
+#else
+            acc[d] += Q_SCALE(DTYPE_1, w, at, I, c / 4u) *
+                      Q_STEP_DOT(DTYPE_1, w, at / 4u, c, xa, xb);
+#endif
+        }
+    }
+#ifdef F16_MV
+    // The f16 codes carry 1/16 (q4_0) or 1/256 (q8_0), undone once.
+    for (uint d = 0u; d < nd; d++) {
+        acc[d] *= QH_UNSCALE(DTYPE_1);
+    }
+#endif
+#else
     if (VEC4 != 0u) {
 #if DTYPE_1 == F32
         uint n4 = I / 4u;
@@ -51,6 +73,7 @@ void expert_dots(uint wrow[MAX_DOTS], uint xoff[MAX_DOTS], uint nd) {
             }
         }
     }
+#endif
     wg_share_dots(acc, nd);
 }
 

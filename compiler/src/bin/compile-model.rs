@@ -191,12 +191,11 @@ struct Args {
     /// Store the matvec weights as f16, bf16, q8_0 or q4_0 (default: the checkpoint's dtypes).
     ///
     /// Store the matvec weights (projections, lm_head; the embedding table when lm_head shares
-    /// it) as f16, bf16, or ggml's block formats q8_0 / q4_0 (32 weights and an f16 scale per
-    /// block, quantised here, dequantised in the matvec's inner loop). Norm weights and other
-    /// vectors stay as stored (q8_0/q4_0 fold the norm weights into the matrices by default:
-    /// `--fold-norms`); so do, for q8_0/q4_0, matrices whose input size is not a multiple of
-    /// 32, and Qwen3-Next's expert stacks in every format (the expert kernels read f32/f16/bf16
-    /// only). Default: the checkpoint's dtypes.
+    /// it; Qwen3-Next's experts) as f16, bf16, or ggml's block formats q8_0 / q4_0 (32 weights
+    /// and an f16 scale per block, quantised here, dequantised in the matvec's inner loop).
+    /// Norm weights and other vectors stay as stored (q8_0/q4_0 fold the norm weights into the
+    /// matrices by default: `--fold-norms`); so do, for q8_0/q4_0, matrices whose input size is
+    /// not a multiple of 32. Default: the checkpoint's dtypes.
     #[arg(long, value_name = "FORMAT")]
     weights: Option<quant::WeightFormat>,
 }

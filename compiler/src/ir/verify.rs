@@ -117,13 +117,14 @@ pub fn infer(
     // Block-quantised values have no elements to index, slice or reshape: only a matvec or an
     // embedding reads them, as its operand 0 (checked there).
     if let Some(i) = t.iter().position(|ty| ty.dtype.is_quantized()) {
-        if i != 0 || !matches!(kind, Matvec | Embedding) {
+        if i != 0 || !matches!(kind, Matvec | ExpertMatvec | Embedding) {
             return Err(VerifyErrorKind::OperandType {
                 index: i,
                 got: t[i].clone(),
-                expected: "a value that is not block-quantised (only matvec and embedding \
+                expected:
+                    "a value that is not block-quantised (only matvec, expert_matvec and embedding \
                            read q8_0 and q4_0, as operand 0)"
-                    .into(),
+                        .into(),
             });
         }
     }
@@ -166,13 +167,14 @@ pub fn infer(
                 format!("weights are float or block-quantised, not {}", ty.dtype)
             })?;
             if ty.dtype.is_quantized() {
+                // A matrix, or a stack of them (one per expert).
+                let rank = if matches!(kind, Weight { .. }) { 2 } else { 3 };
                 attr(
-                    matches!(kind, Weight { .. })
-                        && ty.shape.rank() == 2
-                        && ty.shape.last().is_multiple_of(DType::BLOCK),
+                    ty.shape.rank() == rank && ty.shape.last().is_multiple_of(DType::BLOCK),
                     || {
                         format!(
-                            "{} weights are matrices whose rows are whole blocks of {}, not {}",
+                            "{} weights are matrices (or stacks of them) whose rows are whole \
+                             blocks of {}, not {}",
                             ty.dtype,
                             DType::BLOCK,
                             ty.shape
@@ -252,7 +254,7 @@ pub fn infer(
             Type::f32([o])
         }
         ExpertMatvec => {
-            float(0)?;
+            matrix(0)?;
             rank(0, 3)?;
             expect(
                 t[1].dtype == DType::I32 && t[1].shape.rank() == 1,

@@ -2,11 +2,12 @@
 //!
 //! Converted: every `weight` whose uses are all operand 0 of a `matvec` or an `embedding`, with
 //! at least one matvec among them (the projections, lm_head, and the embedding table when
-//! lm_head shares it: the gather then dequantises its row). Kept as stored: norm weights,
-//! biases and other vectors; an untied embedding table (read one row per token, not
-//! bandwidth-bound); for the block formats, matrices whose input size is not a multiple of 32
-//! (their rows are not whole blocks); and expert stacks (`weight_stack`): the expert kernels
-//! read element dtypes only.
+//! lm_head shares it: the gather then dequantises its row), and every expert stack
+//! (`weight_stack`) the expert matvecs read, each expert's matrix converted as a matrix of its
+//! own (Qwen3-Next's experts: most of its bytes). Kept as stored: norm weights, biases and other
+//! vectors; an untied embedding table (read one row per token, not bandwidth-bound); and, for
+//! the block formats, matrices and stacks whose input size is not a multiple of 32 (their rows
+//! are not whole blocks).
 
 use std::fmt;
 use std::str::FromStr;
@@ -183,13 +184,16 @@ pub fn convert(
             OpKind::WeightStack { pattern, .. }
                 if u.iter().any(|(k, _)| is_matvec(k)) && ty.dtype != target =>
             {
-                report.kept.push(Kept {
-                    name: pattern.clone(),
-                    ty: ty.clone(),
-                    reason: "expert stacks stay as stored: the expert kernels read element \
-                             dtypes only"
-                        .into(),
-                });
+                if target.is_quantized() && !ty.shape.last().is_multiple_of(DType::BLOCK) {
+                    report.kept.push(Kept {
+                        name: pattern.clone(),
+                        ty: ty.clone(),
+                        reason: format!("input size not a multiple of {}", DType::BLOCK),
+                    });
+                } else {
+                    report.converted.push((pattern.clone(), ty.clone()));
+                    retype.push(v);
+                }
             }
             _ => {}
         }

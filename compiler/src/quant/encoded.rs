@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::import::layout::{self, Derived};
 use crate::import::{ImportError, TensorInfo, TensorStore};
-use crate::ir::{DType, OpKind, Program};
+use crate::ir::{DType, OpKind, Program, Type};
 use crate::reference::WeightSource;
 use vkfuse_runtime::session::TensorBytes;
 
@@ -33,21 +33,48 @@ impl<S: Borrow<TensorStore>> std::fmt::Debug for EncodedWeights<S> {
 }
 
 impl<S: Borrow<TensorStore>> EncodedWeights<S> {
-    /// Converts every `weight` of `program` whose type differs from the checkpoint's dtype.
+    /// Converts every `weight` of `program` whose type differs from the checkpoint's dtype, and
+    /// every expert matrix of a `weight_stack` that does.
     pub fn new(store: S, program: &Program) -> Result<Self, ImportError> {
         let mut converted = HashMap::new();
-        let mut checked = HashSet::new();
+        let mut checked: HashSet<String> = HashSet::new();
         let tensors: &TensorStore = store.borrow();
         for op in &program.ops {
+            let ty = match &op.kind {
+                OpKind::Weight { .. } => program.ty(op.result.expect("weights have a result")),
+                // Each expert's matrix as a weight of its own: the stack's uploads name them.
+                OpKind::WeightStack { pattern, count } => {
+                    let ty = program.ty(op.result.expect("weights have a result"));
+                    let one = Type::new(ty.dtype, &ty.shape.dims()[1..]);
+                    for e in 0..*count {
+                        let name = pattern.replace("{}", &e.to_string());
+                        let info = tensors.expect(&name, one.shape.dims())?;
+                        let stored = info.dtype;
+                        if checked.insert(name.clone()) {
+                            check_finite(&name, info, tensors.bytes(&name)?)?;
+                        }
+                        if stored != one.dtype && !converted.contains_key(&name) {
+                            let values = tensors.to_f32(&name)?;
+                            let mut bytes = Vec::with_capacity(one.bytes());
+                            blocks::encode(one.dtype, &values, one.shape.last(), &mut bytes);
+                            converted.insert(name, (one.dtype, one.shape.last(), bytes));
+                        }
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
             let OpKind::Weight { name } = &op.kind else {
                 continue;
             };
-            let ty = program.ty(op.result.expect("weights have a result"));
             let stored = tensors.expect(name, ty.shape.dims())?.dtype;
             // The checkpoint's own tensors, each once: a derived name's bytes (a transposed or
             // folded copy, which the store would make and keep) hold the same values.
             for source in layout::sources(name) {
-                if let Some(info) = tensors.get(source).filter(|_| checked.insert(source)) {
+                if let Some(info) = tensors
+                    .get(source)
+                    .filter(|_| checked.insert(source.to_string()))
+                {
                     check_finite(source, info, tensors.bytes(source)?)?;
                 }
             }

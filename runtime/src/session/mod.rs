@@ -636,7 +636,7 @@ fn check_binding_ranges(schedule: &Schedule, device: &Device) -> Result<(), Sess
                         ": {what} too large for this device (`--weights q8_0` or `q4_0`, of \
                          compile-model or of run and bench on a model directory, stores most \
                          matrices in about half or a quarter of 16-bit floats' bytes; an untied \
-                         embedding table, expert stacks and vectors stay as stored)"
+                         embedding table and vectors stay as stored)"
                     )
                 }
                 _ => String::new(),
