@@ -70,12 +70,13 @@ fn check(name: &str, splits: Option<usize>) {
     // Three per layer: q/k/v -> attention -> o_proj -> the chained MLP (llama-gqa's MLP is
     // not chained: gate/up -> the wide down instead of o_proj -> chain). One fewer would mean
     // the buffer plan aliased a slot the run still touches (fuse/schedule.rs). The hybrid
-    // fixture's one full-attention layer hands two: q/gate/k/v -> the gated block -> o_proj
-    // (its MoE block is no chain).
+    // fixture's one full-attention layer hands two, q/gate/k/v -> the gated block -> o_proj,
+    // and each of its three linear-attention layers one, the step -> its out projection (its
+    // MoE blocks are no chains).
     let expected_handed = match name {
         "qwen3-tied" | "llama-gqa" => 3 * 2,
         "qwen3-untied" => 3 * 3,
-        _ => 2,
+        _ => 2 + 3,
     };
     assert_eq!(handed, expected_handed, "{what}: levels handed over");
     // The dump (`vkfuse inspect`) names the roles the kernels declare.

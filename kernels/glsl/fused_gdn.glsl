@@ -37,7 +37,14 @@
 // 3 = DK, 4 = DV, 5 = KM1, 6 = W, 7 = QO, 8 = KO, 9 = VO, 10 = ZO, 11 = L2_EPS, 12 = SCALE,
 // 13 = NORM_EPS (f32).
 // Dispatch: HK * GDN_PARTS workgroups, (kh, part) at kh * GDN_PARTS + part.
+//
+// Handoffs (handoff.glsl): y can be published, each element once, by the workgroup that
+// normalises it (gated_norm), so that the out projection after it (a wide matvec, as the
+// attention block's o_proj) may read it as words with no barrier between them. x is not read
+// as words.
 
+#define HANDOFF_ROLE 0x80000000u
+#include "handoff.glsl"
 #include "reduce.glsl"
 
 layout(constant_id = 1) const uint HK = 1;
@@ -118,7 +125,9 @@ void gated_norm(uint kh, uint h0, uint nh) {
     for (uint i = 0u; i < NZ; i++) {
         uint e = t + i * WG;
         if (e < nh * DV) {
-            y[(kh * R + h0) * DV + e] = o_s[e] * inv_s[e / DV] * gz[i];
+            float v = o_s[e] * inv_s[e / DV] * gz[i];
+            y[(kh * R + h0) * DV + e] = v;
+            handoff_store((kh * R + h0) * DV + e, v);
         }
     }
 }

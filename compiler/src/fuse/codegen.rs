@@ -272,9 +272,9 @@ pub struct MatvecSpec {
     /// (`matvec_step.glsl`, 64-bit atomics). Three bindings more: the token state (the key),
     /// position state, position.
     pub step: bool,
-    /// x is the output of a kernel that can publish it as handoff words (the attention block
-    /// or a matvec), so that replay may hand it over: with no norm and the residual as its one
-    /// extra input, such a matvec is made wide ([`is_wide`]).
+    /// x is the output of a kernel that can publish it as handoff words (the attention block,
+    /// the linear-attention step or a matvec), so that replay may hand it over: with no norm and
+    /// the residual as its one extra input, such a matvec is made wide ([`is_wide`]).
     pub x_published: bool,
 }
 

@@ -328,13 +328,14 @@ impl Builder<'_> {
     }
 
     /// Whether value `v` is (a view of) the output of a kernel that can publish its output as
-    /// handoff words: the attention block or a matvec (`kernels/glsl/handoff.glsl`).
+    /// handoff words: the attention block, the linear-attention step or a matvec
+    /// (`kernels/glsl/handoff.glsl`).
     fn published(&self, v: usize) -> bool {
         match &self.values[v] {
             UValue::View { of, .. } => self.published(*of),
             UValue::Out { kernel, .. } => matches!(
                 self.kernels.get(*kernel).map(|k| &k.kind),
-                Some(KernelKind::Attention(_) | KernelKind::Matvec(_))
+                Some(KernelKind::Attention(_) | KernelKind::Gdn(_) | KernelKind::Matvec(_))
             ),
             _ => false,
         }
