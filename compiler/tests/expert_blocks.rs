@@ -101,12 +101,21 @@ fn check(dtype: DType, f16: bool, n: usize, k: usize, o: usize, i: usize, seed: 
     };
     let what = format!("{dtype:?} (f16 dots: {f16}): {n} experts, top {k}, [{o} x {i}]");
     let tol = if f16 { 3e-3 } else { 1e-5 };
+    // The kernel with F16_DOTS where asked, which then takes f16 arithmetic (and only then).
     let gen = |g: Generated| {
-        if !f16 {
-            return g;
-        }
-        let source = vkfuse_compiler::kernels::with_defines(&g.source, "F16_DOTS");
-        Generated { source, ..g }
+        let g = if f16 {
+            let source = vkfuse_compiler::kernels::with_defines(&g.source, "F16_DOTS");
+            Generated { source, ..g }
+        } else {
+            g
+        };
+        assert_eq!(
+            common::kernel_decl(&g).uses_float16_arithmetic(),
+            f16,
+            "{}",
+            g.label
+        );
+        g
     };
 
     // The SwiGLU: gate and up stacks packed one after the other, y[j] over expert ids[j].

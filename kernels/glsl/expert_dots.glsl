@@ -8,7 +8,9 @@
 // (`--weights q8_0|q4_0`, each expert's matrix converted as one) take matvec_core.glsl's step:
 // 8 weights of each row and their block's scale per invocation and step, in f32 arithmetic (the
 // exact dequantisation), or with F16_MV (`--dots f16`, the default for those formats) in the
-// matvecs' packed f16 products (quant.glsl's QH_STEP_DOT).
+// matvecs' packed f16 products (quant.glsl's QH_STEP_DOT). The weighted sum's input, the
+// SwiGLU's output, comes to it unnormed: its f16 pairs overflow only past |x| ~ 32768, as
+// quant.glsl says of the matvecs' x.
 //
 // The including kernel declares W / W4 on the weight binding (DTYPE_1), X / X4 on the input
 // binding, and includes matvec_core.glsl (the constants I and VEC4, reduce.glsl) first.

@@ -586,8 +586,8 @@ void combine(uint h, uint split, uint used, float m, float total, float lsum) {
     // Timing only (compile-model --ablate attention-combine): split 0 publishes its own
     // partial as the head's output.
     if (split == 0u && t < D) {
-        y[h * D + t] = total / lsum;
-        handoff_store(h * D + t, total / lsum);
+        y[h * D + t] = GATE_OUT(total / lsum);
+        handoff_store(h * D + t, GATE_OUT(total / lsum));
     }
     return;
 #endif

@@ -181,8 +181,13 @@ pub fn convert(
                     retype.push(v);
                 }
             }
+            // Only where expert matvecs alone read it (as the matrices: a stack read otherwise
+            // stays as stored).
             OpKind::WeightStack { pattern, .. }
-                if u.iter().any(|(k, _)| is_matvec(k)) && ty.dtype != target =>
+                if !u.is_empty()
+                    && u.iter()
+                        .all(|(k, i)| *i == 0 && matches!(k, OpKind::ExpertMatvec))
+                    && ty.dtype != target =>
             {
                 if target.is_quantized() && !ty.shape.last().is_multiple_of(DType::BLOCK) {
                     report.kept.push(Kept {

@@ -14,7 +14,7 @@ pub use file::{
     ScheduleFileError, Section, TensorEntry, Verify, END_MAGIC, FORMAT_VERSION, MAGIC,
     WEIGHT_ALIGN,
 };
-pub use pages::PieceTooLarge;
+pub use pages::{PieceTooLarge, PAGE_ALIGN};
 pub use validate::ScheduleError;
 
 use std::fmt;

@@ -6,13 +6,17 @@
 //!
 //! The cut never splits what one binding reads or one upload writes: the buffer's bound and
 //! uploaded ranges are merged where they overlap into pieces (a tensor, an expert stack, the
-//! packed q/k/v of a layer), and pages are cut between pieces only. Every slice then moves to
-//! its piece's page, its offset less the page's start. Pages start where a piece starts, and
-//! the compiler aligns each allocation, so every bound offset keeps its alignment. A pure
+//! packed q/k/v of a layer), and pages are cut between pieces only, and only where a piece
+//! starts on [`PAGE_ALIGN`] bytes (the compiler aligns each allocation), so that every slice,
+//! moved to its piece's page with its offset less the page's start, keeps its alignment for the
+//! device's `minStorageBufferOffsetAlignment` (at most 256 under Vulkan). A pure
 //! rewrite of the schedule, as persistent regions are, so that every executor runs the result
 //! as it runs any schedule.
 
 use super::{BufferDecl, BufferId, BufferRole, Schedule, Slice};
+
+/// Where a page may start: the most `minStorageBufferOffsetAlignment` Vulkan allows.
+pub const PAGE_ALIGN: u64 = 256;
 
 /// A piece bigger than one page may be.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,7 +79,9 @@ impl Schedule {
             }
             match pages.last_mut() {
                 Some((first, last)) if end - *first <= limit => *last = end,
-                _ => pages.push((start, end)),
+                // The first page keeps the buffer, from offset 0.
+                None => pages.push((0, end)),
+                Some(_) => pages.push((start, end)),
             }
         }
         if pages.len() <= 1 {
@@ -105,15 +111,16 @@ impl Schedule {
     }
 }
 
-/// The ranges `[start, end)` merged where they overlap, in ascending order (ranges that only
-/// touch stay apart: a page may be cut between them).
+/// The ranges `[start, end)` merged where they overlap, in ascending order, and each that
+/// starts off [`PAGE_ALIGN`] joined to the one before (it cannot start a page); ranges that
+/// only touch stay apart otherwise: a page may be cut between them.
 fn pieces(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     let mut r: Vec<(u64, u64)> = ranges.filter(|(s, e)| e > s).collect();
     r.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(r.len());
     for (s, e) in r {
         match out.last_mut() {
-            Some((_, last)) if s < *last => *last = (*last).max(e),
+            Some((_, last)) if s < *last || s % PAGE_ALIGN != 0 => *last = (*last).max(e),
             _ => out.push((s, e)),
         }
     }
@@ -252,13 +259,13 @@ mod tests {
             spans in proptest::collection::vec((0usize..40, 0u64..64, 1u64..64), 0..4),
             limit_extra in 0u64..300,
         ) {
-            // Tensors back to back, 4-byte aligned, each group of `packs` consecutive tensors
-            // bound together.
+            // Tensors back to back, 64-byte aligned (a quarter of them on a page's alignment),
+            // each group of `packs` consecutive tensors bound together.
             let mut uploads = vec![];
             let mut at = 0u64;
             for s in &sizes {
-                uploads.push((at, s * 4));
-                at += s * 4;
+                uploads.push((at, s * 64));
+                at += s * 64;
             }
             let mut groups = vec![];
             let mut i = 0;
@@ -293,7 +300,7 @@ mod tests {
             // The limit at least the biggest piece.
             let pieces = pieces(groups.iter().map(|g| (g[0].0, g[0].0 + g[0].1)));
             let biggest = pieces.iter().map(|(s, e)| e - s).max().unwrap();
-            let limit = biggest + limit_extra * 4;
+            let limit = biggest + limit_extra * 64;
             let before = schedule(at, &uploads, &groups);
             let after = before.clone().with_weight_pages(limit).unwrap();
             // Where old byte b of buffer 0 went.
@@ -313,6 +320,8 @@ mod tests {
                 let page = &after.buffers[n.buffer.index()];
                 prop_assert_eq!(page.role, BufferRole::Weights);
                 prop_assert!(n.offset + n.size <= page.size, "{:?} past its page", n);
+                // Alignment kept: an offset moves by a multiple of PAGE_ALIGN.
+                prop_assert_eq!(n.offset % PAGE_ALIGN, o.offset % PAGE_ALIGN);
                 for b in 0..o.size {
                     let to = (n.buffer, n.offset + b);
                     prop_assert_eq!(*place.entry(o.offset + b).or_insert(to), to);

@@ -321,9 +321,12 @@ impl Loaded {
         // Weights past what one buffer may hold here go to more buffers, before the regions
         // (whose dispatches bind them) are applied.
         let info = device.info();
-        let page = options
-            .weight_page_bytes
-            .unwrap_or(info.max_memory_allocation_size.min(info.max_buffer_size));
+        // 2 MiB under the device's limit: the driver may round a buffer's memory up to a
+        // large page.
+        let page = options.weight_page_bytes.unwrap_or_else(|| {
+            let most = info.max_memory_allocation_size.min(info.max_buffer_size);
+            most.saturating_sub(2 << 20) / crate::schedule::PAGE_ALIGN * crate::schedule::PAGE_ALIGN
+        });
         let schedule = schedule
             .with_weight_pages(page)
             .map_err(|e| piece_too_large(e, info))?;
