@@ -155,6 +155,9 @@ fn should_hand_levels_over_with_the_attention_split() {
 fn should_hand_q_k_v_to_every_split_at_longer_positions() {
     longer_positions("llama-gqa", None, false, "");
     longer_positions("qwen3-tied", None, false, "");
+    // Qwen3-Next's gated block: the gate applied where its splits combine, by the last to
+    // arrive (eager) and by the highest split polling the others' words (replay's bands).
+    longer_positions("qwen3-next", None, false, "");
     for (name, format) in [
         ("llama-gqa", WeightFormat::Q8_0),
         ("qwen3-tied", WeightFormat::Q4_0),
@@ -211,7 +214,7 @@ fn longer_positions(name: &str, format: Option<WeightFormat>, f16_dots: bool, de
         assert_eq!(early_tile(&schedule), f16_dots, "{what}");
         // The walk: heads of 32 to 128 (qwen3-tied's 32, not llama-gqa's 16), with q4_0 or
         // 16-bit float matvecs (both fixtures are stored in bf16).
-        let head_fits = name == "qwen3-tied";
+        let head_fits = matches!(name, "qwen3-tied" | "qwen3-next");
         let format_walks = matches!(format, None | Some(WeightFormat::Q4_0));
         assert_eq!(
             vkfuse_tests::walks_in_subgroups(&schedule),
