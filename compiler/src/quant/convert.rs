@@ -88,16 +88,28 @@ impl ConversionReport {
     }
 
     /// One line: `q8_0: 197 matrices (1.19 GB -> 0.63 GB); kept as stored: 2 (2: input size
-    /// not a multiple of 32)`, or that every matrix was in the format already.
+    /// not a multiple of 32)` (`30 matrices and 12 expert stacks` where stacks were converted),
+    /// or that every matrix was in the format already.
     pub fn summary(&self) -> String {
         let (before, after) = self.bytes();
         let mut s = if self.converted.is_empty() && self.kept.is_empty() {
             format!("{}: every matrix is {0} already", self.format)
         } else {
+            let stacks = self
+                .converted
+                .iter()
+                .filter(|(_, t)| t.shape.rank() == 3)
+                .count();
+            let what = match stacks {
+                0 => format!("{} matrices", self.converted.len()),
+                n => format!(
+                    "{} matrices and {n} expert stacks",
+                    self.converted.len() - n
+                ),
+            };
             format!(
-                "{}: {} matrices ({:.2} MB -> {:.2} MB)",
+                "{}: {what} ({:.2} MB -> {:.2} MB)",
                 self.format,
-                self.converted.len(),
                 before as f64 / 1e6,
                 after as f64 / 1e6
             )
