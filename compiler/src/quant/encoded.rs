@@ -39,34 +39,27 @@ impl<S: Borrow<TensorStore>> EncodedWeights<S> {
         let mut converted = HashMap::new();
         let mut checked: HashSet<String> = HashSet::new();
         let tensors: &TensorStore = store.borrow();
-        for op in &program.ops {
-            let ty = match &op.kind {
-                OpKind::Weight { .. } => program.ty(op.result.expect("weights have a result")),
-                // Each expert's matrix as a weight of its own: the stack's uploads name them.
-                OpKind::WeightStack { pattern, count } => {
-                    let ty = program.ty(op.result.expect("weights have a result"));
-                    let one = Type::new(ty.dtype, &ty.shape.dims()[1..]);
-                    for e in 0..*count {
-                        let name = pattern.replace("{}", &e.to_string());
-                        let info = tensors.expect(&name, one.shape.dims())?;
-                        let stored = info.dtype;
-                        if checked.insert(name.clone()) {
-                            check_finite(&name, info, tensors.bytes(&name)?)?;
-                        }
-                        if stored != one.dtype && !converted.contains_key(&name) {
-                            let values = tensors.to_f32(&name)?;
-                            let mut bytes = Vec::with_capacity(one.bytes());
-                            blocks::encode(one.dtype, &values, one.shape.last(), &mut bytes);
-                            converted.insert(name, (one.dtype, one.shape.last(), bytes));
-                        }
+        // Every matrix a weight op names: a weight's own, or each expert's of a stack (the
+        // stack's uploads name them one by one).
+        let matrices: Vec<(String, Type)> = program
+            .ops
+            .iter()
+            .flat_map(|op| {
+                let ty = op.result.map(|v| program.ty(v));
+                let list: Vec<(String, Type)> = match (&op.kind, ty) {
+                    (OpKind::Weight { name }, Some(ty)) => vec![(name.clone(), ty.clone())],
+                    (OpKind::WeightStack { pattern, count }, Some(ty)) => {
+                        let one = Type::new(ty.dtype, &ty.shape.dims()[1..]);
+                        (0..*count)
+                            .map(|e| (pattern.replace("{}", &e.to_string()), one.clone()))
+                            .collect()
                     }
-                    continue;
-                }
-                _ => continue,
-            };
-            let OpKind::Weight { name } = &op.kind else {
-                continue;
-            };
+                    _ => vec![],
+                };
+                list
+            })
+            .collect();
+        for (name, ty) in &matrices {
             let stored = tensors.expect(name, ty.shape.dims())?.dtype;
             // The checkpoint's own tensors, each once: a derived name's bytes (a transposed or
             // folded copy, which the store would make and keep) hold the same values.

@@ -330,7 +330,7 @@ impl Loaded {
         let schedule = schedule
             .with_weight_pages(page)
             .map_err(|e| piece_too_large(e, info))?;
-        let groups = options.persistence.groups(device.info());
+        let groups = options.persistence.groups(info);
         let levels = schedule.levels.len();
         let schedule =
             schedule.with_persistent(groups, device.info().max_storage_buffers_per_stage);
