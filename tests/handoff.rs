@@ -71,12 +71,12 @@ fn check(name: &str, splits: Option<usize>) {
     // not chained: gate/up -> the wide down instead of o_proj -> chain). One fewer would mean
     // the buffer plan aliased a slot the run still touches (fuse/schedule.rs). The hybrid
     // fixture's one full-attention layer hands two, q/gate/k/v -> the gated block -> o_proj,
-    // and each of its three linear-attention layers one, the step -> its out projection (its
-    // MoE blocks are no chains).
+    // and each of its three linear-attention layers two, the projection (x and the gates' a
+    // and b) -> the step -> its out projection (its MoE blocks are no chains).
     let expected_handed = match name {
         "qwen3-tied" | "llama-gqa" => 3 * 2,
         "qwen3-untied" => 3 * 3,
-        _ => 2 + 3,
+        _ => 2 + 2 * 3,
     };
     assert_eq!(handed, expected_handed, "{what}: levels handed over");
     // The dump (`vkfuse inspect`) names the roles the kernels declare.
@@ -102,6 +102,15 @@ fn check(name: &str, splits: Option<usize>) {
         "publishes binding 0, reads bindings 2 as words",
         "{what}: {dump}"
     );
+    // The linear-attention step reads x and the gates' a and b (bindings 7 and 9: g's second
+    // input, beta's only one) as words.
+    if dump.contains("fused_gdn[") {
+        assert_eq!(
+            role("fused_gdn["),
+            "publishes binding 0, reads bindings 3,7,9 as words",
+            "{what}: {dump}"
+        );
+    }
     let atomics = schedule.float_atomic_kernel().is_some();
     let want = expected(name);
     for (i, &t) in want.teacher_ids.iter().enumerate() {

@@ -40,10 +40,17 @@
 //
 // Handoffs (handoff.glsl): y can be published, each element once, by the workgroup that
 // normalises it (gated_norm), so that the out projection after it (a wide matvec, as the
-// attention block's o_proj) may read it as words with no barrier between them. x is not read
-// as words.
+// attention block's o_proj) may read it as words with no barrier between them. x can be read
+// as words (slot 0), and so can the gate inputs the including source reads through
+// handoff_load (the projection's a and b columns, slots 1 and 2): the source then defines
+// HANDOFF_ROLE (publishes binding 0, reads binding 3 and those gate bindings) and includes
+// handoff.glsl before its gate functions, and the step's workgroups launch while the projection
+// still runs, load their state rows and the conv's weights and rows first, and wait only for
+// the words they read: every x word they read polled at once, then waited on.
 
+#ifndef HANDOFF_ROLE
 #define HANDOFF_ROLE 0x80000000u
+#endif
 #include "handoff.glsl"
 #include "reduce.glsl"
 
@@ -107,6 +114,35 @@ uint qk_channel(uint kh, uint i) {
 // silu(z) * w_norm of element t + i * WG of the value heads this workgroup may normalise.
 float gz[NZ];
 
+// The conv's channels a workgroup takes (the head's q and k, the part's v), and at most how many
+// each invocation takes.
+const uint NCH = 2u * DK + COLS;
+const uint NCV = (NCH + WG - 1u) / WG;
+
+// Channel i of a part's conv: its row in the conv state and weight (c) and its element of x.
+void conv_channel(uint kh, uint part, uint i, out uint c, out uint xi) {
+    uint row = kh * W;
+    if (i < 2u * DK) {
+        c = qk_channel(kh, i);
+        xi = row + (i < DK ? QO + i : KO + (i - DK));
+    } else {
+        uint vc = part * COLS + (i - 2u * DK);
+        c = 2u * HK * DK + kh * RDV + vc;
+        xi = row + VO + vc;
+    }
+}
+
+// Element i of x in two halves: its first poll (a handoff word where this dispatch reads them,
+// else its bits from the binding), then its value (the word polled again while empty). Every
+// poll is issued before any is waited on: one round trip for all of them.
+uint x_poll(uint i) {
+    return handoff_reading() ? handoff_poll(handoff_at(0u, i)) : floatBitsToUint(x[i]);
+}
+
+float x_value(uint i, uint w) {
+    return handoff_reading() ? handoff_value(handoff_at(0u, i), w) : uintBitsToFloat(w);
+}
+
 // Step 4 for value heads h0 .. h0 + nh - 1 of key head kh, their o in o_s from h0's.
 void gated_norm(uint kh, uint h0, uint nh) {
     uint t = gl_LocalInvocationID.x;
@@ -153,37 +189,52 @@ void main() {
         sv[i] = st[base + i * DV];
     }
 
-    // The value heads this workgroup may normalise, and their silu(z) * w_norm, and the gates:
-    // loaded now, beside the state.
+    // The value heads this workgroup may normalise, their z and the conv's x: polled now,
+    // beside the state, all before any is waited on.
     uint h0 = LOCAL_NORM ? part * (COLS / DV) : 0u;
     uint nh = LOCAL_NORM ? COLS / DV : R;
+    uint zw[NZ];
     for (uint i = 0u; i < NZ; i++) {
         uint e = min(t + i * WG, nh * DV - 1u);
-        gz[i] = silu(x[row + ZO + h0 * DV + e]) * LOAD(NW_DTYPE, nw, e % DV);
+        zw[i] = x_poll(row + ZO + h0 * DV + e);
     }
-    for (uint i = t; i < R; i += WG) {
-        g_s[i] = gate_g(kh * R + i);
-        b_s[i] = gate_beta(kh * R + i);
-    }
-
-    // 1. The conv of the head's q and k channels and of the part's v channels, silu.
-    for (uint i = t; i < 2u * DK + COLS; i += WG) {
+    uint xw[NCV];
+    for (uint s = 0u; s < NCV; s++) {
         uint c;
         uint xi;
-        if (i < 2u * DK) {
-            c = qk_channel(kh, i);
-            xi = row + (i < DK ? QO + i : KO + (i - DK));
+        conv_channel(kh, part, min(t + s * WG, NCH - 1u), c, xi);
+        xw[s] = x_poll(xi);
+    }
+    // The gates, g and beta by different invocations (each may wait on a word).
+    for (uint i = t; i < 2u * R; i += WG) {
+        if (i < R) {
+            g_s[i] = gate_g(kh * R + i);
         } else {
-            uint vc = part * COLS + (i - 2u * DK);
-            c = 2u * HK * DK + kh * RDV + vc;
-            xi = row + VO + vc;
+            b_s[i - R] = gate_beta(kh * R + i - R);
         }
-        float xv = x[xi];
+    }
+    for (uint i = 0u; i < NZ; i++) {
+        uint e = min(t + i * WG, nh * DV - 1u);
+        gz[i] = silu(x_value(row + ZO + h0 * DV + e, zw[i])) * LOAD(NW_DTYPE, nw, e % DV);
+    }
+
+    // 1. The conv of the head's q and k channels and of the part's v channels, silu: the
+    // channel's history summed before its x is waited on.
+    for (uint s = 0u; s < NCV; s++) {
+        uint i = t + s * WG;
+        if (i >= NCH) {
+            break;
+        }
+        uint c;
+        uint xi;
+        conv_channel(kh, part, i, c, xi);
         uint k = KM1 + 1u;
-        float acc = LOAD(CW_DTYPE, cw, c * k + KM1) * xv;
+        float acc = 0.0;
         for (uint j = 0u; j < KM1; j++) {
             acc += LOAD(CW_DTYPE, cw, c * k + j) * cs[c * KM1 + j];
         }
+        float xv = x_value(xi, xw[s]);
+        acc += LOAD(CW_DTYPE, cw, c * k + KM1) * xv;
         float a = silu(acc);
         if (i < 2u * DK) {
             for (uint j = 0u; j < KM1; j++) {

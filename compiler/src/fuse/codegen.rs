@@ -1266,9 +1266,35 @@ pub fn gdn(spec: &GdnSpec) -> Generated {
     let _ = writeln!(s, "#define CW_DTYPE {}", dtype_code(spec.conv_dtype));
     let _ = writeln!(s, "#define NW_DTYPE {}", dtype_code(spec.norm_dtype));
     let _ = writeln!(s, "#define GDN_PARTS {}", spec.parts);
-    s += "#include \"common.glsl\"\n#include \"fused_epilogue.glsl\"\n";
+    // Handoffs: the step reads x (binding 3) as words where replay hands the projection over,
+    // and with it the gate inputs sliced from the projection (column maps: Qwen3-Next's a and
+    // b), which the plan requires (anything else of the level reading the projection keeps
+    // the barrier). The role has three slots: x's and two gate inputs'; with more such inputs
+    // the step reads nothing as words.
+    let dtypes: Vec<DType> = spec
+        .g_inputs
+        .iter()
+        .chain(&spec.beta_inputs)
+        .copied()
+        .collect();
+    let word_gates: Vec<usize> = (0..dtypes.len())
+        .filter(|&k| {
+            dtypes[k] == DType::F32
+                && matches!(l.gate_inputs.get(k), Some(GateIndex::Columns { .. }))
+        })
+        .collect();
+    let mut role = 1u32 << 31;
+    if word_gates.len() <= 2 {
+        role |= 1 << 3;
+        for &k in &word_gates {
+            role |= 1 << (6 + k);
+        }
+    }
+    let _ = writeln!(s, "#define HANDOFF_ROLE 0x{role:08x}u");
+    s += "#include \"common.glsl\"\n#include \"fused_epilogue.glsl\"\n#include \"handoff.glsl\"\n";
     let mut binding = 6;
     let mut maps = l.gate_inputs.iter();
+    let mut input = 0;
     for (name, epi, inputs) in [
         ("g", &spec.g, &spec.g_inputs),
         ("beta", &spec.beta, &spec.beta_inputs),
@@ -1284,12 +1310,22 @@ pub fn gdn(spec: &GdnSpec) -> Generated {
                 }
                 _ => "(row)".to_string(),
             };
-            let _ = writeln!(
-                s,
-                "#define IN{k}(row) LOAD({}, {name}{k}, {index})",
-                dtype_code(*dt)
-            );
+            let load = format!("LOAD({}, {name}{k}, {index})", dtype_code(*dt));
+            match word_gates.iter().position(|&w| w == input) {
+                // Slot 1 + its place among the word inputs (binding 3's x is slot 0).
+                Some(p) if role & (1 << 3) != 0 => {
+                    let _ = writeln!(
+                        s,
+                        "#define IN{k}(row) (handoff_reading() ? handoff_load({}u, {index}) : {load})",
+                        p + 1
+                    );
+                }
+                _ => {
+                    let _ = writeln!(s, "#define IN{k}(row) {load}");
+                }
+            }
             binding += 1;
+            input += 1;
         }
         let _ = writeln!(
             s,
