@@ -24,9 +24,10 @@ fn streams(label: &str) -> bool {
     label.starts_with("matvec") || label.starts_with("chain")
 }
 
-/// Dispatches a prefetch may run beside: attention blocks and linear-attention steps.
+/// Dispatches a prefetch may run beside: attention blocks (not linear-attention steps, which
+/// run beside their projections' last rows).
 fn hosts(label: &str) -> bool {
-    label.starts_with("attention") || label.starts_with("linear-attention step")
+    label.starts_with("attention")
 }
 
 /// The weight slices (binding 1's buffer) of the weight-streaming dispatches of the three
@@ -258,7 +259,8 @@ fn kv_prefetch_llama_gqa_before_q_k_v() {
     check_kv("llama-gqa", choice, 2, true);
 }
 
-/// Qwen3-Next's weight prefetch goes beside its linear-attention steps (hosts), and a K/V
+/// Qwen3-Next's weight prefetch goes beside no linear-attention step (which reads its projection
+/// as handoff words and so runs beside that projection's last rows: no host), and a K/V
 /// prefetch goes only where its lead level streams weights: beside the gated block's q/k/v
 /// (Lead::Input, the 16-bit floats' lead; the block reads q and its gate from that projection
 /// with no level of slices between), one per block, and none led by the level before
@@ -300,10 +302,10 @@ fn qwen3_next_prefetches_beside_hosts_and_streaming_leads_only() {
             );
         }
     }
+    assert!(count(&schedule, "linear-attention step") > 0, "{name}");
     assert_eq!(
-        beside_steps,
-        count(&schedule, "linear-attention step"),
-        "{name}: a weight prefetch beside every linear-attention step"
+        beside_steps, 0,
+        "{name}: a weight prefetch beside a linear-attention step"
     );
     let is_kv = |s: &Schedule| {
         s.dispatches

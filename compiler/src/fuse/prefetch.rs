@@ -1,6 +1,6 @@
 //! Weight prefetch into the L2 cache: a level that streams no weights of its own and holds a
-//! host ([`Role::hosts`]: the attention block, the linear-attention step, bound by latency, the
-//! memory otherwise idle for ~10 µs per layer on an H100) gets one more dispatch, in the same
+//! host ([`Role::hosts`]: the attention block, bound by latency, the memory otherwise idle for
+//! ~10 µs per layer on an H100) gets one more dispatch, in the same
 //! level and so without a barrier, that reads the weights of the (at most three) matvec levels
 //! right after it, every weight slice they bind, in order (kernels/glsl/prefetch.comp). Those
 //! levels then find their weights in L2 instead of paying DRAM latency and bandwidth after
@@ -111,7 +111,10 @@ pub fn matvec_dtype(program: &Program) -> DType {
 /// A kernel's part in the prefetches: a target streaming weights from binding 1 (matvecs), or
 /// from binding 1 (inner, gate/up) and later ones (outer, down) (chained matvecs); or a host,
 /// bound by latency and long enough that a prefetch beside it ends with it (the attention
-/// block, whose caches the K/V prefetch reads, and the linear-attention step).
+/// block, whose caches the K/V prefetch reads). The linear-attention step hosts none since it
+/// reads its projection as handoff words: it then runs beside the projection's last rows, and
+/// a prefetch beside it streams while they do (qwen3-next-small on an H200 without it: bf16
+/// +0.14%, q8_0 +0.60%, q4_0 +0.47%; docs/perf.md, session 49).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Matvec,
@@ -121,7 +124,6 @@ pub enum Role {
         heads: u32,
         capacity: u32,
     },
-    LinearAttention,
 }
 
 impl Role {
@@ -132,7 +134,7 @@ impl Role {
 
     /// Whether a prefetch may run beside the kernel.
     pub fn hosts(self) -> bool {
-        matches!(self, Role::Attention { .. } | Role::LinearAttention)
+        matches!(self, Role::Attention { .. })
     }
 }
 
@@ -159,7 +161,7 @@ pub(super) const SECTORS_PER_INVOCATION: u64 = 8;
 /// workgroups) the prefetch only lengthened it. On an H200 (the qwen3-next-small shape, 256
 /// tokens) the weight prefetch beside the gate cost about 2.1% bf16, 1.8% q4_0 and 0.5% q8_0,
 /// while beside the linear-attention steps it gained 0.4% bf16, 1.1% q4_0 and 0.5% q8_0
-/// (docs/perf.md, session 45).
+/// (docs/perf.md, session 45), until the steps ran beside their projections (session 49).
 pub fn plan(
     dispatches: &[Dispatch],
     levels: &[Range<u32>],
@@ -183,8 +185,8 @@ pub fn plan(
     for (i, l) in levels.iter().enumerate() {
         let hosted = of(l).iter().any(|d| role(d).is_some_and(Role::hosts));
         let streaming = of(l).iter().any(|d| role(d).is_some_and(Role::streams));
-        // The hosts' own weights (norms; Qwen3-Next-80B's linear-attention step binds 65920
-        // bytes of conv weights and gates) do not make a level a streaming one.
+        // The hosts' own weights (the attention block's norms) do not make a level a streaming
+        // one.
         let others: Vec<&Dispatch> = of(l)
             .iter()
             .filter(|d| !role(d).is_some_and(Role::hosts))
@@ -508,8 +510,8 @@ mod tests {
 
     #[test]
     fn a_hosts_own_weights_do_not_make_its_level_streaming() {
-        // The block binds 1 MiB of weights of its own (as Qwen3-Next-80B's linear-attention
-        // step binds 64 KiB of conv weights): it still hosts.
+        // The block binds 1 MiB of weights of its own (its norm weights, larger): it still
+        // hosts.
         let (mut ds, levels) = layer();
         ds[0].bindings.push(slice(W, 20 * MIB, MIB));
         let hosted = plan(&ds, &levels, &roles(), W, budget(64 * MIB, true));

@@ -563,10 +563,6 @@ impl Lowering<'_> {
                                     };
                                     self.prefetch_roles.insert(id, role);
                                 }
-                                KernelKind::Gdn(_) => {
-                                    self.prefetch_roles
-                                        .insert(id, prefetch::Role::LinearAttention);
-                                }
                                 _ => {}
                             }
                             if matches!(k.kind, KernelKind::Zero { .. }) {
