@@ -10,6 +10,7 @@ use crate::ir::{OpKind, Program, StateKind, ValueId};
 use crate::kernels::{self, KernelCall, KernelError};
 use crate::plan::{self, Plan, Request};
 use crate::regions::{regions, Access};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use vkfuse_runtime::schedule::{
     BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta, Schedule,
@@ -481,7 +482,9 @@ pub(crate) fn buffer_decls(sizes: impl IntoIterator<Item = u64>) -> Vec<BufferDe
 }
 
 impl TensorBytes for TensorStore {
-    fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
-        self.bytes(tensor).map_err(|e| e.to_string())
+    fn tensor_bytes(&self, tensor: &str) -> Result<Cow<'_, [u8]>, String> {
+        self.bytes(tensor)
+            .map(Cow::Borrowed)
+            .map_err(|e| e.to_string())
     }
 }

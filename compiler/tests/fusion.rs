@@ -929,8 +929,9 @@ fn fusion_time_of_a_model() {
 // Unfused vs fused is the third oracle of DESIGN.md: same kernels' arithmetic up to the order
 // fusion changes, so the logits agree to ~1e-6 and the greedy tokens exactly.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
-use vkfuse_compiler::import::layout::{self, Derived};
+use vkfuse_compiler::import::layout;
 use vkfuse_compiler::ir::{F32Attr, OpKind, StateKind, ValueId};
 use vkfuse_runtime::session::{Eager, Loaded, TensorBytes};
 
@@ -1053,7 +1054,7 @@ fn dense(s: &Shapes, weights: &mut Weights) -> Program {
 /// Deterministic random weights by name, with their dtype and shape (for the derived layouts
 /// fused kernels ask for: `import::layout`).
 #[derive(Default)]
-struct Weights(HashMap<String, (DType, Vec<usize>, Vec<u8>)>, u64, Derived);
+struct Weights(HashMap<String, (DType, Vec<usize>, Vec<u8>)>, u64);
 
 impl Weights {
     fn add(&mut self, name: &str, dtype: DType, dims: &[usize], norm: bool) {
@@ -1083,25 +1084,17 @@ impl Weights {
         self.0
             .insert(name.to_string(), (dtype, dims.to_vec(), bytes));
     }
-
-    /// Makes room for the derived layouts of every weight added so far.
-    fn seal(&mut self) {
-        self.2 = Derived::new(self.0.keys().map(String::as_str));
-    }
 }
 
 impl TensorBytes for Weights {
-    fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
+    fn tensor_bytes(&self, tensor: &str) -> Result<Cow<'_, [u8]>, String> {
         if let Some(of) = layout::transposed_of(tensor) {
             let (dtype, dims, bytes) = self.0.get(of).ok_or_else(|| format!("no tensor {of}"))?;
-            return self
-                .2
-                .transposed(of, || layout::transpose(bytes, *dtype, dims[0], dims[1]))
-                .ok_or_else(|| format!("no tensor {of}"))?;
+            return layout::transpose(bytes, *dtype, dims[0], dims[1]).map(Cow::Owned);
         }
         self.0
             .get(tensor)
-            .map(|(_, _, b)| b.as_slice())
+            .map(|(_, _, b)| Cow::Borrowed(b.as_slice()))
             .ok_or_else(|| format!("no tensor {tensor}"))
     }
 }
@@ -1137,7 +1130,6 @@ fn fused_equals_unfused_with(s: &Shapes, opts: &FuseOptions, dispatches: Option<
     use vkfuse_runtime::{Device, Instance, InstanceOptions, Requirements};
     let mut weights = Weights::default();
     let p = dense(s, &mut weights);
-    weights.seal();
     let unfused = vkfuse_compiler::lower::lower(&p, &meta(), &mut SpirvCache::default()).unwrap();
     let (fused, report) = lower_fused(&p, &meta(), &mut SpirvCache::default(), opts).unwrap();
     if let Some(n) = dispatches {

@@ -6,6 +6,7 @@
 //! out, so these tests also check the document.
 
 use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,16 +20,28 @@ use vkfuse_runtime::schedule::{
 use vkfuse_runtime::session::TensorBytes;
 
 // ---------------------------------------------------------------------------------------------
-// Allocation accounting: bytes allocated by this thread, so parallel tests do not mix.
+// Allocation accounting: bytes allocated by this thread, and the most it held at once, so
+// parallel tests do not mix.
 
 struct Counting;
 
 thread_local! {
     static ALLOCATED: Cell<u64> = const { Cell::new(0) };
+    // Bytes this thread holds (allocated less freed by it) and the most since `peak_by`.
+    static LIVE: Cell<i64> = const { Cell::new(0) };
+    static PEAK: Cell<i64> = const { Cell::new(0) };
 }
 
 fn note(bytes: usize) {
     let _ = ALLOCATED.try_with(|a| a.set(a.get() + bytes as u64));
+    live(bytes as i64);
+}
+
+fn live(change: i64) {
+    let _ = LIVE.try_with(|l| {
+        l.set(l.get() + change);
+        let _ = PEAK.try_with(|p| p.set(p.get().max(l.get())));
+    });
 }
 
 // SAFETY: every call forwards to the system allocator with the same arguments; the counter is a
@@ -46,10 +59,12 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: AllocLayout, new_size: usize) -> *mut u8 {
         note(new_size);
+        live(-(layout.size() as i64));
         // SAFETY: forwarded unchanged.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
+        live(-(layout.size() as i64));
         // SAFETY: forwarded unchanged.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -65,6 +80,14 @@ fn allocated_by<T>(f: impl FnOnce() -> T) -> (T, u64) {
     (out, ALLOCATED.with(Cell::get) - before)
 }
 
+/// `f()` and the most bytes this thread held at once while it ran, beyond what it held before.
+fn peak_by<T>(f: impl FnOnce() -> T) -> (T, i64) {
+    let before = LIVE.with(Cell::get);
+    PEAK.with(|p| p.set(before));
+    let out = f();
+    (out, PEAK.with(Cell::get) - before)
+}
+
 // ---------------------------------------------------------------------------------------------
 // A small synthetic schedule and its weights.
 
@@ -72,10 +95,10 @@ fn allocated_by<T>(f: impl FnOnce() -> T) -> (T, u64) {
 struct MapWeights(HashMap<String, Vec<u8>>);
 
 impl TensorBytes for MapWeights {
-    fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
+    fn tensor_bytes(&self, tensor: &str) -> Result<Cow<'_, [u8]>, String> {
         self.0
             .get(tensor)
-            .map(Vec::as_slice)
+            .map(|v| Cow::Borrowed(v.as_slice()))
             .ok_or_else(|| "not in the checkpoint".to_string())
     }
 }
@@ -416,6 +439,71 @@ fn should_write_identical_bytes_every_time() {
     assert_eq!(n, first.len() as u64);
 }
 
+/// A source that makes every tensor's bytes when asked (as a conversion to a block format
+/// does): a copy of the map's, owned by the caller.
+struct Made(MapWeights);
+
+impl TensorBytes for Made {
+    fn tensor_bytes(&self, tensor: &str) -> Result<Cow<'_, [u8]>, String> {
+        self.0.tensor_bytes(tensor).map(|b| Cow::Owned(b.to_vec()))
+    }
+    fn tensor_len(&self, tensor: &str) -> Result<u64, String> {
+        self.0.tensor_len(tensor)
+    }
+}
+
+/// The writer holds one made tensor at a time, not every one (a Qwen3-Next-80B converted to
+/// q8_0 is ~85 GB of made bytes): eight of 2 MiB written with at most ~one held, and the same
+/// file as the borrowed bytes give.
+#[test]
+fn should_hold_one_made_tensor_at_a_time_while_writing() {
+    const BIG: u64 = 2 << 20;
+    let (mut schedule, mut weights) = sample();
+    let base = schedule.buffers[0].size;
+    schedule.buffers[0].size = base + 8 * BIG;
+    for i in 0..8u64 {
+        let name = format!("model.layers.{i}.mlp.experts.weight");
+        schedule.weights.push(WeightUpload {
+            tensor: name.clone(),
+            dst: s(0, base + i * BIG, BIG),
+        });
+        weights.0.insert(name, vec![i as u8 + 1; BIG as usize]);
+    }
+    let mut borrowed = Vec::new();
+    schedule
+        .write_to(&mut borrowed, &weights)
+        .expect("write_to");
+    let made = Made(weights);
+    let (n, peak) = peak_by(|| {
+        schedule
+            .write_to(&mut std::io::sink(), &made)
+            .expect("write_to")
+    });
+    assert_eq!(n, borrowed.len() as u64);
+    assert!(
+        peak < (BIG + BIG / 2) as i64,
+        "the writer held {peak} bytes at once; one made tensor is {BIG}"
+    );
+    let mut written = Vec::new();
+    schedule.write_to(&mut written, &made).expect("write_to");
+    assert!(written == borrowed, "made bytes written differently");
+    // A source whose tensor is not the size it told is refused, naming the tensor.
+    struct Lying(Made);
+    impl TensorBytes for Lying {
+        fn tensor_bytes(&self, tensor: &str) -> Result<Cow<'_, [u8]>, String> {
+            self.0.tensor_bytes(tensor)
+        }
+        fn tensor_len(&self, tensor: &str) -> Result<u64, String> {
+            Ok(self.0.tensor_len(tensor)? + u64::from(tensor.contains("layers.3.mlp")))
+        }
+    }
+    let err = schedule
+        .write_to(&mut std::io::sink(), &Lying(made))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model.layers.3.mlp.experts.weight"), "{err}");
+}
+
 #[test]
 fn should_start_the_weights_and_every_tensor_at_a_multiple_of_4096() {
     let (path, bytes) = sample_file("alignment");
@@ -432,6 +520,7 @@ fn should_start_the_weights_and_every_tensor_at_a_multiple_of_4096() {
         assert_eq!(t.offset % WEIGHT_ALIGN, 0, "{}", t.name);
         let slice = file.tensor_bytes(&t.name).unwrap();
         // Zero-copy: the slice is the mapped file at the recorded offset.
+        assert!(matches!(slice, Cow::Borrowed(_)), "{}", t.name);
         assert_eq!(
             slice,
             &bytes[t.offset as usize..(t.offset + t.len) as usize]

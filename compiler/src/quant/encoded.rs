@@ -1,11 +1,12 @@
 //! A program's weights in the formats its types say: the checkpoint's bytes where the type is
-//! the stored dtype, converted bytes (computed once, at construction) where `convert`
-//! retyped the weight.
+//! the stored dtype, converted bytes where `convert` retyped the weight, made each time they
+//! are read and not kept, so that writing a schedule holds one converted tensor at a time (a
+//! Qwen3-Next-80B's experts in q8_0 are ~85 GB).
 
-use std::borrow::Borrow;
+use std::borrow::{Borrow, Cow};
 use std::collections::{HashMap, HashSet};
 
-use crate::import::layout::{self, Derived};
+use crate::import::layout;
 use crate::import::{ImportError, TensorInfo, TensorStore};
 use crate::ir::{DType, OpKind, Program, Type};
 use crate::reference::WeightSource;
@@ -17,26 +18,27 @@ use super::blocks;
 /// for executors that keep their weights source) or borrows (`S = &TensorStore`).
 pub struct EncodedWeights<S: Borrow<TensorStore>> {
     store: S,
-    /// Converted tensors: dtype, row length and bytes.
-    converted: HashMap<String, (DType, usize, Vec<u8>)>,
-    /// Converted matrices in other layouts, made on first use (`import::layout`).
-    derived: Derived,
+    /// The tensors whose type differs from the checkpoint's dtype: that type (their bytes are
+    /// converted as they are read).
+    retyped: HashMap<String, Type>,
 }
 
 impl<S: Borrow<TensorStore>> std::fmt::Debug for EncodedWeights<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EncodedWeights")
             .field("store", self.store.borrow())
-            .field("converted", &self.converted.len())
+            .field("retyped", &self.retyped.len())
             .finish()
     }
 }
 
 impl<S: Borrow<TensorStore>> EncodedWeights<S> {
-    /// Converts every `weight` of `program` whose type differs from the checkpoint's dtype, and
-    /// every expert matrix of a `weight_stack` that does.
+    /// The weights of `program` over `store`: every `weight` whose type differs from the
+    /// checkpoint's dtype, and every expert matrix of a `weight_stack` that does, is converted
+    /// when read. Checked here, before any is read: every matrix is in the checkpoint with its
+    /// shape, every source tensor holds finite values, and every converted one a float dtype.
     pub fn new(store: S, program: &Program) -> Result<Self, ImportError> {
-        let mut converted = HashMap::new();
+        let mut retyped = HashMap::new();
         let mut checked: HashSet<String> = HashSet::new();
         let tensors: &TensorStore = store.borrow();
         // Every matrix a weight op names: a weight's own, or each expert's of a stack (the
@@ -69,32 +71,46 @@ impl<S: Borrow<TensorStore>> EncodedWeights<S> {
                     .filter(|_| checked.insert(source.to_string()))
                 {
                     check_finite(source, info, tensors.bytes(source)?)?;
+                    if stored != ty.dtype && !info.dtype.is_float() {
+                        // What `to_f32` refuses, refused before a byte is written.
+                        tensors.to_f32(source)?;
+                    }
                 }
             }
-            if stored == ty.dtype || converted.contains_key(name) {
-                continue;
+            if stored != ty.dtype {
+                retyped.insert(name.clone(), ty.clone());
             }
-            // A folded matrix from its f32 products, not from the store's bytes (rounded to
-            // the checkpoint's dtype): one rounding, the conversion's.
-            let values = match layout::folded_of(name) {
-                Some((matrix, norm)) => {
-                    let mut values = tensors.to_f32(matrix)?;
-                    layout::fold_values(&mut values, &tensors.to_f32(norm)?);
-                    values
-                }
-                None => tensors.to_f32(name)?,
-            };
-            let mut bytes = Vec::with_capacity(ty.bytes());
-            blocks::encode(ty.dtype, &values, ty.shape.last(), &mut bytes);
-            debug_assert_eq!(bytes.len(), ty.bytes());
-            converted.insert(name.clone(), (ty.dtype, ty.shape.last(), bytes));
         }
-        let derived = Derived::new(converted.keys().map(String::as_str));
-        Ok(EncodedWeights {
-            store,
-            converted,
-            derived,
-        })
+        Ok(EncodedWeights { store, retyped })
+    }
+
+    /// Tensor `name` (retyped to `ty`) converted: a folded matrix from its f32 products, not
+    /// from the store's bytes (rounded to the checkpoint's dtype): one rounding, the
+    /// conversion's.
+    fn convert(&self, name: &str, ty: &Type) -> Result<Vec<u8>, ImportError> {
+        let tensors: &TensorStore = self.store.borrow();
+        let values = match layout::folded_of(name) {
+            Some((matrix, norm)) => {
+                let mut values = tensors.to_f32(matrix)?;
+                layout::fold_values(&mut values, &tensors.to_f32(norm)?);
+                values
+            }
+            None => tensors.to_f32(name)?,
+        };
+        let mut bytes = Vec::with_capacity(ty.bytes());
+        blocks::encode(ty.dtype, &values, ty.shape.last(), &mut bytes);
+        debug_assert_eq!(bytes.len(), ty.bytes());
+        Ok(bytes)
+    }
+
+    /// The retyped tensor `tensor` names: itself, or the matrix a transposed name derives from
+    /// (`import::layout`), with its type and whether it is the transposed one.
+    fn retyped_of<'a>(&'a self, tensor: &'a str) -> Option<(&'a str, &'a Type, bool)> {
+        if let Some(ty) = self.retyped.get(tensor) {
+            return Some((tensor, ty, false));
+        }
+        let of = layout::transposed_of(tensor)?;
+        Some((of, self.retyped.get(of)?, true))
     }
 }
 
@@ -142,30 +158,42 @@ fn check_finite(name: &str, info: &TensorInfo, bytes: &[u8]) -> Result<(), Impor
 }
 
 impl<S: Borrow<TensorStore>> TensorBytes for EncodedWeights<S> {
-    fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
-        if let Some((_, _, bytes)) = self.converted.get(tensor) {
-            return Ok(bytes);
+    fn tensor_bytes(&self, tensor: &str) -> Result<Cow<'_, [u8]>, String> {
+        let Some((of, ty, transposed)) = self.retyped_of(tensor) else {
+            return self.store.borrow().tensor_bytes(tensor);
+        };
+        let bytes = self.convert(of, ty).map_err(|e| e.to_string())?;
+        if !transposed {
+            return Ok(Cow::Owned(bytes));
         }
         // A converted matrix transposed (others: the checkpoint's bytes transposed, which the
         // store makes); the block formats by whole blocks, the same weights.
-        if let Some((of, (dtype, cols, bytes))) =
-            layout::transposed_of(tensor).and_then(|of| Some((of, self.converted.get(of)?)))
-        {
-            let rows = bytes.len() / dtype.row_bytes(*cols).max(1);
-            let make = || layout::transpose(bytes, *dtype, rows, *cols);
-            if let Some(made) = self.derived.transposed(of, make) {
-                return made.map_err(|m| format!("tensor \"{of}\" transposed: {m}"));
-            }
+        let cols = ty.shape.last();
+        let rows = bytes.len() / ty.dtype.row_bytes(cols).max(1);
+        layout::transpose(&bytes, ty.dtype, rows, cols)
+            .map(Cow::Owned)
+            .map_err(|m| format!("tensor \"{of}\" transposed: {m}"))
+    }
+
+    /// A converted tensor's size from its type (a transposed one has its matrix's), without
+    /// converting it.
+    fn tensor_len(&self, tensor: &str) -> Result<u64, String> {
+        match self.retyped_of(tensor) {
+            Some((_, ty, _)) => Ok(ty.bytes() as u64),
+            None => self.store.borrow().tensor_len(tensor),
         }
-        self.store.borrow().tensor_bytes(tensor)
     }
 }
 
 impl<S: Borrow<TensorStore>> WeightSource for EncodedWeights<S> {
     /// Converted weights dequantised (or widened) from the very bytes the device gets.
     fn f32(&self, name: &str) -> Result<Vec<f32>, ImportError> {
-        match self.converted.get(name) {
-            Some((dtype, cols, bytes)) => Ok(blocks::decode(*dtype, bytes, *cols)),
+        match self.retyped.get(name) {
+            Some(ty) => Ok(blocks::decode(
+                ty.dtype,
+                &self.convert(name, ty)?,
+                ty.shape.last(),
+            )),
             None => self.store.borrow().to_f32(name),
         }
     }

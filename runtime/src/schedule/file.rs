@@ -14,6 +14,7 @@
 //! size before allocating anything that depends on them, verifies both checksums (CRC-32, the
 //! zlib one), decodes, validates, and hands out the weights as zero-copy slices of the map.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
@@ -288,14 +289,16 @@ impl FileWeights {
 }
 
 impl TensorBytes for FileWeights {
-    fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
+    fn tensor_bytes(&self, tensor: &str) -> Result<Cow<'_, [u8]>, String> {
         let t = self
             .index
             .get(tensor)
             .map(|&i| &self.tensors[i])
             .ok_or_else(|| format!("no tensor of that name in {}", self.path.display()))?;
         // In range: open checked every entry against the file size.
-        Ok(&self.map[t.offset as usize..(t.offset + t.len) as usize])
+        Ok(Cow::Borrowed(
+            &self.map[t.offset as usize..(t.offset + t.len) as usize],
+        ))
     }
 }
 
@@ -418,7 +421,7 @@ impl ScheduleFile {
 }
 
 impl TensorBytes for ScheduleFile {
-    fn tensor_bytes(&self, tensor: &str) -> Result<&[u8], String> {
+    fn tensor_bytes(&self, tensor: &str) -> Result<Cow<'_, [u8]>, String> {
         self.weights.tensor_bytes(tensor)
     }
 }
@@ -469,6 +472,10 @@ impl Schedule {
     /// `out`; returns the bytes written. The output is a function of the schedule and the
     /// weight bytes only: writing twice gives identical files. Wrap a file in a
     /// [`BufWriter`]; [`Self::write_file`] does.
+    ///
+    /// One tensor's bytes are held at a time: a source that makes them (a conversion to a
+    /// block format) makes each as it is written, so converting a model larger than the memory
+    /// writes it all the same.
     pub fn write_to<W: Write + ?Sized>(
         &self,
         out: &mut W,
@@ -476,23 +483,17 @@ impl Schedule {
     ) -> Result<u64, ScheduleFileError> {
         self.validate().map_err(ScheduleFileError::Unwritable)?;
         let tensors = tensor_table(self)?;
+        let weight_err = |t: &TensorEntry, message| ScheduleFileError::Weight {
+            tensor: t.name.clone(),
+            message,
+        };
         // Every tensor is present and of its size before a byte is written.
-        let mut sources = Vec::with_capacity(tensors.len());
         for t in &tensors {
-            let bytes =
-                weights
-                    .tensor_bytes(&t.name)
-                    .map_err(|message| ScheduleFileError::Weight {
-                        tensor: t.name.clone(),
-                        message,
-                    })?;
-            if bytes.len() as u64 != t.len {
-                return Err(ScheduleFileError::Weight {
-                    tensor: t.name.clone(),
-                    message: format!("{} bytes, the schedule expects {}", bytes.len(), t.len),
-                });
+            let len = weights.tensor_len(&t.name).map_err(|m| weight_err(t, m))?;
+            if len != t.len {
+                let message = format!("{len} bytes, the schedule expects {}", t.len);
+                return Err(weight_err(t, message));
             }
-            sources.push(bytes);
         }
         // Offsets relative to the weights section: the metadata does not depend on where the
         // section starts.
@@ -522,13 +523,17 @@ impl Schedule {
         w(out.write_all(&ZEROS[..(weights_offset - meta_end) as usize]))?;
         let mut crc = crc32::Crc32::new();
         let mut at = 0u64;
-        for (bytes, &offset) in sources.iter().zip(&relative) {
+        for (t, &offset) in tensors.iter().zip(&relative) {
+            // The length the source told is the length it gives (the offsets depend on it).
+            let bytes = weights
+                .tensor_bytes_sized(&t.name, t.len)
+                .map_err(|m| weight_err(t, m))?;
             let pad = &ZEROS[..(offset - at) as usize];
             crc.update(pad);
             w(out.write_all(pad))?;
-            crc.update(bytes);
-            w(out.write_all(bytes))?;
-            at = offset + bytes.len() as u64;
+            crc.update(&bytes);
+            w(out.write_all(&bytes))?;
+            at = offset + t.len;
         }
         let mut trailer = [0u8; TRAILER_LEN as usize];
         trailer[0..4].copy_from_slice(&crc.finish().to_le_bytes());

@@ -17,6 +17,7 @@ pub use writeback::WriteBack;
 
 use crate::schedule::{BufferRole, Schedule, ScheduleError, ScheduleFileError};
 use crate::{Buffer, BufferKind, Device, Error, Feature, Pipeline, Stages};
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// How long a step may take before the device is declared hung.
@@ -24,8 +25,31 @@ pub const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where the weight bytes of a schedule come from (a checkpoint, or a schedule file).
 pub trait TensorBytes {
-    /// The raw little-endian bytes of `tensor`, exactly as the kernels read them.
-    fn tensor_bytes(&self, tensor: &str) -> std::result::Result<&[u8], String>;
+    /// The raw little-endian bytes of `tensor`, exactly as the kernels read them: borrowed where
+    /// they lie in memory (a memory-mapped file), made on each call where a source derives them
+    /// (a conversion to a block format), so that a writer or an upload holds one such tensor at
+    /// a time, not a model's worth.
+    fn tensor_bytes(&self, tensor: &str) -> std::result::Result<Cow<'_, [u8]>, String>;
+
+    /// How many bytes [`Self::tensor_bytes`] gives for `tensor`, without making them where a
+    /// source can tell (the default makes them).
+    fn tensor_len(&self, tensor: &str) -> std::result::Result<u64, String> {
+        self.tensor_bytes(tensor).map(|b| b.len() as u64)
+    }
+
+    /// [`Self::tensor_bytes`] of `tensor`, refused unless they are the `len` bytes a schedule
+    /// expects of it.
+    fn tensor_bytes_sized(
+        &self,
+        tensor: &str,
+        len: u64,
+    ) -> std::result::Result<Cow<'_, [u8]>, String> {
+        let bytes = self.tensor_bytes(tensor)?;
+        if bytes.len() as u64 != len {
+            return Err(format!("{} bytes, the schedule expects {len}", bytes.len()));
+        }
+        Ok(bytes)
+    }
 }
 
 /// Why a schedule could not be loaded or run.
@@ -354,20 +378,13 @@ impl Loaded {
             total: schedule.weights.iter().map(|w| w.dst.size).sum(),
         };
         for w in &schedule.weights {
-            let bytes =
-                weights
-                    .tensor_bytes(&w.tensor)
-                    .map_err(|message| SessionError::Weight {
-                        tensor: w.tensor.clone(),
-                        message,
-                    })?;
-            if bytes.len() as u64 != w.dst.size {
-                return Err(SessionError::Weight {
+            let bytes = weights
+                .tensor_bytes_sized(&w.tensor, w.dst.size)
+                .map_err(|message| SessionError::Weight {
                     tensor: w.tensor.clone(),
-                    message: format!("{} bytes, the schedule expects {}", bytes.len(), w.dst.size),
-                });
-            }
-            device.upload(&mut buffers[w.dst.buffer.index()], w.dst.offset, bytes)?;
+                    message,
+                })?;
+            device.upload(&mut buffers[w.dst.buffer.index()], w.dst.offset, &bytes)?;
             progress.done += w.dst.size;
             if let Some(report) = options.progress.as_mut() {
                 report(progress);
