@@ -482,9 +482,16 @@ pub(crate) fn buffer_decls(sizes: impl IntoIterator<Item = u64>) -> Vec<BufferDe
 }
 
 impl TensorBytes for TensorStore {
+    /// The checkpoint's bytes borrowed; a transposed or folded matrix made for this call.
     fn tensor_bytes(&self, tensor: &str) -> Result<Cow<'_, [u8]>, String> {
-        self.bytes(tensor)
-            .map(Cow::Borrowed)
-            .map_err(|e| e.to_string())
+        match self.made_bytes(tensor) {
+            Some(made) => made.map(Cow::Owned),
+            None => self.bytes(tensor).map(Cow::Borrowed),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    fn tensor_len(&self, tensor: &str) -> Result<u64, String> {
+        self.byte_len(tensor).map_err(|e| e.to_string())
     }
 }

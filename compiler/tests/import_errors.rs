@@ -1613,3 +1613,47 @@ fn a_misshaped_matrix_reads_the_same_folded_or_not() {
     );
     assert_eq!(messages[0], messages[1]);
 }
+
+/// What a schedule's writer and uploads read of the store (`TensorBytes`): the checkpoint's
+/// tensors borrowed from the memory map, a transposed or folded matrix made for the call and
+/// not kept. The made bytes equal what the store's kept paths give (a folded matrix through
+/// `bytes`, a transposed one by `layout::transpose` of the matrix), their sizes are told without
+/// making them, and a vector's transposed layout is refused naming it.
+#[test]
+fn derived_matrices_are_made_for_each_read_and_sized_without_making_them() {
+    use std::borrow::Cow;
+    use vkfuse_compiler::import::layout;
+    use vkfuse_runtime::session::TensorBytes;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/qwen3-tied");
+    let store = &load(&dir).expect("fixture").tensors;
+    let (down, norm) = (
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+    );
+    let gate = "model.layers.0.mlp.gate_proj.weight";
+    let info = store.get(down).expect("down").clone();
+    let own = store.tensor_bytes(down).unwrap();
+    assert!(matches!(own, Cow::Borrowed(_)));
+    assert_eq!(store.tensor_len(down).unwrap(), own.len() as u64);
+
+    let t = layout::transposed(down);
+    let want = layout::transpose(&own, info.dtype, info.shape[0], info.shape[1]).unwrap();
+    let made = store.tensor_bytes(&t).unwrap();
+    assert!(matches!(made, Cow::Owned(_)), "{t} is made, not kept");
+    assert!(made[..] == want[..], "{t}");
+    assert_eq!(store.tensor_len(&t).unwrap(), want.len() as u64);
+
+    let f = layout::folded(gate, norm);
+    let made = store.tensor_bytes(&f).unwrap();
+    assert!(matches!(made, Cow::Owned(_)), "{f} is made, not kept");
+    assert!(made[..] == store.bytes(&f).unwrap()[..], "{f}");
+    assert_eq!(store.tensor_len(&f).unwrap(), made.len() as u64);
+
+    let vector = layout::transposed(norm);
+    for err in [
+        store.tensor_bytes(&vector).unwrap_err(),
+        store.tensor_len(&vector).unwrap_err(),
+    ] {
+        assert!(err.contains(norm) && err.contains("not a matrix"), "{err}");
+    }
+}

@@ -48,9 +48,8 @@ struct Args {
     /// folds where those matrices are then stored as q8_0 or q4_0, whose own rounding dwarfs
     /// the fold's (an H200, the Qwen3-0.6B shape: q8_0 +3.8%, q4_0 +1.0%, docs/perf.md session
     /// 36); float matrices keep their checkpoint's values unless `on` (bf16 +0.7% there, and
-    /// up to 8e-3 relative L2 of the logits on the bf16 fixtures; and the folded float
-    /// matrices are held in memory while compiling, beside the checkpoint's). `--fold-norms`
-    /// alone is `on`. Llama and Qwen3; a Qwen3-Next model is never folded.
+    /// up to 8e-3 relative L2 of the logits on the bf16 fixtures). `--fold-norms` alone is
+    /// `on`. Llama and Qwen3; a Qwen3-Next model is never folded.
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = trace::FoldNorms::Auto,
           num_args = 0..=1, default_missing_value = "on")]
     fold_norms: trace::FoldNorms,

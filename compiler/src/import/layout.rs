@@ -184,9 +184,9 @@ pub fn transpose(bytes: &[u8], dtype: DType, rows: usize, cols: usize) -> Result
 }
 
 /// Derived tensors of a fixed set of sources, each computed once on first use (errors too:
-/// they are the same every time). A cell holds `T`: by default the bytes or why not (the
-/// transposed layouts), or what another kind of derived tensor keeps (`TensorStore`'s folds).
-pub struct Derived<T = Result<Vec<u8>, String>> {
+/// they are the same every time). A cell holds `T`: what a kind of derived tensor keeps
+/// (`TensorStore`'s folds and ones; what a schedule's writer reads is made for it and not kept).
+pub struct Derived<T> {
     cells: HashMap<String, OnceLock<T>>,
 }
 
@@ -213,18 +213,6 @@ impl<T> Derived<T> {
     /// sources.
     pub fn made(&self, of: &str, make: impl FnOnce() -> T) -> Option<&T> {
         Some(self.cells.get(of)?.get_or_init(make))
-    }
-}
-
-impl Derived {
-    /// Source `of`'s transposed bytes, computed by `make` the first time; None where `of` is
-    /// not one of the sources.
-    pub fn transposed(
-        &self,
-        of: &str,
-        make: impl FnOnce() -> Result<Vec<u8>, String>,
-    ) -> Option<Result<&[u8], String>> {
-        Some(self.made(of, make)?.as_deref().map_err(Clone::clone))
     }
 }
 

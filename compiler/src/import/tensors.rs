@@ -72,10 +72,10 @@ pub struct TensorStore {
     source: PathBuf,
     shards: Vec<Shard>,
     index: BTreeMap<String, Entry>,
-    /// Matrices in other layouts, made on first use ([`super::layout`]).
-    derived: Derived,
     /// Matrices with a norm weight folded into their columns ([`layout::folded`]), made on
-    /// first use: a cell per matrix, which is folded with one norm weight (named in its cell).
+    /// first use by [`Self::bytes`] (the CPU reference's weights): a cell per matrix, which is
+    /// folded with one norm weight (named in its cell). A schedule's writer and uploads read
+    /// them through [`Self::made_bytes`] instead, which keeps nothing.
     folded: Derived<(String, Result<Vec<u8>, String>)>,
     /// Norm weights' ones ([`layout::ones`]), made on first use.
     ones: Derived<Vec<u8>>,
@@ -336,7 +336,6 @@ impl TensorStore {
             source,
             shards: Vec::with_capacity(files.len()),
             index: BTreeMap::new(),
-            derived: Derived::default(),
             folded: Derived::default(),
             ones: Derived::default(),
         };
@@ -389,7 +388,6 @@ impl TensorStore {
                 .collect()
         };
         let (matrices, vectors) = (of_rank(2), of_rank(1));
-        store.derived = Derived::new(matrices.iter().map(String::as_str));
         store.folded = Derived::new(matrices.iter().map(String::as_str));
         store.ones = Derived::new(vectors.iter().map(String::as_str));
         Ok(store)
@@ -491,13 +489,11 @@ impl TensorStore {
         Ok(info)
     }
 
-    /// The tensor's raw little-endian bytes, borrowed from the memory map; a derived name
-    /// ([`super::layout::transposed`]) gives the matrix's bytes transposed, made once.
+    /// The tensor's raw little-endian bytes, borrowed from the memory map; a folded matrix's
+    /// ([`layout::folded`]) and a norm weight's ones ([`layout::ones`]) made once and kept. A
+    /// transposed matrix ([`layout::transposed`]) is [`Self::made_bytes`]'s only.
     pub fn bytes(&self, name: &str) -> R<&[u8]> {
         if !self.index.contains_key(name) {
-            if let Some(of) = layout::transposed_of(name) {
-                return self.transposed(of);
-            }
             if let Some((matrix, norm)) = layout::folded_of(name) {
                 return self.fold(name, matrix, norm);
             }
@@ -553,27 +549,70 @@ impl TensorStore {
         }
     }
 
-    /// Matrix `of`'s bytes transposed ([`super::layout`]).
-    fn transposed(&self, of: &str) -> R<&[u8]> {
-        let (_, info) = self.entry(of)?;
-        let made = self.derived.transposed(of, || {
-            let bytes = self.bytes(of).map_err(|e| e.to_string())?;
-            layout::transpose(bytes, info.dtype, info.shape[0], info.shape[1])
-        });
-        match made {
-            Some(Ok(bytes)) => Ok(bytes),
-            Some(Err(message)) => Err(ImportError::BadSafetensors {
+    /// The bytes of a name the store computes, a matrix transposed or folded with a norm
+    /// weight ([`super::layout`]), made now and not kept: what a schedule's writer and uploads
+    /// read (`TensorBytes`), one tensor at a time, so that compiling a model holds none of its
+    /// transposed or folded matrices past their write. `None` for every other name (the
+    /// checkpoint's own tensors, borrowed; the norms' ones, kept by [`Self::bytes`]).
+    pub fn made_bytes(&self, name: &str) -> Option<R<Vec<u8>>> {
+        if self.index.contains_key(name) {
+            return None;
+        }
+        if let Some(of) = layout::transposed_of(name) {
+            return Some(self.transposed(of));
+        }
+        let (matrix, norm) = layout::folded_of(name)?;
+        Some((|| {
+            let (_, info) = self.entry(name)?;
+            let scale = self.to_f32(norm)?;
+            layout::fold_columns(
+                self.bytes(matrix)?,
+                info.dtype,
+                info.shape[0],
+                info.shape[1],
+                &scale,
+            )
+            .map_err(|m| ImportError::Inconsistent {
                 file: info.file.clone(),
-                message: format!("tensor \"{of}\" transposed: {message}"),
-            }),
-            None => Err(ImportError::Inconsistent {
+                message: format!("tensor \"{matrix}\" folded: {m}"),
+            })
+        })())
+    }
+
+    /// How many bytes [`Self::made_bytes`] or [`Self::bytes`] give for `name`, from its
+    /// description (nothing made; a transposed name checked to be a matrix's).
+    pub fn byte_len(&self, name: &str) -> R<u64> {
+        let info = match layout::transposed_of(name).filter(|_| !self.index.contains_key(name)) {
+            Some(of) => self.matrix(of)?,
+            None => self.entry(name)?.1,
+        };
+        Ok(info.dtype.row_bytes(info.numel()) as u64)
+    }
+
+    /// Matrix `of`'s description, refused where it has no transposed layout.
+    fn matrix(&self, of: &str) -> R<&TensorInfo> {
+        let (_, info) = self.entry(of)?;
+        if info.shape.len() != 2 {
+            return Err(ImportError::Inconsistent {
                 file: info.file.clone(),
                 message: format!(
                     "tensor \"{of}\" of shape {:?} has no transposed layout (not a matrix)",
                     info.shape
                 ),
-            }),
+            });
         }
+        Ok(info)
+    }
+
+    /// Matrix `of`'s bytes transposed ([`super::layout`]).
+    fn transposed(&self, of: &str) -> R<Vec<u8>> {
+        let info = self.matrix(of)?;
+        layout::transpose(self.bytes(of)?, info.dtype, info.shape[0], info.shape[1]).map_err(
+            |message| ImportError::BadSafetensors {
+                file: info.file.clone(),
+                message: format!("tensor \"{of}\" transposed: {message}"),
+            },
+        )
     }
 
     /// The tensor's values widened to f32 (row-major).
