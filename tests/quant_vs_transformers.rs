@@ -247,3 +247,49 @@ fn f16_and_bf16_convert_the_matvec_weights() {
         assert!(report.kept.is_empty(), "{name} {format}");
     }
 }
+
+/// What the schedule writer relies on: for every weight a fused schedule uploads (converted
+/// matrices, their transposed copies for the chained MLP, folded matrices, expert stacks'
+/// matrices), the size `EncodedWeights::tensor_len` tells without converting is the size of
+/// the bytes `tensor_bytes` makes, and the schedule's. Every fixture in the block formats (the
+/// others convert element by element), traced with its norms folded and not (the chain's
+/// transposed down in q8_0 pads its rows to 16 bytes: a size from the untransposed type fails
+/// it; Qwen3-Next is never folded).
+#[test]
+fn every_weight_is_the_size_it_is_told_to_be_before_it_is_made() {
+    use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
+    use vkfuse_compiler::lower::{Meta, SpirvCache};
+    use vkfuse_runtime::session::TensorBytes;
+    let mut spirv = SpirvCache::default();
+    for name in vkfuse_tests::FIXTURES {
+        for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+            for fold_norms in [false, true] {
+                if fold_norms && *name == "qwen3-next" {
+                    continue;
+                }
+                let model = import::load(&fixture_dir(name)).unwrap();
+                let opts = trace::TraceOptions {
+                    fold_norms,
+                    ..trace::TraceOptions::default()
+                };
+                let mut program = trace::trace(&model, &opts).unwrap();
+                quant::convert(&mut program, format).unwrap();
+                let schedule = lower_fused(
+                    &program,
+                    &Meta::of(&model),
+                    &mut spirv,
+                    &FuseOptions::default(),
+                )
+                .unwrap()
+                .0;
+                let weights = EncodedWeights::new(&model.tensors, &program).unwrap();
+                for w in &schedule.weights {
+                    let what = format!("{name} {format} fold {fold_norms}: {}", w.tensor);
+                    let told = weights.tensor_len(&w.tensor).expect(&what);
+                    let made = weights.tensor_bytes(&w.tensor).expect(&what).len() as u64;
+                    assert_eq!((told, made), (w.dst.size, w.dst.size), "{what}");
+                }
+            }
+        }
+    }
+}

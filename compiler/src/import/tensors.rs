@@ -582,10 +582,12 @@ impl TensorStore {
     /// How many bytes [`Self::made_bytes`] or [`Self::bytes`] give for `name`, from its
     /// description (nothing made; a transposed name checked to be a matrix's).
     pub fn byte_len(&self, name: &str) -> R<u64> {
-        let info = match layout::transposed_of(name).filter(|_| !self.index.contains_key(name)) {
-            Some(of) => self.matrix(of)?,
-            None => self.entry(name)?.1,
-        };
+        if let Some(of) = layout::transposed_of(name).filter(|_| !self.index.contains_key(name)) {
+            let info = self.matrix(of)?;
+            let (rows, cols) = (info.shape[0], info.shape[1]);
+            return Ok(layout::transposed_bytes(info.dtype, rows, cols) as u64);
+        }
+        let info = self.entry(name)?.1;
         Ok(info.dtype.row_bytes(info.numel()) as u64)
     }
 

@@ -175,11 +175,16 @@ impl<S: Borrow<TensorStore>> TensorBytes for EncodedWeights<S> {
             .map_err(|m| format!("tensor \"{of}\" transposed: {m}"))
     }
 
-    /// A converted tensor's size from its type (a transposed one has its matrix's), without
-    /// converting it.
+    /// A converted tensor's size from its type (a transposed one's rows padded as
+    /// `layout::transpose` pads them), without converting it.
     fn tensor_len(&self, tensor: &str) -> Result<u64, String> {
         match self.retyped_of(tensor) {
-            Some((_, ty, _)) => Ok(ty.bytes() as u64),
+            Some((_, ty, false)) => Ok(ty.bytes() as u64),
+            Some((_, ty, true)) => {
+                let cols = ty.shape.last();
+                let rows = ty.shape.numel() / cols.max(1);
+                Ok(layout::transposed_bytes(ty.dtype, rows, cols) as u64)
+            }
             None => self.store.borrow().tensor_len(tensor),
         }
     }
