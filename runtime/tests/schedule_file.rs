@@ -504,6 +504,26 @@ fn should_hold_one_made_tensor_at_a_time_while_writing() {
     assert!(err.contains("model.layers.3.mlp.experts.weight"), "{err}");
 }
 
+/// The write tells its progress after each tensor (each once: the tied table is stored once),
+/// in order, ending at every weight byte the file holds; and writes the file it writes silently.
+#[test]
+fn should_report_the_weights_written_tensor_by_tensor() {
+    use vkfuse_runtime::session::Progress;
+    let (schedule, weights) = sample();
+    let mut reports: Vec<Progress> = vec![];
+    let mut told = Vec::new();
+    schedule
+        .write_to_reporting(&mut told, &weights, &mut |p| reports.push(p))
+        .expect("write");
+    let mut silent = Vec::new();
+    schedule.write_to(&mut silent, &weights).expect("write");
+    assert!(told == silent);
+    let total = 64 + 100 + 5000;
+    let done: Vec<u64> = reports.iter().map(|p| p.done).collect();
+    assert_eq!(done, [64, 164, total], "{reports:?}");
+    assert!(reports.iter().all(|p| p.total == total), "{reports:?}");
+}
+
 #[test]
 fn should_start_the_weights_and_every_tensor_at_a_multiple_of_4096() {
     let (path, bytes) = sample_file("alignment");

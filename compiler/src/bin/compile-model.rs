@@ -3,12 +3,13 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::{fuse, import, quant, trace};
 use vkfuse_runtime::schedule::BufferRole;
+use vkfuse_runtime::session::Progress;
 
 /// Compile a Hugging Face model (config.json + *.safetensors) into a vkfuse schedule.
 ///
@@ -246,6 +247,52 @@ impl Stages {
     }
 }
 
+/// A long stage's progress on a terminal, after its name (`write      ... 1.23 / 4.50 GB (27%)`,
+/// redrawn at most every 100 ms, the line as it was once done, for [`Stages`] to end with the
+/// stage's time): converting and writing a model of tens of GB takes minutes. Elsewhere (a
+/// log, a pipe) nothing, so that each stage stays one line.
+struct StageProgress {
+    name: &'static str,
+    tty: bool,
+    drawn: Option<Instant>,
+}
+
+impl StageProgress {
+    fn new(name: &'static str) -> StageProgress {
+        StageProgress {
+            name,
+            tty: std::io::stderr().is_terminal(),
+            drawn: None,
+        }
+    }
+
+    fn update(&mut self, p: Progress) {
+        if !self.tty {
+            return;
+        }
+        let name = self.name;
+        if p.done >= p.total {
+            if self.drawn.is_some() {
+                eprint!("\r{name:<10} ...\x1b[K");
+            }
+            return;
+        }
+        if self
+            .drawn
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
+        {
+            return;
+        }
+        eprint!(
+            "\r{name:<10} ... {:.2} / {:.2} GB ({:.0}%)\x1b[K",
+            p.done as f64 / 1e9,
+            p.total as f64 / 1e9,
+            100.0 * p.done as f64 / p.total.max(1) as f64
+        );
+        self.drawn = Some(Instant::now());
+    }
+}
+
 /// Refuses an output that is one of the model's own files (its checkpoint, config or tokenizer:
 /// the schedule would replace the input it was compiled from) or a new checkpoint file beside
 /// them (the next import of the folder would read the schedule as one).
@@ -449,8 +496,9 @@ fn run(args: Args) -> Result<()> {
     let bytes = st.run("write", || {
         let weights = quant::EncodedWeights::new(&model.tensors, &program)
             .context("converting the weights")?;
+        let mut shown = StageProgress::new("write");
         schedule
-            .write_file(path, &weights)
+            .write_file_reporting(path, &weights, &mut |p| shown.update(p))
             .with_context(|| format!("writing {}", path.display()))
     })?;
 

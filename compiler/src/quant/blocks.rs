@@ -132,6 +132,48 @@ pub fn dequantize_q4_0(b: &BlockQ4_0) -> [f32; BLOCK] {
 /// dtypes little-endian, block formats as the module doc says. Block formats need `cols` to be
 /// a multiple of [`BLOCK`]; `x.len()` is a multiple of `cols`.
 pub fn encode(dtype: DType, x: &[f32], cols: usize, out: &mut Vec<u8>) {
+    // Rows are independent: a large tensor's are encoded on every core (converting a model
+    // of tens of GB to a block format is most of its compile).
+    let parts = in_parallel(x, cols, |rows| {
+        let mut part = Vec::new();
+        encode_rows(dtype, rows, cols, &mut part);
+        part
+    });
+    for part in parts {
+        if out.is_empty() {
+            *out = part;
+        } else {
+            out.extend_from_slice(&part);
+        }
+    }
+}
+
+/// Values at which [`encode`] and [`decode`] split a tensor's rows over threads.
+const PARALLEL_VALUES: usize = 1 << 20;
+
+/// `f` of consecutive runs of whole rows of `cols` items of `items`, on as many threads as the
+/// machine has cores where `items` is large (one run otherwise), in order.
+fn in_parallel<T: Sync, R: Send>(items: &[T], cols: usize, f: impl Fn(&[T]) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let rows = items.len() / cols.max(1);
+    if items.len() < PARALLEL_VALUES || threads < 2 || rows < 2 {
+        return vec![f(items)];
+    }
+    let run = rows.div_ceil(threads) * cols;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items
+            .chunks(run)
+            .map(|chunk| s.spawn(|| f(chunk)))
+            .collect();
+        handles
+            .into_iter()
+            // A panicking run panics here as it would have on one thread.
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
+}
+
+fn encode_rows(dtype: DType, x: &[f32], cols: usize, out: &mut Vec<u8>) {
     match dtype {
         DType::F32 => out.extend(x.iter().flat_map(|v| v.to_le_bytes())),
         DType::F16 => out.extend(x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes())),
@@ -168,6 +210,19 @@ fn encode_row(dtype: DType, row: &[f32], out: &mut Vec<u8>) {
 /// The values `bytes` holds in `dtype`'s layout, rows of `cols` (the inverse of [`encode`] for
 /// element dtypes; ggml's dequantisation for the block formats).
 pub fn decode(dtype: DType, bytes: &[u8], cols: usize) -> Vec<f32> {
+    // Split at whole rows (a block format's are its row bytes; an element's, its bytes).
+    let row = match dtype {
+        DType::Q8_0 | DType::Q4_0 => dtype.row_bytes(cols),
+        _ => dtype.size(),
+    };
+    let parts = in_parallel(bytes, row, |rows| decode_rows(dtype, rows, cols));
+    match <[Vec<f32>; 1]>::try_from(parts) {
+        Ok([one]) => one,
+        Err(parts) => parts.concat(),
+    }
+}
+
+fn decode_rows(dtype: DType, bytes: &[u8], cols: usize) -> Vec<f32> {
     match dtype {
         DType::F32 => bytes
             .chunks_exact(4)
@@ -206,6 +261,39 @@ pub fn decode(dtype: DType, bytes: &[u8], cols: usize) -> Vec<f32> {
                 }
             }
             y
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tensor large enough to be split over threads encodes and decodes to the bytes and
+    /// values of one run over all its rows, in every format, appended after what `out` held
+    /// (on a machine of one core both take the one run: then this only checks the append).
+    #[test]
+    fn large_tensors_split_over_threads_give_one_run_s_bytes() {
+        let (rows, cols) = (PARALLEL_VALUES / 64 + 3, 128);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+            .collect();
+        for dtype in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+        ] {
+            let mut one = vec![7u8];
+            encode_rows(dtype, &x, cols, &mut one);
+            let mut split = vec![7u8];
+            encode(dtype, &x, cols, &mut split);
+            assert!(split == one, "{dtype}: encoded differently");
+            assert!(
+                decode(dtype, &split[1..], cols) == decode_rows(dtype, &one[1..], cols),
+                "{dtype}: decoded differently"
+            );
         }
     }
 }

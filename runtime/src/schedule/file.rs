@@ -27,7 +27,7 @@ use super::{
     Alternative, BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta,
     Persistent, Schedule, ScheduleError, Slice, TokenEncoding, WeightUpload,
 };
-use crate::session::TensorBytes;
+use crate::session::{Progress, TensorBytes};
 
 /// The first 8 bytes of every schedule file, in every version.
 pub const MAGIC: [u8; 8] = *b"VKFUSE\0\n";
@@ -481,6 +481,17 @@ impl Schedule {
         out: &mut W,
         weights: &dyn TensorBytes,
     ) -> Result<u64, ScheduleFileError> {
+        self.write_to_reporting(out, weights, &mut |_| {})
+    }
+
+    /// [`Self::write_to`], telling `progress` after each tensor how many of the weights' bytes
+    /// are written (a large model's conversion and write take minutes).
+    pub fn write_to_reporting<W: Write + ?Sized>(
+        &self,
+        out: &mut W,
+        weights: &dyn TensorBytes,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<u64, ScheduleFileError> {
         self.validate().map_err(ScheduleFileError::Unwritable)?;
         let tensors = tensor_table(self)?;
         let weight_err = |t: &TensorEntry, message| ScheduleFileError::Weight {
@@ -523,6 +534,10 @@ impl Schedule {
         w(out.write_all(&ZEROS[..(weights_offset - meta_end) as usize]))?;
         let mut crc = crc32::Crc32::new();
         let mut at = 0u64;
+        let mut done = Progress {
+            done: 0,
+            total: tensors.iter().map(|t| t.len).sum(),
+        };
         for (t, &offset) in tensors.iter().zip(&relative) {
             // The length the source told is the length it gives (the offsets depend on it).
             let bytes = weights
@@ -534,6 +549,8 @@ impl Schedule {
             crc.update(&bytes);
             w(out.write_all(&bytes))?;
             at = offset + t.len;
+            done.done += t.len;
+            progress(done);
         }
         let mut trailer = [0u8; TRAILER_LEN as usize];
         trailer[0..4].copy_from_slice(&crc.finish().to_le_bytes());
@@ -552,6 +569,16 @@ impl Schedule {
         path: impl AsRef<Path>,
         weights: &dyn TensorBytes,
     ) -> Result<u64, ScheduleFileError> {
+        self.write_file_reporting(path, weights, &mut |_| {})
+    }
+
+    /// [`Self::write_file`], telling `progress` as [`Self::write_to_reporting`] does.
+    pub fn write_file_reporting(
+        &self,
+        path: impl AsRef<Path>,
+        weights: &dyn TensorBytes,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<u64, ScheduleFileError> {
         let given = path.as_ref();
         let target = output_target(given)?;
         let path = target.as_path();
@@ -563,13 +590,15 @@ impl Schedule {
         // Named by the path asked for: the partial file is ours, not the user's.
         let file = File::create(&partial).map_err(|e| io_err(given, e))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
-        let result = self.write_to(&mut out, weights).and_then(|n| {
-            out.into_inner()
-                .map_err(|e| e.into_error())
-                .and_then(|_file| std::fs::rename(&partial, path))
-                .map_err(ScheduleFileError::Write)?;
-            Ok(n)
-        });
+        let result = self
+            .write_to_reporting(&mut out, weights, progress)
+            .and_then(|n| {
+                out.into_inner()
+                    .map_err(|e| e.into_error())
+                    .and_then(|_file| std::fs::rename(&partial, path))
+                    .map_err(ScheduleFileError::Write)?;
+                Ok(n)
+            });
         match result {
             Ok(n) => Ok(n),
             Err(e) => {

@@ -127,12 +127,12 @@ pub struct StepOutput {
     pub next_token: u32,
 }
 
-/// Weight upload progress: bytes uploaded so far of the total.
+/// Progress of the weights' upload (or of a schedule file's write): bytes done of the total.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Progress {
-    /// Bytes uploaded so far.
+    /// Bytes uploaded (written) so far.
     pub done: u64,
-    /// Bytes to upload.
+    /// Bytes to upload (write).
     pub total: u64,
 }
 
