@@ -152,3 +152,40 @@ fn fused_matches_transformers_qwen3_next_in_parts() {
     assert!(steps.clone().count() > 0 && steps.clone().all(|k| k.label.contains("parts=4")));
     check(FIXTURES[3], false, &opts);
 }
+
+/// The experts routed once a step by the router's workgroup, as models of more than
+/// `OWN_ROUTING_MAX` experts are (Qwen3-Next-80B's 512; the fixture's 8 take each workgroup's
+/// own pick by default): the expert kernels read its indices and weights, and the fused
+/// schedule still matches transformers.
+#[test]
+fn fused_matches_transformers_qwen3_next_routed_once() {
+    let opts = FuseOptions {
+        own_routing_max: Some(0),
+        ..FuseOptions::default()
+    };
+    let (_, schedule, _) = fused_schedule_with(FIXTURES[3], &opts);
+    let routers = schedule
+        .dispatches
+        .iter()
+        .filter(|d| d.label.starts_with("router:"))
+        .count();
+    let experts: Vec<&str> = schedule
+        .dispatches
+        .iter()
+        .filter(|d| d.label.starts_with("experts "))
+        .map(|d| d.label.as_str())
+        .collect();
+    assert!(routers > 0 && experts.len() == 2 * routers, "{experts:?}");
+    assert!(
+        experts
+            .iter()
+            .all(|l| !l.contains("routed in each workgroup")),
+        "{experts:?}"
+    );
+    let (_, default, _) = fused_schedule_with(FIXTURES[3], &FuseOptions::default());
+    assert!(default
+        .dispatches
+        .iter()
+        .all(|d| !d.label.starts_with("router:")));
+    check(FIXTURES[3], false, &opts);
+}

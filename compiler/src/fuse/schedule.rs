@@ -17,7 +17,7 @@ use super::persistent::{self, MatvecKernels};
 use super::prefetch::{self, Prefetch};
 use super::program::{FusedUnit, KernelKind, ProgramError, Saturation, UValue};
 use super::report::FusionReport;
-use super::rules::rules;
+use super::rules::{experts, rules_routing_own};
 use super::unit::{LeafRef, Unit};
 use super::zeros;
 use crate::import::layout;
@@ -90,6 +90,10 @@ pub struct FuseOptions {
     /// --dots`, f16 by default where the weights are q8_0/q4_0). Off here, so that a
     /// schedule's kernels dequantise exactly as the CPU reference does unless asked.
     pub f16_dots: bool,
+    /// The most experts every expert workgroup picks its own among; more are picked once a
+    /// step by the router's workgroup, a level before them. `None`: `VKFUSE_OWN_ROUTING_MAX`
+    /// or [`experts::OWN_ROUTING_MAX`] (64: Qwen3-Next-80B's 512 are routed once).
+    pub own_routing_max: Option<usize>,
 }
 
 impl Default for FuseOptions {
@@ -111,6 +115,7 @@ impl Default for FuseOptions {
             argmax_in_matvec: true,
             ablate: vec![],
             f16_dots: false,
+            own_routing_max: None,
         }
     }
 }
@@ -152,7 +157,7 @@ fn saturate(unit: &mut Unit, opts: &FuseOptions) -> Saturation {
         .with_time_limit(opts.time_limit)
         .with_scheduler(SimpleScheduler)
         .run(
-            &rules()
+            &rules_routing_own(experts::own_routing_max(opts.own_routing_max))
                 .into_iter()
                 .filter(|r| opts.chain || !r.name.as_str().starts_with("chain-"))
                 .filter(|r| opts.argmax_in_matvec || r.name.as_str() != "argmax-in-matvec")

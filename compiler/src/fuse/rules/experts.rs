@@ -2,7 +2,8 @@
 //! its routing weight and summed over the experts, become one kernel: every workgroup walks the
 //! chosen experts (indices read on the device) for its rows, adding in expert order as the
 //! unfused sum does. Expert kernels fed by the router kernel then route for themselves from
-//! its logits (`route_pick.glsl`), so that the router's single-workgroup level goes.
+//! its logits (`route_pick.glsl`), so that the router's single-workgroup level goes, where the
+//! experts are few ([`OWN_ROUTING_MAX`]).
 
 use super::{append_extra, fits_as_extra, other, var, Rule};
 use crate::fuse::lang::{FuseAnalysis, FuseGraph, FuseLang};
@@ -14,8 +15,9 @@ const GLU: &str = "expert-swiglu";
 const FOLD: &str = "fold-add-into-expert-sum";
 const FOLD_LEFT: &str = "fold-add-into-expert-sum-left";
 
-/// The rules of this family.
-pub fn rules() -> Vec<Rule> {
+/// The rules of this family, the expert kernels routing for themselves among at most
+/// `own_max` experts.
+pub fn rules(own_max: usize) -> Vec<Rule> {
     let p: Pattern<FuseLang> = "(mul ?d (reshape ?wts ?shape))"
         .parse()
         .expect("a valid pattern");
@@ -30,12 +32,14 @@ pub fn rules() -> Vec<Rule> {
         // expert_glu(wg, wu, route_ids(route(l, s)), x) == expert_glu_routed(wg, wu, l, s, x)
         rewrite!("route-in-expert-glu";
             "(expert_glu ?wg ?wu (route_ids (route ?l ?s)) ?x)"
-            => "(expert_glu_routed ?wg ?wu ?l ?s ?x)"),
+            => "(expert_glu_routed ?wg ?wu ?l ?s ?x)"
+            if few_experts("route-in-expert-glu", "?l", own_max)),
         // expert_sum(w, route_ids(r), x, out(r)) == expert_sum_routed(acc, w, l, s, x, []) with
         // r = route(l, s): the indices and the weights of one router
         rewrite!("route-in-expert-sum";
             "(expert_sum ?w (route_ids (route ?l ?s)) ?x (out (route ?l ?s)))"
-            => "(expert_sum_routed acc ?w ?l ?s ?x nil)"),
+            => "(expert_sum_routed acc ?w ?l ?s ?x nil)"
+            if few_experts("route-in-expert-sum", "?l", own_max)),
         // add(r, expert_sum_routed(e, .., [i..])) == expert_sum_routed(add(inK, e), .., [i.., r]):
         // the shared expert's output and the residual added as the sums are written
         Rewrite::new(
@@ -56,6 +60,46 @@ pub fn rules() -> Vec<Rule> {
         )
         .expect("valid rule"),
     ]
+}
+
+/// The most experts that every expert workgroup picks its own among (`route_pick.glsl`); with
+/// more, the router's one workgroup picks them once a step and the expert kernels read its
+/// indices and weights, a level more. Each workgroup's pick costs it about 3 µs at 64 experts
+/// (where the level it saves is worth more: qwen3-next-small +15% in session 46), but at
+/// Qwen3-Next-80B's 512 experts, top 10, the expert levels took ~40 and ~48 µs a layer against
+/// a few µs of weights: routed once, `qwen3-next-80b-4l` q4_0 went from 1928 to 2828 tokens/s
+/// on an H200 (docs/perf.md, session 49). `VKFUSE_OWN_ROUTING_MAX=n` (read at compile time)
+/// moves the bound, the A/B knob of that measurement ([`own_routing_max`]).
+pub const OWN_ROUTING_MAX: usize = 64;
+
+/// The bound asked for (`FuseOptions::own_routing_max`), else `VKFUSE_OWN_ROUTING_MAX`, else
+/// [`OWN_ROUTING_MAX`].
+pub fn own_routing_max(asked: Option<usize>) -> usize {
+    asked
+        .or_else(|| crate::kernels::knob("VKFUSE_OWN_ROUTING_MAX").map(|m| m as usize))
+        .unwrap_or(OWN_ROUTING_MAX)
+}
+
+/// Whether router logits `l` are at most `max`, few enough for each expert workgroup to pick
+/// from them.
+fn few_experts(
+    rule: &'static str,
+    l: &str,
+    max: usize,
+) -> impl Fn(&mut FuseGraph, Id, &Subst) -> bool {
+    let l: egg::Var = l.parse().unwrap();
+    move |g, _, s| {
+        let n = g[s[l]].data.ty.as_ref().map_or(0, |t| t.shape.numel());
+        let ok = n <= max;
+        if !ok {
+            g.analysis.refuse(
+                rule,
+                "too many experts for every workgroup to route among",
+                vec![s[l]],
+            );
+        }
+        ok
+    }
 }
 
 /// The applier of `weighted-expert-sum`.

@@ -21,8 +21,14 @@ use egg::{Id, Rewrite, Symbol};
 
 pub type Rule = Rewrite<FuseLang, FuseAnalysis>;
 
-/// Every rule, family by family.
+/// Every rule, family by family (expert kernels routing for themselves as by default:
+/// [`experts::own_routing_max`]).
 pub fn rules() -> Vec<Rule> {
+    rules_routing_own(experts::own_routing_max(None))
+}
+
+/// Every rule, the expert kernels routing for themselves among at most `own_max` experts.
+pub fn rules_routing_own(own_max: usize) -> Vec<Rule> {
     let mut r = norm_matvec::rules();
     r.extend(horizontal::rules());
     r.extend(epilogue::rules());
@@ -32,7 +38,7 @@ pub fn rules() -> Vec<Rule> {
     r.extend(state::rules());
     r.extend(linear_attention::rules());
     r.extend(route::rules());
-    r.extend(experts::rules());
+    r.extend(experts::rules(own_max));
     r.extend(chain::rules());
     r
 }
