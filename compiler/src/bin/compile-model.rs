@@ -266,15 +266,20 @@ impl StageProgress {
         }
     }
 
+    /// The stage's line as it was before any progress, where some was drawn.
+    fn clear(&mut self) {
+        if self.drawn.take().is_some() {
+            eprint!("\r{:<10} ...\x1b[K", self.name);
+        }
+    }
+
     fn update(&mut self, p: Progress) {
         if !self.tty {
             return;
         }
         let name = self.name;
         if p.done >= p.total {
-            if self.drawn.is_some() {
-                eprint!("\r{name:<10} ...\x1b[K");
-            }
+            self.clear();
             return;
         }
         if self
@@ -497,9 +502,11 @@ fn run(args: Args) -> Result<()> {
         let weights = quant::EncodedWeights::new(&model.tensors, &program)
             .context("converting the weights")?;
         let mut shown = StageProgress::new("write");
-        schedule
-            .write_file_reporting(path, &weights, &mut |p| shown.update(p))
-            .with_context(|| format!("writing {}", path.display()))
+        let written = schedule.write_file_reporting(path, &weights, &mut |p| shown.update(p));
+        if written.is_err() {
+            shown.clear();
+        }
+        written.with_context(|| format!("writing {}", path.display()))
     })?;
 
     let templates: Vec<String> = segmentation

@@ -1277,9 +1277,11 @@ pub fn gdn(spec: &GdnSpec) -> Generated {
         .chain(&spec.beta_inputs)
         .copied()
         .collect();
+    // (A role names bindings below 16: a gate input past them is read from its binding.)
     let word_gates: Vec<usize> = (0..dtypes.len())
         .filter(|&k| {
-            dtypes[k] == DType::F32
+            6 + k < 16
+                && dtypes[k] == DType::F32
                 && matches!(l.gate_inputs.get(k), Some(GateIndex::Columns { .. }))
         })
         .collect();

@@ -156,7 +156,7 @@ const PARALLEL_VALUES: usize = 1 << 20;
 fn in_parallel<T: Sync, R: Send>(items: &[T], cols: usize, f: impl Fn(&[T]) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let rows = items.len() / cols.max(1);
-    if items.len() < PARALLEL_VALUES || threads < 2 || rows < 2 {
+    if items.len() < PARALLEL_VALUES || threads < 2 || rows < 2 || cols == 0 {
         return vec![f(items)];
     }
     let run = rows.div_ceil(threads) * cols;

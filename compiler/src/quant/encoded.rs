@@ -78,6 +78,23 @@ impl<S: Borrow<TensorStore>> EncodedWeights<S> {
                 }
             }
             if stored != ty.dtype {
+                // What the block formats' encoding asserts, refused before a byte is written.
+                if ty.dtype.is_quantized() && !ty.shape.last().is_multiple_of(DType::BLOCK) {
+                    let file = tensors
+                        .get(name)
+                        .map(|i| i.file.clone())
+                        .unwrap_or_default();
+                    return Err(ImportError::Inconsistent {
+                        file,
+                        message: format!(
+                            "tensor \"{name}\" of {:?} cannot take {}: its rows are no whole \
+                             blocks of {}",
+                            ty.shape.dims(),
+                            ty.dtype,
+                            DType::BLOCK
+                        ),
+                    });
+                }
                 retyped.insert(name.clone(), ty.clone());
             }
         }
