@@ -1278,7 +1278,7 @@ pub fn gdn(spec: &GdnSpec) -> Generated {
         .copied()
         .collect();
     // (A role names bindings below 16: a gate input past them is read from its binding.)
-    let word_gates: Vec<usize> = (0..dtypes.len())
+    let mut word_gates: Vec<usize> = (0..dtypes.len())
         .filter(|&k| {
             6 + k < 16
                 && dtypes[k] == DType::F32
@@ -1291,12 +1291,13 @@ pub fn gdn(spec: &GdnSpec) -> Generated {
         for &k in &word_gates {
             role |= 1 << (6 + k);
         }
+    } else {
+        word_gates.clear();
     }
     let _ = writeln!(s, "#define HANDOFF_ROLE 0x{role:08x}u");
     s += "#include \"common.glsl\"\n#include \"fused_epilogue.glsl\"\n#include \"handoff.glsl\"\n";
     let mut binding = 6;
     let mut maps = l.gate_inputs.iter();
-    let mut input = 0;
     for (name, epi, inputs) in [
         ("g", &spec.g, &spec.g_inputs),
         ("beta", &spec.beta, &spec.beta_inputs),
@@ -1313,9 +1314,10 @@ pub fn gdn(spec: &GdnSpec) -> Generated {
                 _ => "(row)".to_string(),
             };
             let load = format!("LOAD({}, {name}{k}, {index})", dtype_code(*dt));
-            match word_gates.iter().position(|&w| w == input) {
-                // Slot 1 + its place among the word inputs (binding 3's x is slot 0).
-                Some(p) if role & (1 << 3) != 0 => {
+            // Gate input `binding - 6`: slot 1 + its place among the word inputs (binding 3's
+            // x is slot 0).
+            match word_gates.iter().position(|&w| w + 6 == binding) {
+                Some(p) => {
                     let _ = writeln!(
                         s,
                         "#define IN{k}(row) (handoff_reading() ? handoff_load({}u, {index}) : {load})",
@@ -1327,7 +1329,6 @@ pub fn gdn(spec: &GdnSpec) -> Generated {
                 }
             }
             binding += 1;
-            input += 1;
         }
         let _ = writeln!(
             s,

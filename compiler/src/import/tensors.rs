@@ -527,11 +527,7 @@ impl TensorStore {
     /// ([`layout::folded`]).
     fn fold(&self, name: &str, matrix: &str, norm: &str) -> R<&[u8]> {
         let (_, info) = self.entry(name)?;
-        let make = || {
-            let scale = self.to_f32(norm).map_err(|e| e.to_string())?;
-            let bytes = self.bytes(matrix).map_err(|e| e.to_string())?;
-            layout::fold_columns(bytes, info.dtype, info.shape[0], info.shape[1], &scale)
-        };
+        let make = || self.fold_columns(info, matrix, norm);
         let inconsistent = |message| ImportError::Inconsistent {
             file: info.file.clone(),
             message,
@@ -549,6 +545,14 @@ impl TensorStore {
         }
     }
 
+    /// Matrix `matrix` (described by `info`) with norm weight `norm` folded into its columns,
+    /// or why not.
+    fn fold_columns(&self, info: &TensorInfo, matrix: &str, norm: &str) -> Result<Vec<u8>, String> {
+        let scale = self.to_f32(norm).map_err(|e| e.to_string())?;
+        let bytes = self.bytes(matrix).map_err(|e| e.to_string())?;
+        layout::fold_columns(bytes, info.dtype, info.shape[0], info.shape[1], &scale)
+    }
+
     /// The bytes of a name the store computes, a matrix transposed or folded with a norm
     /// weight ([`super::layout`]), made now and not kept: what a schedule's writer and uploads
     /// read (`TensorBytes`), one tensor at a time, so that compiling a model holds none of its
@@ -562,21 +566,13 @@ impl TensorStore {
             return Some(self.transposed(of));
         }
         let (matrix, norm) = layout::folded_of(name)?;
-        Some((|| {
-            let (_, info) = self.entry(name)?;
-            let scale = self.to_f32(norm)?;
-            layout::fold_columns(
-                self.bytes(matrix)?,
-                info.dtype,
-                info.shape[0],
-                info.shape[1],
-                &scale,
-            )
-            .map_err(|m| ImportError::Inconsistent {
-                file: info.file.clone(),
-                message: format!("tensor \"{matrix}\" folded: {m}"),
-            })
-        })())
+        Some(self.entry(name).and_then(|(_, info)| {
+            self.fold_columns(info, matrix, norm)
+                .map_err(|m| ImportError::Inconsistent {
+                    file: info.file.clone(),
+                    message: format!("tensor \"{matrix}\" folded: {m}"),
+                })
+        }))
     }
 
     /// How many bytes [`Self::made_bytes`] or [`Self::bytes`] give for `name`, from its

@@ -36,7 +36,9 @@ impl<S: Borrow<TensorStore>> EncodedWeights<S> {
     /// The weights of `program` over `store`: every `weight` whose type differs from the
     /// checkpoint's dtype, and every expert matrix of a `weight_stack` that does, is converted
     /// when read. Checked here, before any is read: every matrix is in the checkpoint with its
-    /// shape, every source tensor holds finite values, and every converted one a float dtype.
+    /// shape (in a readable float dtype: `TensorStore::expect`) and every source tensor holds
+    /// finite values; a retyped weight's rows are whole blocks where its format needs them
+    /// (`Program::verify`).
     pub fn new(store: S, program: &Program) -> Result<Self, ImportError> {
         let mut retyped = HashMap::new();
         let mut checked: HashSet<String> = HashSet::new();
@@ -64,37 +66,16 @@ impl<S: Borrow<TensorStore>> EncodedWeights<S> {
         for (name, ty) in &matrices {
             let stored = tensors.expect(name, ty.shape.dims())?.dtype;
             // The checkpoint's own tensors, each once: a derived name's bytes (a transposed or
-            // folded copy, which the store would make and keep) hold the same values.
+            // folded copy, which the store makes) hold the same values.
             for source in layout::sources(name) {
                 if let Some(info) = tensors
                     .get(source)
                     .filter(|_| checked.insert(source.to_string()))
                 {
                     check_finite(source, info, tensors.bytes(source)?)?;
-                    if stored != ty.dtype && !info.dtype.is_float() {
-                        // What `to_f32` refuses, refused before a byte is written.
-                        tensors.to_f32(source)?;
-                    }
                 }
             }
             if stored != ty.dtype {
-                // What the block formats' encoding asserts, refused before a byte is written.
-                if ty.dtype.is_quantized() && !ty.shape.last().is_multiple_of(DType::BLOCK) {
-                    let file = tensors
-                        .get(name)
-                        .map(|i| i.file.clone())
-                        .unwrap_or_default();
-                    return Err(ImportError::Inconsistent {
-                        file,
-                        message: format!(
-                            "tensor \"{name}\" of {:?} cannot take {}: its rows are no whole \
-                             blocks of {}",
-                            ty.shape.dims(),
-                            ty.dtype,
-                            DType::BLOCK
-                        ),
-                    });
-                }
                 retyped.insert(name.clone(), ty.clone());
             }
         }
