@@ -182,7 +182,16 @@ fn check(logits: &[f32], k: usize) {
 
 /// `n` logits, quarters in [-2, 2), and a top-k of 1..=min(n, 10).
 fn case() -> impl Strategy<Value = (Vec<f32>, usize)> {
-    prop_oneof![Just(4usize), Just(8), Just(33), Just(64), Just(130)].prop_flat_map(|n| {
+    prop_oneof![
+        Just(4usize),
+        Just(8),
+        Just(33),
+        Just(64),
+        Just(130),
+        Just(300),
+        Just(512)
+    ]
+    .prop_flat_map(|n| {
         (
             proptest::collection::vec((-8i32..8).prop_map(|q| q as f32 / 4.0), n),
             1..=n.min(10),
@@ -209,8 +218,26 @@ fn equal_logits_pick_the_lowest_indices() {
     check(&logits, 3);
 }
 
+/// The picks at the edges of the tournament's shares (route_pick.glsl: 16 shares of 32 of 512
+/// logits, of 19 of 300), at the first and last logit, and beyond the first share's K.
+#[test]
+fn picks_at_every_share_edge() {
+    for (n, high) in [
+        (512, &[0usize, 31, 32, 63, 64, 255, 256, 480, 510, 511][..]),
+        (300, &[0, 18, 19, 37, 38, 150, 284, 285, 298, 299][..]),
+        (512, &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9][..]),
+        (512, &[502, 503, 504, 505, 506, 507, 508, 509, 510, 511][..]),
+    ] {
+        let mut logits: Vec<f32> = (0..n).map(|i| noise(i, 7) - 1.5).collect();
+        for (r, &i) in high.iter().enumerate() {
+            logits[i] = 2.0 - r as f32 / 8.0;
+        }
+        check(&logits, 10);
+    }
+}
+
 /// The router kernel's raw output (weights' bits, then the ids) with `route_pick.glsl`'s rank
-/// path or its rounds forced (`ROUTE_RANK_BUDGET`).
+/// path or its tournament forced (`ROUTE_RANK_BUDGET`).
 fn route_words(device: &Device, logits: &[f32], k: usize, rank: bool) -> Vec<u32> {
     let spec = RouteSpec { n: logits.len(), k };
     let mut gen = codegen::route(&spec);
@@ -237,19 +264,19 @@ fn route_words(device: &Device, logits: &[f32], k: usize, rank: bool) -> Vec<u32
 
 /// Both ways to the picks give the same bits, the CPU's experts, at the sizes each serves by
 /// default: Qwen3-Next-small's 64 experts (rank on 32-wide subgroups) and Qwen3-Next's 512 top-10
-/// (rounds), with ties.
+/// (tournament), with ties.
 #[test]
-fn rank_and_rounds_agree_bit_for_bit() {
+fn rank_and_tournament_agree_bit_for_bit() {
     let (device, log) = common::validated_device();
     for (n, k, seed) in [(64, 8, 11), (512, 10, 12), (130, 10, 13)] {
         let logits: Vec<f32> = (0..n)
             .map(|i| (noise(i, seed) * 8.0).round() / 4.0)
             .collect();
         let ranked = route_words(&device, &logits, k, true);
-        let rounds = route_words(&device, &logits, k, false);
+        let tournament = route_words(&device, &logits, k, false);
         assert_eq!(
-            ranked, rounds,
-            "{n} logits, top {k}: rank and rounds differ"
+            ranked, tournament,
+            "{n} logits, top {k}: rank and tournament differ"
         );
         let (ids, _) = cpu_route(&logits, k);
         assert_eq!(

@@ -1382,8 +1382,10 @@ pub fn route(spec: &RouteSpec) -> Generated {
         spec.k, spec.n
     );
     s += "#include \"common.glsl\"\n#include \"fused_route.glsl\"\n";
-    // One subgroup routes (route_pick.glsl); the others only write the result out.
-    let wg = 32;
+    // One subgroup ranks the logits where it can; past that (Qwen3-Next's 512) the workgroup's
+    // subgroups pick in a tournament, 32 logits each on a 32-wide device (route_pick.glsl). A
+    // multiple of 64, so that no subgroup of a 64-wide device is partly filled.
+    let wg = u(spec.n.next_multiple_of(64).clamp(64, 512));
     Generated {
         label: format!("fused_route[n={},k={}]", spec.n, spec.k),
         source: s,
