@@ -182,6 +182,14 @@ fn fused_matches_transformers_qwen3_next_routed_once() {
             .all(|l| !l.contains("routed in each workgroup")),
         "{experts:?}"
     );
+    // The sums add the shared expert's output and the residual as they are written
+    // (`fold-add-into-read-expert-sum`), so that the shared expert's down runs beside them.
+    let sums = experts.iter().filter(|l| l.contains("weighted and summed"));
+    assert!(
+        sums.clone().count() == routers
+            && sums.clone().all(|l| l.contains("add(in1, add(acc, in0))")),
+        "{experts:?}"
+    );
     let (_, default, _) = fused_schedule_with(FIXTURES[3], &FuseOptions::default());
     assert!(default
         .dispatches

@@ -231,6 +231,15 @@ pub fn node_bytes(g: &FuseGraph, class: Id, node: &FuseLang, dev: &DeviceCost) -
         ExpertSumRouted([_, w, l, _, x, ins]) => {
             ty_bytes(g, *w) + ty_bytes(g, *l) + ty_bytes(g, *x) + list_bytes(g, *ins) + out
         }
+        // The stack, the indices, the input rows, the weights and the extra inputs.
+        ExpertSumEpi([_, w, idx, x, wts, ins]) => {
+            ty_bytes(g, *w)
+                + ty_bytes(g, *idx)
+                + ty_bytes(g, *x)
+                + ty_bytes(g, *wts)
+                + list_bytes(g, *ins)
+                + out
+        }
         Ewk([_, ins]) => list_bytes(g, *ins) + out,
         UpdateInPlace([st, _, k, v, gg, b]) => {
             2.0 * ty_bytes(g, *st)

@@ -154,6 +154,9 @@ define_language! {
         // r = (route logits shape) and the row's extra inputs, each workgroup routing for
         // itself from the logits
         "expert_sum_routed" = ExpertSumRouted([Id; 6]),
+        // (expert_sum_epi epi w idx x wts extras): `epi` over (expert_sum w idx x wts), the
+        // indices and weights read from a router kernel, and the row's extra inputs
+        "expert_sum_epi" = ExpertSumEpi([Id; 6]),
         // (mvchain e2 w2 e1 w1 x prologue extras2): (mvk e2 w2 (mvk e1 w1 x prologue nil)
         // nonorm extras2) in one kernel: the inner rows split over workgroups, each adding its
         // share of every outer row into the output (float atomics; `fused_chain.glsl`)
@@ -239,6 +242,7 @@ impl FuseLang {
                 | FuseLang::ExpertGlu(_)
                 | FuseLang::ExpertGluRouted(_)
                 | FuseLang::ExpertSumRouted(_)
+                | FuseLang::ExpertSumEpi(_)
                 | FuseLang::MvChain(_)
         )
     }
@@ -646,7 +650,7 @@ impl Analysis<FuseLang> for FuseAnalysis {
                     _ => None,
                 }
             }
-            ExpertSumRouted([_, w, ..]) => {
+            ExpertSumRouted([_, w, ..]) | ExpertSumEpi([_, w, ..]) => {
                 facts.ty = ty(w).and_then(|t| f32_of(vec![t.shape.dims()[1]]))
             }
             ExpertGluRouted([w, _, _, shape, _]) => {

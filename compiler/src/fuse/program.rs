@@ -763,20 +763,13 @@ impl Builder<'_> {
             ExpertSumRouted([e, w, logits, _, x, extras]) => {
                 let n = self.ty(*logits)?.shape.numel();
                 let k = self.ty(*x)?.shape.dims()[0];
-                let mut spec = self.expert_spec(*w, k, Routing::Own { n })?;
-                spec.epi = self.epi(*e)?;
-                let mut inputs = vec![];
-                for i in [w, logits, x] {
-                    inputs.push(self.value(*i)?);
-                }
-                let items = list_items(self.g, *extras).ok_or_else(|| self.err("bad inputs"))?;
-                for it in items {
-                    let (extra, v) = self.extra_input(it, spec.o)?;
-                    spec.extras.push(extra);
-                    inputs.push(v);
-                }
-                let generated = codegen::expert_sum(&spec);
-                self.expert_out(c, KernelKind::ExpertSum(spec), inputs, generated)?
+                let spec = self.expert_spec(*w, k, Routing::Own { n })?;
+                self.expert_sum_epi(c, spec, *e, &[*w, *logits, *x], *extras)?
+            }
+            ExpertSumEpi([e, w, idx, x, wts, extras]) => {
+                let k = self.ty(*idx)?.shape.numel();
+                let spec = self.expert_spec(*w, k, Routing::Read)?;
+                self.expert_sum_epi(c, spec, *e, &[*w, *idx, *x, *wts], *extras)?
             }
             ExpertGlu([wg, wu, idx, x]) => {
                 let k = self.ty(*idx)?.shape.numel();
@@ -921,6 +914,31 @@ impl Builder<'_> {
             epi: Epi::Acc,
             extras: vec![],
         })
+    }
+
+    /// The weighted expert sum of `spec` writing class `c`'s value through epilogue `e`: its own
+    /// inputs `own` (in binding order), then the extra inputs of list `extras`.
+    fn expert_sum_epi(
+        &mut self,
+        c: Id,
+        mut spec: ExpertSpec,
+        e: Id,
+        own: &[Id],
+        extras: Id,
+    ) -> Result<usize, ProgramError> {
+        spec.epi = self.epi(e)?;
+        let mut inputs = vec![];
+        for &i in own {
+            inputs.push(self.value(i)?);
+        }
+        let items = list_items(self.g, extras).ok_or_else(|| self.err("bad inputs"))?;
+        for it in items {
+            let (extra, v) = self.extra_input(it, spec.o)?;
+            spec.extras.push(extra);
+            inputs.push(v);
+        }
+        let generated = codegen::expert_sum(&spec);
+        self.expert_out(c, KernelKind::ExpertSum(spec), inputs, generated)
     }
 
     /// An expert kernel writing class `c`'s value.

@@ -14,6 +14,10 @@ const RULE: &str = "weighted-expert-sum";
 const GLU: &str = "expert-swiglu";
 const FOLD: &str = "fold-add-into-expert-sum";
 const FOLD_LEFT: &str = "fold-add-into-expert-sum-left";
+const FOLD_READ: &str = "fold-add-into-read-expert-sum";
+const FOLD_READ_LEFT: &str = "fold-add-into-read-expert-sum-left";
+const FOLD_MORE: &str = "fold-another-add-into-read-expert-sum";
+const FOLD_MORE_LEFT: &str = "fold-another-add-into-read-expert-sum-left";
 
 /// The rules of this family, the expert kernels routing for themselves among at most
 /// `own_max` experts.
@@ -42,24 +46,68 @@ pub fn rules(own_max: usize) -> Vec<Rule> {
             if few_experts("route-in-expert-sum", "?l", own_max)),
         // add(r, expert_sum_routed(e, .., [i..])) == expert_sum_routed(add(inK, e), .., [i.., r]):
         // the shared expert's output and the residual added as the sums are written
-        Rewrite::new(
+        fold(
             FOLD,
-            "(add ?r (expert_sum_routed ?e ?w ?l ?s ?x ?i))"
-                .parse::<Pattern<FuseLang>>()
-                .expect("a valid pattern"),
-            FoldAdd { kernel_left: false },
-        )
-        .expect("valid rule"),
+            "(add ?r (expert_sum_routed ?e ?w ?a ?b ?c ?i))",
+            Sum::Routed,
+            false,
+        ),
         // add(expert_sum_routed(e, .., [i..]), r) == expert_sum_routed(add(e, inK), .., [i.., r])
-        Rewrite::new(
+        fold(
             FOLD_LEFT,
-            "(add (expert_sum_routed ?e ?w ?l ?s ?x ?i) ?r)"
-                .parse::<Pattern<FuseLang>>()
-                .expect("a valid pattern"),
-            FoldAdd { kernel_left: true },
-        )
-        .expect("valid rule"),
+            "(add (expert_sum_routed ?e ?w ?a ?b ?c ?i) ?r)",
+            Sum::Routed,
+            true,
+        ),
+        // The same where the sum reads a router kernel's indices and weights (more experts than
+        // OWN_ROUTING_MAX), so that the shared expert's down runs beside the experts there too:
+        // add(r, expert_sum(w, idx, x, wts)) == expert_sum_epi(add(in0, acc), w, idx, x, wts, [r])
+        fold(
+            FOLD_READ,
+            "(add ?r (expert_sum ?w ?a ?b ?c))",
+            Sum::Read,
+            false,
+        ),
+        // add(expert_sum(w, idx, x, wts), r) == expert_sum_epi(add(acc, in0), w, idx, x, wts, [r])
+        fold(
+            FOLD_READ_LEFT,
+            "(add (expert_sum ?w ?a ?b ?c) ?r)",
+            Sum::Read,
+            true,
+        ),
+        // add(r, expert_sum_epi(e, .., [i..])) == expert_sum_epi(add(inK, e), .., [i.., r])
+        fold(
+            FOLD_MORE,
+            "(add ?r (expert_sum_epi ?e ?w ?a ?b ?c ?i))",
+            Sum::Epi,
+            false,
+        ),
+        // add(expert_sum_epi(e, .., [i..]), r) == expert_sum_epi(add(e, inK), .., [i.., r])
+        fold(
+            FOLD_MORE_LEFT,
+            "(add (expert_sum_epi ?e ?w ?a ?b ?c ?i) ?r)",
+            Sum::Epi,
+            true,
+        ),
     ]
+}
+
+/// A `fold-add-into-*` rule of `pattern` (the addend `?r`; the sum's weights `?w`, its next
+/// three children `?a ?b ?c`, and where it has them its epilogue `?e` and extras `?i`).
+fn fold(name: &'static str, pattern: &str, sum: Sum, kernel_left: bool) -> Rule {
+    let pattern = pattern
+        .parse::<Pattern<FuseLang>>()
+        .expect("a valid pattern");
+    Rewrite::new(
+        name,
+        pattern,
+        FoldAdd {
+            name,
+            sum,
+            kernel_left,
+        },
+    )
+    .expect("valid rule")
 }
 
 /// The most experts that every expert workgroup picks its own among (`route_pick.glsl`); with
@@ -191,9 +239,22 @@ impl Applier<FuseLang, FuseAnalysis> for SwiGlu {
     }
 }
 
-/// The applier of the `fold-add-into-expert-sum` rules: an addend that fits as an extra input
-/// (`fits_as_extra`) becomes the routed sum kernel's next extra input.
+/// The weighted sum a `fold-add-into-*` rule adds into.
+#[derive(Clone, Copy)]
+enum Sum {
+    /// `expert_sum_routed`: routing for itself, with an epilogue and extras.
+    Routed,
+    /// `expert_sum`: reading a router kernel's indices and weights, no epilogue yet.
+    Read,
+    /// `expert_sum_epi`: `expert_sum` with an epilogue and extras.
+    Epi,
+}
+
+/// The applier of the `fold-add-into-*` rules: an addend that fits as an extra input
+/// (`fits_as_extra`) becomes the sum kernel's next extra input.
 pub struct FoldAdd {
+    name: &'static str,
+    sum: Sum,
     kernel_left: bool,
 }
 
@@ -206,9 +267,23 @@ impl Applier<FuseLang, FuseAnalysis> for FoldAdd {
         _: Option<&PatternAst<FuseLang>>,
         _: Symbol,
     ) -> Vec<Id> {
-        let name = if self.kernel_left { FOLD_LEFT } else { FOLD };
-        let [r, e, w, l, sh, x, i] = ["?r", "?e", "?w", "?l", "?s", "?x", "?i"].map(|v| s[var(v)]);
-        let kernel = FuseLang::ExpertSumRouted([e, w, l, sh, x, i]);
+        let name = self.name;
+        let [r, w, a, b, c] = ["?r", "?w", "?a", "?b", "?c"].map(|v| s[var(v)]);
+        let (kernel, e, i) = match self.sum {
+            Sum::Read => (
+                FuseLang::ExpertSum([w, a, b, c]),
+                g.add(FuseLang::Acc),
+                g.add(FuseLang::Nil),
+            ),
+            Sum::Routed | Sum::Epi => {
+                let [e, i] = ["?e", "?i"].map(|v| s[var(v)]);
+                let kernel = match self.sum {
+                    Sum::Routed => FuseLang::ExpertSumRouted([e, w, a, b, c, i]),
+                    _ => FuseLang::ExpertSumEpi([e, w, a, b, c, i]),
+                };
+                (kernel, e, i)
+            }
+        };
         let Some(tk) = g.lookup(kernel).and_then(|k| g[k].data.ty.clone()) else {
             return vec![];
         };
@@ -221,9 +296,13 @@ impl Applier<FuseLang, FuseAnalysis> for FoldAdd {
         let Some((k, list)) = append_extra(g, i, r, name, eclass) else {
             return vec![];
         };
-        let (a, b) = if self.kernel_left { (e, k) } else { (k, e) };
-        let epi = g.add(FuseLang::EAdd([a, b]));
-        let folded = g.add(FuseLang::ExpertSumRouted([epi, w, l, sh, x, list]));
+        let (x, y) = if self.kernel_left { (e, k) } else { (k, e) };
+        let epi = g.add(FuseLang::EAdd([x, y]));
+        let folded = match self.sum {
+            Sum::Routed => FuseLang::ExpertSumRouted([epi, w, a, b, c, list]),
+            Sum::Read | Sum::Epi => FuseLang::ExpertSumEpi([epi, w, a, b, c, list]),
+        };
+        let folded = g.add(folded);
         if g.union(eclass, folded) {
             vec![eclass]
         } else {
