@@ -116,8 +116,10 @@ fn fold(name: &'static str, pattern: &str, sum: Sum, kernel_left: bool) -> Rule 
 /// (where the level it saves is worth more: qwen3-next-small +15% in session 46), but at
 /// Qwen3-Next-80B's 512 experts, top 10, the expert levels took ~40 and ~48 µs a layer against
 /// a few µs of weights: routed once, `qwen3-next-80b-4l` q4_0 went from 1928 to 2828 tokens/s
-/// on an H200 (docs/perf.md, session 49). `VKFUSE_OWN_ROUTING_MAX=n` (read at compile time)
-/// moves the bound, the A/B knob of that measurement ([`own_routing_max`]).
+/// on an H200 (docs/perf.md, session 49). With the picks a tournament of subgroups (session 50)
+/// every workgroup picking still lost there: 2357 against 3109 tokens/s.
+/// `VKFUSE_OWN_ROUTING_MAX=n` (read at compile time) moves the bound, the A/B knob of those
+/// measurements ([`own_routing_max`]).
 pub const OWN_ROUTING_MAX: usize = 64;
 
 /// The bound asked for (`FuseOptions::own_routing_max`), else `VKFUSE_OWN_ROUTING_MAX`, else
