@@ -79,4 +79,78 @@ void expert_dots(uint wrow[MAX_DOTS], uint xoff[MAX_DOTS], uint nd) {
     wg_share_dots(acc, nd);
 }
 
+#ifdef SUM_ROWS
+// Adds `scale` times this invocation's share of the dots of one expert's weight rows wrow[d]
+// (d < nr) with x[xoff .. xoff + I] to acc[d], x loaded once for all nr rows, and no exchange:
+// the weighted sum over several rows a workgroup calls it for every expert, then shares acc
+// once (wg_share_dots), so that each expert's input row is read once per workgroup and not once
+// per output row. nr <= MAX_DOTS is a constant at every call. Uniform control flow required.
+void expert_rows_acc(uint wrow[MAX_DOTS], uint xoff, uint nr, float scale,
+                     inout float acc[MAX_DOTS]) {
+    uint t = gl_LocalInvocationID.x;
+    float part[MAX_DOTS];
+    for (uint d = 0u; d < MAX_DOTS; d++) {
+        part[d] = 0.0;
+    }
+#if DTYPE_1 == Q8_0 || DTYPE_1 == Q4_0
+    uint rb = q_row_bytes(DTYPE_1, I);
+    for (uint c = t; c < I / 8u; c += gl_WorkGroupSize.x) {
+        vec4 xa = x4[xoff / 4u + 2u * c];
+        vec4 xb = x4[xoff / 4u + 2u * c + 1u];
+#ifdef F16_MV
+        uvec4 xh = QH_X(xa, xb);
+#endif
+        for (uint d = 0u; d < nr; d++) {
+            uint at = wrow[d] * rb;
+#ifdef F16_MV
+            part[d] += Q_SCALE(DTYPE_1, w, at, I, c / 4u) *
+                       QH_STEP_DOT(DTYPE_1, w, at / 4u, c, xh);
+#else
+            part[d] += Q_SCALE(DTYPE_1, w, at, I, c / 4u) *
+                       Q_STEP_DOT(DTYPE_1, w, at / 4u, c, xa, xb);
+#endif
+        }
+    }
+#ifdef F16_MV
+    for (uint d = 0u; d < nr; d++) {
+        part[d] *= QH_UNSCALE(DTYPE_1);
+    }
+#endif
+#else
+    if (VEC4 != 0u) {
+#if DTYPE_1 == F32
+        uint n4 = I / 4u;
+        for (uint c = t; c < n4; c += gl_WorkGroupSize.x) {
+            vec4 xv = x4[xoff / 4u + c];
+            for (uint d = 0u; d < nr; d++) {
+                part[d] += dot(uintBitsToFloat(w4[wrow[d] * n4 + c]), xv);
+            }
+        }
+#else
+        uint n8 = I / 8u;
+        for (uint c = t; c < n8; c += gl_WorkGroupSize.x) {
+            vec4 xa = x4[xoff / 4u + 2u * c];
+            vec4 xb = x4[xoff / 4u + 2u * c + 1u];
+            for (uint d = 0u; d < nr; d++) {
+                uvec4 wv = w4[wrow[d] * n8 + c];
+                part[d] += dot(vec4(PAIR(DTYPE_1, wv.x), PAIR(DTYPE_1, wv.y)), xa) +
+                           dot(vec4(PAIR(DTYPE_1, wv.z), PAIR(DTYPE_1, wv.w)), xb);
+            }
+        }
+#endif
+    } else {
+        for (uint c = t; c < I; c += gl_WorkGroupSize.x) {
+            float xv = x[xoff + c];
+            for (uint d = 0u; d < nr; d++) {
+                part[d] += LOAD(DTYPE_1, w, wrow[d] * I + c) * xv;
+            }
+        }
+    }
+#endif
+    for (uint d = 0u; d < nr; d++) {
+        acc[d] += scale * part[d];
+    }
+}
+#endif // SUM_ROWS
+
 #endif // EXPERT_DOTS_GLSL

@@ -10,7 +10,7 @@
 // With EPILOGUE defined, each row's sum goes through it as it is written: the shared expert's
 // output and the residual added, from the extra inputs bound after those above, loaded first.
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (1: a row per
-// workgroup, its K dots in one pass), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = N
+// workgroup, its K dots in passes of MAX_DOTS; up to MAX_DOTS with SUM_ROWS: rows_main), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = N
 // (ROUTED).
 // Dispatch: O workgroups.
 
@@ -53,7 +53,51 @@ layout(set = 0, binding = 4, std430) readonly buffer Wts { float wts[]; };
 // Experts a pass takes: all K where their dots fit one exchange (expert_dots.glsl).
 const uint ND = K < MAX_DOTS ? K : MAX_DOTS;
 
+#ifdef SUM_ROWS
+// SUM_ROWS (set with ROWS > 1): each workgroup takes ROWS rows, every expert's input row loaded once for all of
+// them, each invocation's share weighted per expert before one exchange (expert_rows_acc);
+// invocation r writes row r. The sums' order differs from the one-row path's (weighted, then
+// summed over the workgroup), their terms do not.
+void rows_main() {
+    uint row0 = group_id() * ROWS;
+    if (row0 >= O) {
+        return;
+    }
+    uint t = gl_LocalInvocationID.x;
+    // Invocation t < ROWS writes row row0 + t (rows past O: read as row O - 1, not written).
+    uint mine = min(row0 + min(t, ROWS - 1u), O - 1u);
+    float pre[N_IN];
+    if (t < ROWS) {
+        PRELOAD_INS(mine, pre)
+    }
+#ifdef ROUTED
+    route_pick();
+#endif
+    float acc[MAX_DOTS];
+    for (uint d = 0u; d < MAX_DOTS; d++) {
+        acc[d] = 0.0;
+    }
+    for (uint j = 0u; j < K; j++) {
+        uint wrow[MAX_DOTS];
+        for (uint d = 0u; d < MAX_DOTS; d++) {
+            wrow[d] = EXPERT(j) * O + min(row0 + d, O - 1u);
+        }
+        expert_rows_acc(wrow, j * I, ROWS, WEIGHT(j), acc);
+    }
+    wg_share_dots(acc, ROWS);
+    if (t < ROWS && row0 + t < O) {
+        float a[1] = float[1](wg_dot_total(t));
+        y[mine] = EPILOGUE(mine, a, pre);
+    }
+}
+
+#endif // SUM_ROWS
+
 void main() {
+#ifdef SUM_ROWS
+    rows_main();
+    return;
+#endif
     uint row = group_id();
     if (row >= O) {
         return;

@@ -1402,8 +1402,16 @@ pub fn expert_sum(spec: &ExpertSpec) -> Generated {
         Routing::Read => 5,
         Routing::Own { .. } => 4,
     };
-    // A row per workgroup: its K experts' dots in one pass (`expert_dots.glsl`).
-    let grid = (1, 1);
+    // Up to 8 experts (one pass of `expert_dots.glsl`): a row per workgroup, its K dots in one
+    // exchange. More (Qwen3-Next-80B's 10): 4 rows per workgroup, each expert's input row read
+    // once for them all and not once per row (`rows_main`; 2048 one-row workgroups read 40 MB
+    // of input rows from L2 a level): on an H200 its widths in 4 layers, q4_0, +1.9%, and 8
+    // rows −8.4% (docs/perf.md, session 50). `VKFUSE_EXPERT_SUM_ROWS` (1..=8, read at compile
+    // time) is that A/B knob.
+    let rows = crate::kernels::knob("VKFUSE_EXPERT_SUM_ROWS")
+        .filter(|r| (1..=8).contains(r))
+        .unwrap_or(if spec.k > 8 { 4 } else { 1 });
+    let grid = (rows, 1);
     expert_kernel(
         spec,
         "fused_expert_sum",
@@ -1455,6 +1463,10 @@ fn expert_kernel(
         spec.k, spec.o, spec.i
     );
     let _ = writeln!(s, "#define DTYPE_1 {}", dtype_code(spec.dtype));
+    if anchor == "fused_expert_sum" && rows > 1 {
+        // Several rows a workgroup (`rows_main`); one row keeps the code it had without it.
+        s += "#define SUM_ROWS 1\n";
+    }
     let mut spec_constants = vec![
         wg,
         u(spec.o),
