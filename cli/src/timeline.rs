@@ -123,8 +123,9 @@ pub fn run(args: &TimelineArgs) -> Result<()> {
             // The records lie inside the submits, which also hold the chains' gaps: a few
             // percent apart where the table reads the clock in its own units (ns), more where
             // the host is slow between submits (lavapipe on a loaded machine fell below 0.8
-            // once). A clock read in another's units is off by its frequency's factor (a
-            // 1-2 GHz tick counter 1.5 or more, µs a thousand), far outside these bounds.
+            // once). A clock read in another's units is off by its tick's factor: a tick under
+            // 0.95 ns (a GHz counter) or of 2 ns and more falls outside these bounds, µs by a
+            // thousand; a tick of 1-2 ns would not be told from ns.
             let verdict = if (0.5..=1.05).contains(&(records / g)) {
                 "about 1 : 1, so the table's µs are the device's"
             } else {

@@ -207,7 +207,8 @@ fn block_format_experts_match_the_cpu() {
             Ok(())
         })
         .unwrap();
-    // Qwen3-Next-80B's top 10: more experts than one pass of the sum takes (8 dots, then 2).
+    // Qwen3-Next-80B's top 10: more experts than a pass of `expert_dots.glsl` takes, the sum in
+    // 4 rows a workgroup (`rows_main`).
     for dtype in [DType::Q8_0, DType::Q4_0] {
         for f16 in [false, true] {
             check(&device, &log, dtype, f16, 16, 10, 64, 64, 7);

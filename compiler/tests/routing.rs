@@ -219,8 +219,9 @@ fn equal_logits_pick_the_lowest_indices() {
     check(&logits, 3);
 }
 
-/// The picks at the edges of the tournament's shares (route_pick.glsl: 16 shares of 32 of 512
-/// logits, of 19 of 300), at the first and last logit, and beyond the first share's K.
+/// The picks at the edges of the tournament's shares (route_pick.glsl: on 32-wide subgroups 16
+/// shares of 32 of 512 logits and of 19 of 300; on lavapipe's 8-wide ones 8 shares of 64 and of
+/// 38), at the first and last logit, and beyond the first share's K.
 #[test]
 fn picks_at_every_share_edge() {
     for (n, high) in [
@@ -284,6 +285,98 @@ fn rank_and_tournament_agree_bit_for_bit() {
             &ranked[k..],
             &ids[..],
             "{n} logits, top {k}: not the CPU's picks"
+        );
+    }
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
+
+/// The largest router the rules take from 1024 logits (`RouteSpec::fits`: its shared memory
+/// within Vulkan's least limit) builds, runs with the validation layer clean and picks as the
+/// CPU does, in the tournament its default budget takes.
+#[test]
+fn the_largest_router_the_rules_take_picks_as_the_cpu() {
+    assert!(RouteSpec::fits(1024, 90) && !RouteSpec::fits(1024, 91));
+    assert!(RouteSpec::fits(512, 10) && !RouteSpec::fits(300, 300));
+    let (device, log) = common::validated_device();
+    let logits: Vec<f32> = (0..1024)
+        .map(|i| (noise(i, 14) * 8.0).round() / 4.0)
+        .collect();
+    let words = route_words(&device, &logits, 90, false);
+    let (ids, _) = cpu_route(&logits, 90);
+    assert_eq!(&words[90..], &ids[..], "not the CPU's picks");
+    assert!(log.is_clean(), "validation errors:\n{}", log.report());
+}
+
+/// The weighted sum as Qwen3-Next-80B runs it: the router kernel's indices and weights read
+/// (`Routing::Read`), more than 8 experts (4 rows a workgroup, `rows_main`), the shared expert's
+/// output and the residual added as the rows are written; rows of no multiple of 4, and
+/// inputs of 16 and 18 (16-byte loads, and not), against the CPU in f64.
+#[test]
+fn the_read_sum_in_rows_adds_its_epilogue() {
+    let (device, log) = common::validated_device();
+    for (e, o, i, k) in [
+        (16, 10, 16, 10),
+        (16, 7, 18, 9),
+        (32, 13, 16, 12),
+        (16, 3, 16, 10),
+    ] {
+        let w: Vec<f32> = (0..e * o * i).map(|q| noise(q, 1)).collect();
+        let x: Vec<f32> = (0..k * i).map(|q| noise(q, 2)).collect();
+        let idx: Vec<u32> = (0..k).map(|j| ((j * 7 + 3) % e) as u32).collect();
+        let idx_bits: Vec<f32> = idx.iter().map(|&v| f32::from_bits(v)).collect();
+        let wts: Vec<f32> = (0..k).map(|j| 0.1 + j as f32 * 0.05).collect();
+        let shared: Vec<f32> = (0..o).map(|q| noise(q, 5)).collect();
+        let residual: Vec<f32> = (0..o).map(|q| 4.0 * noise(q, 6)).collect();
+        let extra = ExtraSpec {
+            dtype: DType::F32,
+            scalar: false,
+        };
+        let spec = ExpertSpec {
+            dtype: DType::F32,
+            e,
+            o,
+            i,
+            k,
+            routing: Routing::Read,
+            epi: Epi::Add(
+                Box::new(Epi::In(1)),
+                Box::new(Epi::Add(Box::new(Epi::Acc), Box::new(Epi::In(0)))),
+            ),
+            extras: vec![extra.clone(), extra],
+        };
+        let gen = codegen::expert_sum(&spec);
+        assert!(gen.source.contains("SUM_ROWS"), "{}", gen.source);
+        let pipeline = common::generated_pipeline(&device, &gen);
+        let inputs: [&[f32]; 6] = [&w, &idx_bits, &x, &wts, &shared, &residual];
+        let sizes = std::iter::once(o).chain(inputs.iter().map(|v| v.len()));
+        let mut bufs: Vec<_> = sizes.map(|n| buffer(&device, 4 * n as u64)).collect();
+        assert_eq!(bufs.len(), gen.bindings);
+        for (b, input) in bufs[1..].iter_mut().zip(inputs) {
+            device.upload_pod(b, 0, input).expect("input");
+        }
+        let mut cmd = common::record_generated(&device, &pipeline, &gen, &bufs);
+        device.submit_and_wait(&mut cmd, WAIT).expect("run");
+        let y: Vec<f32> = device.readback_pod(&bufs[0], 0, o).expect("y");
+        let want: Vec<f64> = (0..o)
+            .map(|r| {
+                let sum: f64 = (0..k)
+                    .map(|j| {
+                        let row = &w[(idx[j] as usize * o + r) * i..][..i];
+                        let dot: f64 = row
+                            .iter()
+                            .zip(&x[j * i..][..i])
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum();
+                        wts[j] as f64 * dot
+                    })
+                    .sum();
+                residual[r] as f64 + (sum + shared[r] as f64)
+            })
+            .collect();
+        let rel = rel_l2(&y, &want);
+        assert!(
+            rel < 1e-5,
+            "{e} experts of [{o}x{i}], top {k}: relative L2 {rel:.2e}"
         );
     }
     assert!(log.is_clean(), "validation errors:\n{}", log.report());

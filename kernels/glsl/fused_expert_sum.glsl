@@ -12,7 +12,7 @@
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (1: a row per
 // workgroup, its K dots in passes of MAX_DOTS; up to MAX_DOTS with SUM_ROWS: rows_main), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = N
 // (ROUTED).
-// Dispatch: O workgroups.
+// Dispatch: ceil(O / ROWS) workgroups.
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };

@@ -42,7 +42,9 @@ shared uint route_ci[ROUTE_GROUPS * K];
 // The largest logit's order key, over the workgroup.
 shared uint route_mk;
 
-// The K best of one share of the logits, by one subgroup of `width` lanes: lane `lane` owns
+// The K best of one share of the logits, by one subgroup of `width` lanes (every subgroup of
+// the workgroup full, or a single one narrower: a partly filled last subgroup would skip the
+// logits of its missing lanes; codegen sizes the router's workgroups in multiples of 64): lane `lane` owns
 // logits base + t for t = lane, lane + width, ... < count (keys in route_key). Each lane keeps
 // its best logit not yet taken (its head); a round takes the best head (a max and a min over
 // the subgroup, no barrier), and only the lane it came from looks for its next. The share's K

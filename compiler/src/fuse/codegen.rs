@@ -513,7 +513,23 @@ pub struct RouteSpec {
     pub k: usize,
 }
 
+/// Bytes of shared memory a kernel that picks the experts may spend on it (`route_pick.glsl`:
+/// each logit's key, the tournament's 16 lists of K candidates, the picks): Vulkan's least
+/// `maxComputeSharedMemorySize`, so that a router of any size the rules take builds on every
+/// device; 512 experts, top 10, take 3.4 KB.
+pub const ROUTE_SHARED_MAX: usize = 16384;
+
 impl RouteSpec {
+    /// The shared memory `route_pick.glsl` declares for `n` logits and the top `k`.
+    pub fn shared_bytes(n: usize, k: usize) -> usize {
+        4 * n + (2 * 16 + 2) * 4 * k + 4
+    }
+
+    /// Whether a router of `n` logits choosing `k` fits [`ROUTE_SHARED_MAX`].
+    pub fn fits(n: usize, k: usize) -> bool {
+        Self::shared_bytes(n, k) <= ROUTE_SHARED_MAX
+    }
+
     /// Where the indices start in the output (f32 elements): after the weights, at a part
     /// boundary so they can be bound on their own.
     pub fn ids_offset(&self) -> usize {

@@ -4,6 +4,7 @@
 //! expert kernels read the indices on the device.
 
 use super::{other, var, Rule};
+use crate::fuse::codegen::RouteSpec;
 use crate::fuse::lang::{Attr, FuseAnalysis, FuseGraph, FuseLang};
 use crate::ir::{OpKind, Shape};
 use egg::{Applier, Id, Pattern, PatternAst, Rewrite, Subst, Symbol};
@@ -56,9 +57,25 @@ impl Applier<FuseLang, FuseAnalysis> for Route {
             );
             return vec![];
         };
-        if g[logits].data.ty.as_ref().map(|t| t.shape.rank()) != Some(1) {
-            g.analysis
-                .refuse(RULE, "the router logits are not one row", vec![eclass]);
+        let n = match g[logits].data.ty.as_ref() {
+            Some(t) if t.shape.rank() == 1 => t.shape.numel(),
+            _ => {
+                g.analysis
+                    .refuse(RULE, "the router logits are not one row", vec![eclass]);
+                return vec![];
+            }
+        };
+        if !RouteSpec::fits(n, k) {
+            // The unfused softmax and top_k take any size.
+            g.analysis.refuse(
+                RULE,
+                format!(
+                    "the top {k} of {n} experts would take {} bytes of shared memory, past {}",
+                    RouteSpec::shared_bytes(n, k),
+                    crate::fuse::codegen::ROUTE_SHARED_MAX
+                ),
+                vec![eclass],
+            );
             return vec![];
         }
         let shape = g.add(FuseLang::Attr(Attr::Shape(Shape::new(vec![k]))));
