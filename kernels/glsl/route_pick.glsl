@@ -27,7 +27,10 @@ shared float route_w[K];
 shared uint route_key[N];
 
 // Comparisons a lane makes to rank its logits against all N: the rank path's cost (a define, so
-// that routing.rs can force either path and compare their bits).
+// that routing.rs can force either path and compare their bits). lavapipe also ends a shader's
+// loops after 65535 iterations in all (gallivm's loop limiter, LP_MAX_TGSI_LOOP_ITERATIONS):
+// the rank path forced at 768 logits on its 8-wide subgroups (96 x 768 comparisons a lane)
+// silently missed picks there; the budget keeps it far below.
 #ifndef ROUTE_RANK_BUDGET
 #define ROUTE_RANK_BUDGET 1024u
 #endif
