@@ -48,20 +48,10 @@ fn dot(w: &[f32], e: u32, o: usize, x: &[f32]) -> f64 {
     row.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum()
 }
 
-/// `gen`, an expert kernel routing for itself, over stacks `w`, `logits` and input `x`: its `out`
-/// outputs.
-fn run_expert(
-    device: &Device,
-    gen: &Generated,
-    w: &[f32],
-    logits: &[f32],
-    x: &[f32],
-    extras: &[&[f32]],
-    out: usize,
-) -> Vec<f32> {
+/// `gen`, an expert kernel, over `inputs` in binding order after its output (the stack, the
+/// logits or the router's indices, ...): its `out` outputs.
+fn run_expert(device: &Device, gen: &Generated, inputs: &[&[f32]], out: usize) -> Vec<f32> {
     let pipeline = common::generated_pipeline(device, gen);
-    let mut inputs = vec![w, logits, x];
-    inputs.extend(extras);
     let sizes = std::iter::once(out).chain(inputs.iter().map(|i| i.len()));
     let mut bufs: Vec<_> = sizes.map(|n| buffer(device, 4 * n as u64)).collect();
     assert_eq!(bufs.len(), gen.bindings);
@@ -124,7 +114,7 @@ fn check(logits: &[f32], k: usize) {
     let w: Vec<f32> = (0..n * O * I).map(|i| noise(i, 1)).collect();
     let x: Vec<f32> = (0..k * I).map(|i| noise(i, 2)).collect();
     let gen = codegen::expert_sum(&expert(own));
-    let y = run_expert(&device, &gen, &w, logits, &x, &[], O);
+    let y = run_expert(&device, &gen, &[&w, logits, &x], O);
     let want: Vec<f64> = (0..O)
         .map(|o| {
             (0..k)
@@ -152,7 +142,7 @@ fn check(logits: &[f32], k: usize) {
         ..expert(own)
     };
     let gen = codegen::expert_sum(&spec);
-    let y = run_expert(&device, &gen, &w, logits, &x, &[&shared, &residual], O);
+    let y = run_expert(&device, &gen, &[&w, logits, &x, &shared, &residual], O);
     let want: Vec<f64> = (0..O)
         .map(|o| residual[o] as f64 + (want[o] + shared[o] as f64))
         .collect();
@@ -167,7 +157,7 @@ fn check(logits: &[f32], k: usize) {
     let w: Vec<f32> = (0..2 * n * O * I).map(|i| noise(i, 3)).collect();
     let x: Vec<f32> = (0..I).map(|i| 2.0 * noise(i, 4)).collect();
     let gen = codegen::expert_glu(&expert(own));
-    let y = run_expert(&device, &gen, &w, logits, &x, &[], k * O);
+    let y = run_expert(&device, &gen, &[&w, logits, &x], k * O);
     let up = &w[n * O * I..];
     let want: Vec<f64> = (0..k * O)
         .map(|r| {
@@ -346,17 +336,12 @@ fn the_read_sum_in_rows_adds_its_epilogue() {
         };
         let gen = codegen::expert_sum(&spec);
         assert!(gen.source.contains("SUM_ROWS"), "{}", gen.source);
-        let pipeline = common::generated_pipeline(&device, &gen);
-        let inputs: [&[f32]; 6] = [&w, &idx_bits, &x, &wts, &shared, &residual];
-        let sizes = std::iter::once(o).chain(inputs.iter().map(|v| v.len()));
-        let mut bufs: Vec<_> = sizes.map(|n| buffer(&device, 4 * n as u64)).collect();
-        assert_eq!(bufs.len(), gen.bindings);
-        for (b, input) in bufs[1..].iter_mut().zip(inputs) {
-            device.upload_pod(b, 0, input).expect("input");
-        }
-        let mut cmd = common::record_generated(&device, &pipeline, &gen, &bufs);
-        device.submit_and_wait(&mut cmd, WAIT).expect("run");
-        let y: Vec<f32> = device.readback_pod(&bufs[0], 0, o).expect("y");
+        let y = run_expert(
+            &device,
+            &gen,
+            &[&w, &idx_bits, &x, &wts, &shared, &residual],
+            o,
+        );
         let want: Vec<f64> = (0..o)
             .map(|r| {
                 let sum: f64 = (0..k)

@@ -519,10 +519,14 @@ pub struct RouteSpec {
 /// device; 512 experts, top 10, take 3.4 KB.
 pub const ROUTE_SHARED_MAX: usize = 16384;
 
+/// `route_pick.glsl`'s `ROUTE_GROUPS`: the tournament's lists, K candidates each.
+const ROUTE_GROUPS: usize = 16;
+
 impl RouteSpec {
-    /// The shared memory `route_pick.glsl` declares for `n` logits and the top `k`.
+    /// The shared memory `route_pick.glsl` declares for `n` logits and the top `k`: a key per
+    /// logit, the lists' keys and indices, the picks and their weights, the max.
     pub fn shared_bytes(n: usize, k: usize) -> usize {
-        4 * n + (2 * 16 + 2) * 4 * k + 4
+        4 * n + 4 * (2 * ROUTE_GROUPS + 2) * k + 4
     }
 
     /// Whether a router of `n` logits choosing `k` fits [`ROUTE_SHARED_MAX`].

@@ -271,19 +271,17 @@ impl Applier<FuseLang, FuseAnalysis> for FoldAdd {
     ) -> Vec<Id> {
         let name = self.name;
         let [r, w, a, b, c] = ["?r", "?w", "?a", "?b", "?c"].map(|v| s[var(v)]);
-        let (kernel, e, i) = match self.sum {
-            Sum::Read => (
-                FuseLang::ExpertSum([w, a, b, c]),
-                g.add(FuseLang::Acc),
-                g.add(FuseLang::Nil),
-            ),
+        // The sum's epilogue and extras where it has them (a plain sum's are `acc` and none,
+        // added below once the addend fits).
+        let (kernel, epi_extras) = match self.sum {
+            Sum::Read => (FuseLang::ExpertSum([w, a, b, c]), None),
             Sum::Routed | Sum::Epi => {
                 let [e, i] = ["?e", "?i"].map(|v| s[var(v)]);
                 let kernel = match self.sum {
                     Sum::Routed => FuseLang::ExpertSumRouted([e, w, a, b, c, i]),
                     _ => FuseLang::ExpertSumEpi([e, w, a, b, c, i]),
                 };
-                (kernel, e, i)
+                (kernel, Some((e, i)))
             }
         };
         let Some(tk) = g.lookup(kernel).and_then(|k| g[k].data.ty.clone()) else {
@@ -295,6 +293,7 @@ impl Applier<FuseLang, FuseAnalysis> for FoldAdd {
         if !fits_as_extra(g, name, eclass, [&tk, &tr, &tout]) {
             return vec![];
         }
+        let (e, i) = epi_extras.unwrap_or_else(|| (g.add(FuseLang::Acc), g.add(FuseLang::Nil)));
         let Some((k, list)) = append_extra(g, i, r, name, eclass) else {
             return vec![];
         };
