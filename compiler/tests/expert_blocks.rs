@@ -208,10 +208,13 @@ fn block_format_experts_match_the_cpu() {
         })
         .unwrap();
     // Qwen3-Next-80B's top 10: more experts than a pass of `expert_dots.glsl` takes, the sum in
-    // 4 rows a workgroup (`rows_main`).
+    // 4 rows a workgroup (`rows_main`), its experts shared among groups of invocations.
     for dtype in [DType::Q8_0, DType::Q4_0] {
         for f16 in [false, true] {
             check(&device, &log, dtype, f16, 16, 10, 64, 64, 7);
+            // The sum's input rows of 96 (12 steps): its 128 invocations in 10 groups of 12
+            // (`rows_main`), the last 8 idle, and 12 experts, so that two groups take two each.
+            check(&device, &log, dtype, f16, 16, 12, 96, 64, 9);
         }
     }
 }

@@ -256,14 +256,40 @@ fn route_words(device: &Device, logits: &[f32], k: usize, rank: bool) -> Vec<u32
 
 /// Both ways to the picks give the same bits, the CPU's experts, at the sizes each serves by
 /// default: Qwen3-Next-small's 64 experts (rank on 32-wide subgroups) and Qwen3-Next's 512 top-10
-/// (tournament), with ties.
+/// (tournament), with ties. With every pick in one share of the tournament, out of order (a
+/// share of 8 on lavapipe's 8-wide subgroups, of 32 on NVIDIA's), that share's list and the
+/// merge's steps through it decide them, where random logits mostly make each pick its own
+/// share's best.
 #[test]
 fn rank_and_tournament_agree_bit_for_bit() {
     let (device, log) = common::validated_device();
-    for (n, k, seed) in [(64, 8, 11), (512, 10, 12), (130, 10, 13)] {
-        let logits: Vec<f32> = (0..n)
+    let random = |n: usize, seed: u64| -> Vec<f32> {
+        (0..n)
             .map(|i| (noise(i, seed) * 8.0).round() / 4.0)
-            .collect();
+            .collect()
+    };
+    let one_share = |n: usize, high: &[usize]| -> Vec<f32> {
+        let mut logits: Vec<f32> = (0..n).map(|i| noise(i, 18) - 1.5).collect();
+        for (r, &i) in high.iter().enumerate() {
+            logits[i] = 2.0 - r as f32 / 8.0;
+        }
+        logits
+    };
+    let cases = [
+        (random(64, 11), 8),
+        (random(512, 12), 10),
+        (random(130, 13), 10),
+        (random(61, 16), 5),
+        (one_share(64, &[6, 1, 7, 3, 0]), 5),
+        // The last share, part filled (8 a share: 56..61).
+        (one_share(61, &[58, 60, 56]), 3),
+        (
+            one_share(512, &[37, 33, 62, 40, 35, 63, 32, 50, 44, 58]),
+            10,
+        ),
+    ];
+    for (logits, k) in cases {
+        let n = logits.len();
         let ranked = route_words(&device, &logits, k, true);
         let tournament = route_words(&device, &logits, k, false);
         assert_eq!(

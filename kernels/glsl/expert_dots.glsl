@@ -80,21 +80,33 @@ void expert_dots(uint wrow[MAX_DOTS], uint xoff[MAX_DOTS], uint nd) {
 }
 
 #ifdef SUM_ROWS
-// Adds `scale` times this invocation's share of the dots of one expert's weight rows wrow[d]
-// (d < nr) with x[xoff .. xoff + I] to acc[d], x loaded once for all nr rows, and no exchange:
-// the weighted sum over several rows a workgroup calls it for every expert, then shares acc
-// once (wg_share_dots), so that each expert's input row is read once per workgroup and not once
-// per output row. nr <= MAX_DOTS is a constant at every call. Uniform control flow required.
-void expert_rows_acc(uint wrow[MAX_DOTS], uint xoff, uint nr, float scale,
+// The steps of a row (expert_rows_acc's unit): 8 weights in the block formats and as 16-bit
+// pairs, 4 as f32 vectors, else 1.
+uint expert_row_steps() {
+#if DTYPE_1 == Q8_0 || DTYPE_1 == Q4_0
+    return I / 8u;
+#elif DTYPE_1 == F32
+    return VEC4 != 0u ? I / 4u : I;
+#else
+    return VEC4 != 0u ? I / 8u : I;
+#endif
+}
+
+// Adds `scale` times the steps c0, c0 + stride, .. (this invocation's share of a row) of the
+// dots of one expert's weight rows wrow[d] (d < nr) with x[xoff .. xoff + I] to acc[d], x
+// loaded once for all nr rows, and no exchange: the weighted sum over several rows a workgroup
+// calls it for each of its experts, then shares acc once (wg_share_dots), so that each expert's
+// input row is read once per workgroup and not once per output row. nr <= MAX_DOTS is a
+// constant at every call. No subgroup operation: callers may take different experts.
+void expert_rows_acc(uint wrow[MAX_DOTS], uint xoff, uint nr, float scale, uint c0, uint stride,
                      inout float acc[MAX_DOTS]) {
-    uint t = gl_LocalInvocationID.x;
     float part[MAX_DOTS];
     for (uint d = 0u; d < MAX_DOTS; d++) {
         part[d] = 0.0;
     }
 #if DTYPE_1 == Q8_0 || DTYPE_1 == Q4_0
     uint rb = q_row_bytes(DTYPE_1, I);
-    for (uint c = t; c < I / 8u; c += gl_WorkGroupSize.x) {
+    for (uint c = c0; c < I / 8u; c += stride) {
         vec4 xa = x4[xoff / 4u + 2u * c];
         vec4 xb = x4[xoff / 4u + 2u * c + 1u];
 #ifdef F16_MV
@@ -120,7 +132,7 @@ void expert_rows_acc(uint wrow[MAX_DOTS], uint xoff, uint nr, float scale,
     if (VEC4 != 0u) {
 #if DTYPE_1 == F32
         uint n4 = I / 4u;
-        for (uint c = t; c < n4; c += gl_WorkGroupSize.x) {
+        for (uint c = c0; c < n4; c += stride) {
             vec4 xv = x4[xoff / 4u + c];
             for (uint d = 0u; d < nr; d++) {
                 part[d] += dot(uintBitsToFloat(w4[wrow[d] * n4 + c]), xv);
@@ -128,7 +140,7 @@ void expert_rows_acc(uint wrow[MAX_DOTS], uint xoff, uint nr, float scale,
         }
 #else
         uint n8 = I / 8u;
-        for (uint c = t; c < n8; c += gl_WorkGroupSize.x) {
+        for (uint c = c0; c < n8; c += stride) {
             vec4 xa = x4[xoff / 4u + 2u * c];
             vec4 xb = x4[xoff / 4u + 2u * c + 1u];
             for (uint d = 0u; d < nr; d++) {
@@ -139,7 +151,7 @@ void expert_rows_acc(uint wrow[MAX_DOTS], uint xoff, uint nr, float scale,
         }
 #endif
     } else {
-        for (uint c = t; c < I; c += gl_WorkGroupSize.x) {
+        for (uint c = c0; c < I; c += stride) {
             float xv = x[xoff + c];
             for (uint d = 0u; d < nr; d++) {
                 part[d] += LOAD(DTYPE_1, w, wrow[d] * I + c) * xv;

@@ -9,9 +9,10 @@
 // logits f32[N]), 3 = x f32[K, I], 4 = wts f32[K] (not ROUTED).
 // With EPILOGUE defined, each row's sum goes through it as it is written: the shared expert's
 // output and the residual added, from the extra inputs bound after those above, loaded first.
-// Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (1: a row per
-// workgroup, its K dots in passes of MAX_DOTS; up to MAX_DOTS with SUM_ROWS: rows_main), 4 = VEC4 (see matvec_core.glsl), 5 = E, 6 = K, 7 = N
-// (ROUTED).
+// Spec constants: 0 = workgroup size (power of two; with SUM_ROWS, codegen's groups of
+// invocations times a row's steps), 1 = O, 2 = I, 3 = ROWS (1: a row per workgroup, its K dots
+// in passes of MAX_DOTS; up to MAX_DOTS with SUM_ROWS: rows_main), 4 = VEC4 (see
+// matvec_core.glsl), 5 = E, 6 = K, 7 = N (ROUTED).
 // Dispatch: ceil(O / ROWS) workgroups.
 
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
@@ -54,10 +55,10 @@ layout(set = 0, binding = 4, std430) readonly buffer Wts { float wts[]; };
 const uint ND = K < MAX_DOTS ? K : MAX_DOTS;
 
 #ifdef SUM_ROWS
-// SUM_ROWS (set with ROWS > 1): each workgroup takes ROWS rows, every expert's input row loaded once for all of
-// them, each invocation's share weighted per expert before one exchange (expert_rows_acc);
-// invocation r writes row r. The sums' order differs from the one-row path's (weighted, then
-// summed over the workgroup), their terms do not.
+// SUM_ROWS (set with ROWS > 1): each workgroup takes ROWS rows, every expert's input row loaded
+// once for all of them, each invocation's share weighted per expert before one exchange
+// (expert_rows_acc); invocation r writes row r. The sums' order differs from the one-row path's
+// (weighted, then summed over the workgroup), their terms do not.
 void rows_main() {
     uint row0 = group_id() * ROWS;
     if (row0 >= O) {
@@ -77,12 +78,23 @@ void rows_main() {
     for (uint d = 0u; d < MAX_DOTS; d++) {
         acc[d] = 0.0;
     }
-    for (uint j = 0u; j < K; j++) {
+    // A row's steps take s_inv invocations, and the workgroup's groups of them each take every
+    // groups-th expert (codegen sizes the workgroup at 4 times a row's steps): 4 times the warps
+    // of a workgroup whose invocations each walk all K experts, each warp with a quarter of the
+    // loads in flight. Qwen3-Next-80B's sum (2 warps a workgroup, 10 experts x 4 rows of loads an
+    // invocation in 32-40 registers) had its workgroups live ~9 µs for 6 MB a level on an H200;
+    // in 4 groups its widths in 4 layers ran 4.9% faster (docs/perf.md, session 51).
+    // Invocations past groups x s_inv (steps no power of two) take none.
+    uint steps = expert_row_steps();
+    uint s_inv = min(steps, gl_WorkGroupSize.x);
+    uint groups = gl_WorkGroupSize.x / s_inv;
+    uint group = t / s_inv;
+    for (uint j = group < groups ? group : K; j < K; j += groups) {
         uint wrow[MAX_DOTS];
         for (uint d = 0u; d < MAX_DOTS; d++) {
             wrow[d] = EXPERT(j) * O + min(row0 + d, O - 1u);
         }
-        expert_rows_acc(wrow, j * I, ROWS, WEIGHT(j), acc);
+        expert_rows_acc(wrow, j * I, ROWS, WEIGHT(j), t - group * s_inv, s_inv, acc);
     }
     wg_share_dots(acc, ROWS);
     if (t < ROWS && row0 + t < O) {

@@ -1432,12 +1432,26 @@ pub fn expert_sum(spec: &ExpertSpec) -> Generated {
         .filter(|r| (1..=8).contains(r))
         .unwrap_or(if spec.k > 8 { 4 } else { 1 });
     let grid = (rows, 1);
+    // Several rows a workgroup: 4 groups of invocations, a row's steps each, take every fourth
+    // expert each (`rows_main`): 4 times the warps, each with a quarter of the loads in flight.
+    // On an H200 Qwen3-Next-80B's widths in 4 layers, q4_0, ran +4.9% against one group
+    // (docs/perf.md, session 51). `VKFUSE_EXPERT_SUM_GROUPS` (1, 2, 4 or 8, read at compile
+    // time) is that A/B knob.
+    let wg = if rows > 1 {
+        let groups = crate::kernels::knob("VKFUSE_EXPERT_SUM_GROUPS")
+            .filter(|g| g.is_power_of_two() && *g <= 8)
+            .unwrap_or(4);
+        (expert_wg(spec) * groups).min(512)
+    } else {
+        expert_wg(spec)
+    };
     expert_kernel(
         spec,
         "fused_expert_sum",
         "weighted and summed",
         grid,
         bindings,
+        wg,
     )
 }
 
@@ -1451,7 +1465,14 @@ pub fn expert_glu(spec: &ExpertSpec) -> Generated {
         .filter(|r| (1..=4).contains(r))
         .unwrap_or(4);
     let grid = (rows, spec.k);
-    expert_kernel(spec, "fused_expert_glu", "silu(gate) * up", grid, 4)
+    expert_kernel(
+        spec,
+        "fused_expert_glu",
+        "silu(gate) * up",
+        grid,
+        4,
+        expert_wg(spec),
+    )
 }
 
 /// Invocations of an expert kernel's workgroup: one 16-byte step of each row per invocation
@@ -1474,8 +1495,8 @@ fn expert_kernel(
     what: &str,
     (rows, groups_per_block): (u32, usize),
     bindings: usize,
+    wg: u32,
 ) -> Generated {
-    let wg = expert_wg(spec);
     let mut s = String::from(HEADER);
     let _ = writeln!(
         s,
