@@ -1432,16 +1432,19 @@ pub fn expert_sum(spec: &ExpertSpec) -> Generated {
         .filter(|r| (1..=8).contains(r))
         .unwrap_or(if spec.k > 8 { 4 } else { 1 });
     let grid = (rows, 1);
-    // Several rows a workgroup: 4 groups of invocations, a row's steps each, take every fourth
-    // expert each (`rows_main`): 4 times the warps, each with a quarter of the loads in flight.
-    // On an H200 Qwen3-Next-80B's widths in 4 layers, q4_0, ran +4.9% against one group
-    // (docs/perf.md, session 51). `VKFUSE_EXPERT_SUM_GROUPS` (1, 2, 4 or 8, read at compile
-    // time) is that A/B knob.
+    // Several rows a workgroup: 4 times the invocations of the other expert kernels, in groups
+    // that each span a row's steps and take every groups-th expert (`rows_main`): 4 times the
+    // warps, each with a quarter of the loads in flight. On an H200 Qwen3-Next-80B's widths in 4
+    // layers, q4_0, ran +4.9% against the one group of session 50's kernel (its rows of 512: 64
+    // invocations and 64 steps; docs/perf.md, session 51). At most 256 invocations, so that the
+    // exchange's array (reduce.glsl's red_dots, 32 bytes an invocation) stays within 8 KiB beside
+    // what a kernel that routes for itself declares (`ROUTE_SHARED_MAX`).
+    // `VKFUSE_EXPERT_SUM_GROUPS` (1, 2 or 4, read at compile time) is that A/B knob.
     let wg = if rows > 1 {
         let groups = crate::kernels::knob("VKFUSE_EXPERT_SUM_GROUPS")
-            .filter(|g| g.is_power_of_two() && *g <= 8)
+            .filter(|g| [1, 2, 4].contains(g))
             .unwrap_or(4);
-        (expert_wg(spec) * groups).min(512)
+        (expert_wg(spec) * groups).min(256)
     } else {
         expert_wg(spec)
     };
