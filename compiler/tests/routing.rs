@@ -220,12 +220,17 @@ fn picks_at_every_share_edge() {
         (512, &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9][..]),
         (512, &[502, 503, 504, 505, 506, 507, 508, 509, 510, 511][..]),
     ] {
-        let mut logits: Vec<f32> = (0..n).map(|i| noise(i, 7) - 1.5).collect();
-        for (r, &i) in high.iter().enumerate() {
-            logits[i] = 2.0 - r as f32 / 8.0;
-        }
-        check(&logits, 10);
+        check(&with_picks(n, high, 7), 10);
     }
+}
+
+/// `n` noisy logits below 0.5, with logits `high[r]` made 2 - r / 8: the picks, in that order.
+fn with_picks(n: usize, high: &[usize], seed: u64) -> Vec<f32> {
+    let mut logits: Vec<f32> = (0..n).map(|i| noise(i, seed) - 1.5).collect();
+    for (r, &i) in high.iter().enumerate() {
+        logits[i] = 2.0 - r as f32 / 8.0;
+    }
+    logits
 }
 
 /// The router kernel's raw output (weights' bits, then the ids) with `route_pick.glsl`'s rank
@@ -268,13 +273,7 @@ fn rank_and_tournament_agree_bit_for_bit() {
             .map(|i| (noise(i, seed) * 8.0).round() / 4.0)
             .collect()
     };
-    let one_share = |n: usize, high: &[usize]| -> Vec<f32> {
-        let mut logits: Vec<f32> = (0..n).map(|i| noise(i, 18) - 1.5).collect();
-        for (r, &i) in high.iter().enumerate() {
-            logits[i] = 2.0 - r as f32 / 8.0;
-        }
-        logits
-    };
+    let one_share = |n: usize, high: &[usize]| with_picks(n, high, 18);
     let cases = [
         (random(64, 11), 8),
         (random(512, 12), 10),

@@ -10,8 +10,8 @@
 // With EPILOGUE defined, each row's sum goes through it as it is written: the shared expert's
 // output and the residual added, from the extra inputs bound after those above, loaded first.
 // Spec constants: 0 = workgroup size (power of two; with SUM_ROWS, a multiple of the other
-// expert kernels' for rows_main's groups), 1 = O, 2 = I, 3 = ROWS (1: a row per workgroup, its K dots
-// in passes of MAX_DOTS; up to MAX_DOTS with SUM_ROWS: rows_main), 4 = VEC4 (see
+// expert kernels' for rows_main's groups), 1 = O, 2 = I, 3 = ROWS (1: a row per workgroup, its
+// K dots in passes of MAX_DOTS; up to MAX_DOTS with SUM_ROWS: rows_main), 4 = VEC4 (see
 // matvec_core.glsl), 5 = E, 6 = K, 7 = N (ROUTED).
 // Dispatch: ceil(O / ROWS) workgroups.
 
@@ -82,9 +82,10 @@ void rows_main() {
     // workgroup's groups of them each take every groups-th expert (codegen sizes the workgroup at
     // 4 times the other expert kernels', at most 256: 4 groups where a row has 32 to 64 steps):
     // 4 times the warps of a workgroup whose invocations each walk all K experts, each warp with
-    // a quarter of the loads in flight. Qwen3-Next-80B's sum (2 warps a workgroup, 10 experts x 4 rows of loads an
-    // invocation in 32-40 registers) had its workgroups live ~9 µs for 6 MB a level on an H200;
-    // in 4 groups its widths in 4 layers ran 4.9% faster (docs/perf.md, session 51).
+    // a quarter of the loads in flight. Qwen3-Next-80B's sum (2 warps a workgroup, 10 experts x
+    // 4 rows of loads an invocation in 32-40 registers) had its workgroups live ~9 µs for 6 MB a
+    // level on an H200; in 4 groups its widths in 4 layers ran 4.9% faster (docs/perf.md,
+    // session 51).
     // Invocations past groups x s_inv (steps no power of two) take none.
     uint steps = expert_row_steps();
     uint s_inv = min(steps, gl_WorkGroupSize.x);
