@@ -437,9 +437,10 @@ fn the_weights_line_counts_what_each_reason_kept() {
 }
 
 #[test]
-fn the_block_formats_take_f16_dots_by_default_and_f32_on_request() {
+fn the_block_formats_take_int8_chains_and_f16_dots_by_default_and_f16_or_f32_on_request() {
     let path = std::env::temp_dir().join(format!("vkfuse-dots-{}.vkf", std::process::id()));
-    let f16_kernels = |args: &[&str]| {
+    // (f16 kernels, int8 kernels) of the schedule compile-model writes with `args`.
+    let dots = |args: &[&str]| {
         let mut all = vec![
             fixture("qwen3-untied"),
             "-o".into(),
@@ -452,23 +453,35 @@ fn the_block_formats_take_f16_dots_by_default_and_f32_on_request() {
         assert!(out.status.success(), "{args:?}: {stdout}");
         let file = vkfuse_runtime::schedule::ScheduleFile::open(&path).unwrap();
         let f16 = file.schedule().float16_kernel().is_some();
+        let int8 = file.schedule().integer_dot_kernel().is_some();
         // The report says what the kernels do.
-        let line = match (f16, args) {
-            (true, _) => "dots:        f16 products",
-            (false, [_, "bf16", ..]) => "dots:        no block-format matvecs",
-            (false, [.., "--no-fuse"]) => "dots:        f32 (the unfused kernels",
-            (false, _) => "dots:        f32 (exact",
+        let line = match (f16, int8, args) {
+            (_, true, _) => "dots:        int8 products in the chained MLPs",
+            (true, false, _) => "dots:        f16 products",
+            (false, false, [_, "bf16", ..]) => "dots:        no block-format matvecs",
+            (false, false, [.., "--no-fuse"]) => "dots:        f32 (the unfused kernels",
+            (false, false, _) => "dots:        f32 (exact",
         };
         assert!(stdout.contains(line), "{args:?}: {stdout}");
-        f16
+        (f16, int8)
     };
-    assert!(f16_kernels(&["--weights", "q8_0"]));
-    assert!(f16_kernels(&["--weights", "q4_0", "--dots", "auto"]));
-    assert!(!f16_kernels(&["--weights", "q4_0", "--dots", "f32"]));
-    assert!(!f16_kernels(&["--weights", "q8_0", "--no-fuse"]));
-    // Float weights have no block-format dots to take in f16.
-    assert!(!f16_kernels(&["--weights", "bf16"]));
-    assert!(!f16_kernels(&["--weights", "bf16", "--dots", "f16"]));
+    assert_eq!(dots(&["--weights", "q8_0"]), (true, true));
+    assert_eq!(dots(&["--weights", "q4_0", "--dots", "auto"]), (true, true));
+    assert_eq!(dots(&["--weights", "q4_0", "--dots", "int8"]), (true, true));
+    assert_eq!(dots(&["--weights", "q4_0", "--dots", "f16"]), (true, false));
+    assert_eq!(
+        dots(&["--weights", "q4_0", "--dots", "f32"]),
+        (false, false)
+    );
+    // Without the chain there are no int8 dots to take.
+    assert_eq!(dots(&["--weights", "q8_0", "--no-chain"]), (true, false));
+    assert_eq!(dots(&["--weights", "q8_0", "--no-fuse"]), (false, false));
+    // Float weights have no block-format dots to take in f16 or int8.
+    assert_eq!(dots(&["--weights", "bf16"]), (false, false));
+    assert_eq!(
+        dots(&["--weights", "bf16", "--dots", "int8"]),
+        (false, false)
+    );
     let out = compile_model(&[
         &fixture("qwen3-untied"),
         "-o",
@@ -477,34 +490,34 @@ fn the_block_formats_take_f16_dots_by_default_and_f32_on_request() {
         "f8",
     ]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("possible values: auto, f16, f32"));
-    // An explicit f16 that the unfused kernels cannot take is refused, before any work and
-    // with no file written; `--no-fuse --dots f32` agrees with them and compiles.
-    std::fs::remove_file(&path).ok();
-    let out = compile_model(&[
-        &fixture("qwen3-untied"),
-        "-o",
-        path.to_str().unwrap(),
-        "--weights",
-        "q8_0",
-        "--no-fuse",
-        "--dots",
-        "f16",
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr.contains("--dots f16 applies to fused schedules") && stderr.contains("--no-fuse"),
-        "{stderr}"
+    assert!(String::from_utf8_lossy(&out.stderr).contains("possible values: auto, int8, f16, f32"));
+    // An explicit f16 or int8 that the unfused kernels cannot take is refused, before any work
+    // and with no file written; `--no-fuse --dots f32` agrees with them and compiles.
+    for arith in ["f16", "int8"] {
+        std::fs::remove_file(&path).ok();
+        let out = compile_model(&[
+            &fixture("qwen3-untied"),
+            "-o",
+            path.to_str().unwrap(),
+            "--weights",
+            "q8_0",
+            "--no-fuse",
+            "--dots",
+            arith,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            stderr.contains(&format!("--dots {arith} applies to fused schedules"))
+                && stderr.contains("--no-fuse"),
+            "{stderr}"
+        );
+        assert!(!path.exists());
+    }
+    assert_eq!(
+        dots(&["--weights", "q8_0", "--dots", "f32", "--no-fuse"]),
+        (false, false)
     );
-    assert!(!path.exists());
-    assert!(!f16_kernels(&[
-        "--weights",
-        "q8_0",
-        "--dots",
-        "f32",
-        "--no-fuse"
-    ]));
     std::fs::remove_file(&path).ok();
 }
 

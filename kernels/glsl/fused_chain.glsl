@@ -130,12 +130,24 @@
 
 #define REDUCE_NO_DOTS
 #include "reduce.glsl"
+// The int8 dots where the chain has block-format weights (QI_IN, QI_OUT below).
+#if defined(I8_CHAIN) && !INNER_ONLY && \
+    (W_DTYPE == Q8_0 || W_DTYPE == Q4_0 || W2_DTYPE == Q8_0 || W2_DTYPE == Q4_0)
+#define QI_DOTS 1
+#endif
 #include "quant.glsl"
 #include "fused_epilogue.glsl"
 
 // The f16 dots (F16_DOTS, quant.glsl) in the inner dots (QH_IN) and the outer blocks (QH_OUT): the
 // staged input as the f16 pairs the codes meet (xh4: step c's four pairs), act likewise.
-#if defined(F16_CHAIN) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
+// I8_CHAIN instead (the chain's inner dots only, QI_IN): x staged as int8 codes per block of
+// 32 (xq2: step c's two words; xd: block β's scale), the dots two integer dot products a step.
+#if defined(QI_DOTS) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
+#define QI_IN 1
+#else
+#define QI_IN 0
+#endif
+#if defined(F16_CHAIN) && !QI_IN && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
 #define QH_IN 1
 #else
 #define QH_IN 0
@@ -146,7 +158,14 @@
 #else
 #define QH_ACC 0
 #endif
-#if defined(F16_DOWN) && !INNER_ONLY && (W2_DTYPE == Q8_0 || W2_DTYPE == Q4_0)
+// I8_CHAIN: the outer blocks' dots as integer dot products too (QI_OUT), act (one block of 32)
+// quantised to int8 once per workgroup.
+#if defined(QI_DOTS) && (W2_DTYPE == Q8_0 || W2_DTYPE == Q4_0)
+#define QI_OUT 1
+#else
+#define QI_OUT 0
+#endif
+#if defined(F16_DOWN) && !QI_OUT && !INNER_ONLY && (W2_DTYPE == Q8_0 || W2_DTYPE == Q4_0)
 #define QH_OUT 1
 #else
 #define QH_OUT 0
@@ -191,8 +210,8 @@ const uint CODE4 = W2_DTYPE == Q8_0 ? 2u : 1u;
 uint orow(uint b) {
     return b * (q_row_bytes(W2_DTYPE, CH_O * 32u) / 4u);
 }
-#if QH_IN
-// x is staged as f16 pairs in xh4 instead: xs4 is left unused.
+#if QH_IN || QI_IN
+// x is staged as f16 pairs in xh4 (or int8 codes in xq2) instead: xs4 is left unused.
 const uint STAGE4 = 1u;
 #else
 const uint STAGE4 = CH_I / 4u;
@@ -218,6 +237,10 @@ shared vec4 xs4[STAGE4];
 #if QH_IN
 shared uvec4 xh4[CH_I / 8u];
 #endif
+#if QI_IN
+shared uvec2 xq2[CH_I / 8u];
+shared float xd[CH_I / 32u];
+#endif
 
 // Where the staged input's vec4 i lives. A subgroup's 16-byte shared loads are served 8 lanes
 // at a time, and 8 lanes conflict unless their vec4s sit in 8 distinct groups of 4 banks
@@ -238,6 +261,11 @@ uint xs_at(uint i) {
 // Each dot's KS partial sums, one per subgroup of its group.
 shared float dots_s[NDOTS * KS];
 shared vec4 act4[CB / 4u];
+#if QI_OUT
+// act's int8 codes (word j: elements 4j .. 4j + 3) and their scale.
+shared uint aq_s[8];
+shared float ad_s;
+#endif
 
 // The vec4s of the input that step c (8 weights of a row, in every dtype: quant.glsl) meets.
 uvec2 step_x4(uint c) {
@@ -258,6 +286,15 @@ uvec4 inner_raw(uint row, uint c) {
     return w4[row * (CH_I / 8u) + c];
 #endif
 }
+
+#if QI_IN
+// Step c's raw words v (inner_raw) · its int8 input xq, before the scales.
+int inner_idot(uvec4 v, uvec2 xq) {
+    return W_DTYPE == Q8_0 ? qi_sdot(v.x, xq.x) + qi_sdot(v.y, xq.y)
+                           : qi_sdot(Q4_SIGNED(Q4_LOW_BYTES(v.x)), xq.x) +
+                                 qi_sdot(Q4_SIGNED(Q4_HIGH_BYTES(v.x)), xq.y);
+}
+#endif
 
 float inner_dot(uvec4 v, uint c, vec4 xa, vec4 xb) {
 #if QH_IN
@@ -376,7 +413,12 @@ void main() {
         uint c = cbase + min(lane + (e % PRE_STEPS) * gl_SubgroupSize, SPK - 1u);
         uvec4 v = wp[e];
         float d = Q_SCALE_HALF(v.z, c / 4u);
-#if QH_IN
+#if QI_IN
+        // q8_0's signed bytes as they are; q4_0's nibbles as the signed bytes n - 8.
+        wp[e] = W_DTYPE == Q8_0 ? uvec4(v.x, v.y, floatBitsToUint(d), 0u)
+                                : uvec4(Q4_SIGNED(Q4_LOW_BYTES(v.x)),
+                                        Q4_SIGNED(Q4_HIGH_BYTES(v.x)), floatBitsToUint(d), 0u);
+#elif QH_IN
         // The raw code words stay (qh_pair masks them after x arrives): the scale only.
 #if QH_ACC
         wp[e] = uvec4(v.x, v.y, packFloat2x16(qh_scale2(W_DTYPE, v.z, c / 4u)), 0u);
@@ -430,7 +472,24 @@ void main() {
 #if NORM
         v *= i == t ? nw_first : nw4_at(i);
 #endif
-#if QH_IN
+#if QI_IN
+        // vec4 i is half of step i / 2, and an eighth of block i / 8, whose largest |x| the
+        // eight neighbouring invocations that stage it agree on (the workgroup and the
+        // subgroups are whole multiples of 8 invocations); its codes round(127 x / max).
+        float am = max(max(abs(v.x), abs(v.y)), max(abs(v.z), abs(v.w)));
+        am = max(am, subgroupShuffleXor(am, 1u));
+        am = max(am, subgroupShuffleXor(am, 2u));
+        am = max(am, subgroupShuffleXor(am, 4u));
+        uint q = am > 0.0 ? packSnorm4x8(v / am) : 0u;
+        if ((i & 1u) == 0u) {
+            xq2[i / 2u].x = q;
+        } else {
+            xq2[i / 2u].y = q;
+        }
+        if ((i & 7u) == 0u) {
+            xd[i / 8u] = am / 127.0;
+        }
+#elif QH_IN
         // vec4 i is half of step i / 2: its pairs (0, 2), (1, 3) or (4, 6), (5, 7).
         uvec2 h = uvec2(packHalf2x16(v.xz), packHalf2x16(v.yw));
         if ((i & 1u) == 0u) {
@@ -509,8 +568,16 @@ void main() {
 #if QH_IN
                     uvec4 xh = xh4[cbase + c];
 #endif
+#if QI_IN
+                    uvec2 xq = xq2[cbase + c];
+                    float dx = xd[(cbase + c) / 4u];
+#endif
                     for (uint i = 0u; i < DG; i++) {
-#if QH_IN && PRE_HALVES
+#if QI_IN
+                        uvec4 v = wp[i * PRE_STEPS + k];
+                        acc[i] += uintBitsToFloat(v.z) * dx *
+                                  float(qi_sdot(v.x, xq.x) + qi_sdot(v.y, xq.y));
+#elif QH_IN && PRE_HALVES
                         uvec4 h = wh[i * PRE_STEPS + k];
                         acc[i] += wd[i * PRE_STEPS + k] *
                                   qh_dot(unpackFloat2x16(h.x), unpackFloat2x16(h.y),
@@ -551,6 +618,14 @@ void main() {
         }
 #endif
         for (uint c = cbase + c0; c < cbase + SPK; c += gl_SubgroupSize) {
+#if QI_IN
+            uvec2 xq = xq2[c];
+            float dx = xd[c / 4u];
+            for (uint i = 0u; i < DG; i++) {
+                uvec4 v = inner_raw(wrow[i], c);
+                acc[i] += Q_SCALE_HALF(v.z, c / 4u) * dx * float(inner_idot(v, xq));
+            }
+#else
 #if QH_IN
             vec4 xa = uintBitsToFloat(xh4[c]);
             vec4 xb = vec4(0.0);
@@ -562,6 +637,7 @@ void main() {
             for (uint i = 0u; i < DG; i++) {
                 acc[i] += inner_step(wrow[i], c, xa, xb);
             }
+#endif
         }
         reduce_dots(acc, d0, share);
     }
@@ -604,6 +680,34 @@ void main() {
 
     // This block's share of every output row.
 #if OUT_BLOCKS
+#if QI_OUT
+    // act's codes, a word from each of the first 8 invocations (all 32 act rows are one block).
+    if (t < 8u) {
+        float am = 0.0;
+        for (uint j = 0u; j < 8u; j++) {
+            vec4 a = abs(act4[j]);
+            am = max(am, max(max(a.x, a.y), max(a.z, a.w)));
+        }
+        aq_s[t] = am > 0.0 ? packSnorm4x8(act4[t] / am) : 0u;
+        if (t == 0u) {
+            ad_s = am / 127.0;
+        }
+    }
+    barrier();
+    uint aq[8];
+    for (uint j = 0u; j < 8u; j++) {
+        aq[j] = aq_s[j];
+    }
+    float ad = ad_s;
+    // q4_0's nibbles n meet the codes as n - 8: the 8 x Σ codes comes off once.
+    int asum8 = 0;
+    if (W2_DTYPE == Q4_0) {
+        for (uint j = 0u; j < 8u; j++) {
+            asum8 += qi_sdot(aq[j], 0x01010101u);
+        }
+        asum8 *= 8;
+    }
+#endif
 #if QH_OUT
     // act as the f16 pairs of the block's four steps, once for all of this invocation's rows.
     uvec4 ah[4];
@@ -617,7 +721,25 @@ void main() {
             break;
         }
         float v = 0.0;
-#if QH_OUT
+#if QI_OUT
+        int iv = -asum8;
+        if (W2_DTYPE == Q8_0) {
+            for (uint i = 0u; i < 2u; i++) {
+                uvec4 c = pre_c[k * 2u + i];
+                for (uint w = 0u; w < 4u; w++) {
+                    iv += qi_sdot(c[w], aq[4u * i + w]);
+                }
+            }
+        } else {
+            // Word w of the block: inputs 8w .. 8w + 3 in its low nibbles, 8w + 4 .. in its high.
+            uvec4 c = pre_c[k];
+            for (uint w = 0u; w < 4u; w++) {
+                iv += qi_sdot(Q4_LOW_BYTES(c[w]), aq[2u * w]) +
+                      qi_sdot(Q4_HIGH_BYTES(c[w]), aq[2u * w + 1u]);
+            }
+        }
+        v = ad * float(iv);
+#elif QH_OUT
         for (uint w = 0u; w < 4u; w++) {
             v += W2_DTYPE == Q8_0
                      ? qh_step_dot(Q8_0, pre_c[k * 2u + w / 2u][2u * (w % 2u)],

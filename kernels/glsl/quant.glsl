@@ -183,6 +183,25 @@ f16vec2 qh_scale2(uint dt, uint word, uint b) {
                   : qh_step_dot2(Q4_0, A[(aw) + (c)], 0u, xh))
 #endif
 
+// QI_DOTS (the chain defines it under I8_CHAIN: glslang declares the instruction's capability
+// in every module that declares the instruction, used or not, and the capability is a device
+// feature): a step's dot as two packed 4x8-bit integer dot products (SPIR-V's OpSDot,
+// SPV_KHR_integer_dot_product; Debian's glslang has no GL_EXT_integer_dot_product, so the
+// instruction is declared through GL_EXT_spirv_intrinsics), the input quantised to int8 per
+// block of 32 (ggml's q8_1 route): q8_0's codes as they are, q4_0's nibbles as the signed
+// bytes n - 8 (Q4_SIGNED: per byte (n + 128 - 8) ^ 128, no borrow between bytes).
+#ifdef QI_DOTS
+#extension GL_EXT_spirv_intrinsics : require
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018],
+                  id = 4450)
+int qi_sdot_packed(int a, int b, spirv_literal int format);
+// Σ of the products of the four signed bytes of a and b.
+int qi_sdot(uint a, uint b) {
+    return qi_sdot_packed(int(a), int(b), 0);
+}
+#define Q4_SIGNED(n) ((((n) | 0x80808080u) - 0x08080808u) ^ 0x80808080u)
+#endif
+
 // Scale b from the word that holds the f16 scales b & ~1 and b | 1 (two blocks of a row, or
 // the transposed layout's blocks of two rows).
 #define Q_SCALE_HALF(word, b) unpackHalf2x16(word)[(b) & 1u]

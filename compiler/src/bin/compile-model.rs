@@ -54,16 +54,19 @@ struct Args {
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = trace::FoldNorms::Auto,
           num_args = 0..=1, default_missing_value = "on")]
     fold_norms: trace::FoldNorms,
-    /// The arithmetic of the q8_0/q4_0 dot products: auto, f16 or f32.
+    /// The arithmetic of the q8_0/q4_0 dot products: auto, int8, f16 or f32.
     ///
     /// The arithmetic of the fused kernels' q8_0/q4_0 dot products: `f16` (packed f16
     /// products, f32 sums: one multiply-add per two weights; on an H200, the Qwen3-0.6B shape:
     /// q8_0 +5.0% and q4_0 +6.2% tokens/s, the logits 1-2e-3 relative L2 from f32's, where
     /// q8_0 itself is 1.3-3.8e-2 from the unquantised fixtures; docs/perf.md session 38;
-    /// the device needs `shaderFloat16`) or `f32` (exact dequantisation, as the CPU reference
-    /// computes). `auto` (the default) is f16 where `--weights` is q8_0 or q4_0. Float weights
-    /// and the unfused schedule (`--no-fuse`) always take f32 (`--no-fuse --dots f16` is
-    /// refused).
+    /// the device needs `shaderFloat16`), `int8` (f16, and the chained MLP's dots as packed
+    /// int8 products of its input quantised per block of 32, ggml's q8_1 route: on an H200
+    /// q8_0 +4.6% and q4_0 +3.9% more, the logits ~1e-2 from f32's; docs/perf.md session 52;
+    /// the device needs `shaderIntegerDotProduct` too) or `f32` (exact dequantisation, as the
+    /// CPU reference computes). `auto` (the default) is int8 where `--weights` is q8_0 or
+    /// q4_0. Float weights and the unfused schedule (`--no-fuse`) always take f32 (`--no-fuse`
+    /// with `--dots f16` or `int8` is refused).
     #[arg(long, value_name = "TYPE", value_enum, default_value_t = fuse::Dots::Auto)]
     dots: fuse::Dots,
     /// Write the unfused schedule: one dispatch per op (the eager baseline).
@@ -359,10 +362,15 @@ fn run(args: Args) -> Result<()> {
         trace::check_max_context(n)?;
     }
     // An explicit f16 the unfused kernels cannot honour: refused, not quietly computed in f32.
-    if args.no_fuse && args.dots == fuse::Dots::F16 {
+    if args.no_fuse && matches!(args.dots, fuse::Dots::F16 | fuse::Dots::Int8) {
+        let dots = if args.dots == fuse::Dots::F16 {
+            "f16"
+        } else {
+            "int8"
+        };
         bail!(
-            "--dots f16 applies to fused schedules, and --no-fuse writes the unfused one, whose \
-             kernels dequantise in f32: drop --no-fuse, or --dots"
+            "--dots {dots} applies to fused schedules, and --no-fuse writes the unfused one, \
+             whose kernels dequantise in f32: drop --no-fuse, or --dots"
         );
     }
     if let Some(wg) = args.attention_wg {
@@ -490,6 +498,7 @@ fn run(args: Args) -> Result<()> {
             device,
             ablate: args.ablate.clone(),
             f16_dots: args.dots.f16(args.weights),
+            int8_chain: args.dots.int8_chain(args.weights),
             ..Default::default()
         };
         let (s, r) = st.run("fuse", || {
@@ -577,7 +586,11 @@ fn run(args: Args) -> Result<()> {
     let blocks = args.weights.is_some_and(|w| w.dtype().is_quantized());
     println!(
         "dots:        {}",
-        if schedule.float16_kernel().is_some() {
+        if schedule.integer_dot_kernel().is_some() {
+            "int8 products in the chained MLPs (their input quantised per block of 32), f16 \
+             products and f32 sums in the other block-format matvecs (the device needs \
+             shaderIntegerDotProduct and shaderFloat16; --dots f16 or f32 computes closer)"
+        } else if schedule.float16_kernel().is_some() {
             "f16 products, f32 sums in the block-format matvecs (the device needs \
              shaderFloat16; --dots f32 computes them exactly)"
         } else if !blocks {

@@ -90,6 +90,10 @@ pub struct FuseOptions {
     /// --dots`, f16 by default where the weights are q8_0/q4_0). Off here, so that a
     /// schedule's kernels dequantise exactly as the CPU reference does unless asked.
     pub f16_dots: bool,
+    /// The chained MLP's block-format dots as int8 products of its input quantised per block
+    /// of 32 ([`super::dots`]; `compile-model --dots`, int8 by default where the weights are
+    /// q8_0/q4_0), whatever `f16_dots` says for the other kernels. Off here.
+    pub int8_chain: bool,
     /// The most experts every expert workgroup picks its own among; more are picked once a
     /// step by the router's workgroup, a level before them. `None`: `VKFUSE_OWN_ROUTING_MAX`
     /// or [`experts::OWN_ROUTING_MAX`] (64: Qwen3-Next-80B's 512 are routed once).
@@ -115,6 +119,7 @@ impl Default for FuseOptions {
             argmax_in_matvec: true,
             ablate: vec![],
             f16_dots: false,
+            int8_chain: false,
             own_routing_max: None,
         }
     }
@@ -295,7 +300,7 @@ struct Lowering<'a> {
     /// decodes it, and nothing else but the step's matvec may bind it).
     token: Slice,
     token_encoding: TokenEncoding,
-    /// The defines every generated kernel gets ([`FuseOptions::f16_dots`]).
+    /// The defines every generated kernel gets ([`FuseOptions::f16_dots`], `int8_chain`).
     defines: &'static str,
 }
 
@@ -816,11 +821,7 @@ pub fn lower_units_planned(
         arrival_counters,
         token: token_slice,
         token_encoding,
-        defines: if opts.f16_dots {
-            super::dots::F16_DEFINE
-        } else {
-            ""
-        },
+        defines: super::dots::defines(opts.f16_dots, opts.int8_chain),
     };
     for &(u, start) in &fused.sequence {
         l.instance(&fused.units[u], start, spirv)?;

@@ -201,6 +201,14 @@ impl KernelDecl {
         self.declares_capability(FLOAT16)
     }
 
+    /// Whether the SPIR-V declares packed integer dot products (`DotProduct`), which the
+    /// device must offer as `shaderIntegerDotProduct` (the chained MLP's int8 dots,
+    /// `compile-model --dots int8`).
+    pub fn uses_integer_dot_product(&self) -> bool {
+        const DOT_PRODUCT: u32 = 6019;
+        self.declares_capability(DOT_PRODUCT)
+    }
+
     /// Whether an `OpCapability` of the SPIR-V names `capability`.
     fn declares_capability(&self, capability: u32) -> bool {
         crate::vulkan::spirv::declares_capability(&self.spirv, capability)
@@ -489,6 +497,12 @@ impl Schedule {
     /// A kernel with f16 arithmetic (so the device must offer `shaderFloat16`).
     pub fn float16_kernel(&self) -> Option<&KernelDecl> {
         self.kernels.iter().find(|k| k.uses_float16_arithmetic())
+    }
+
+    /// A kernel with packed integer dot products (so the device must offer
+    /// `shaderIntegerDotProduct`).
+    pub fn integer_dot_kernel(&self) -> Option<&KernelDecl> {
+        self.kernels.iter().find(|k| k.uses_integer_dot_product())
     }
 }
 

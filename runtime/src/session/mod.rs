@@ -313,6 +313,11 @@ impl Loaded {
                 Feature::ShaderFloat16,
                 Some("--dots f32"),
             ),
+            (
+                schedule.integer_dot_kernel(),
+                Feature::IntegerDotProduct,
+                Some("--dots f16"),
+            ),
         ];
         for (kernel, feature, flag) in needs {
             if let Some(k) = kernel.filter(|_| !device.info().supports(feature)) {

@@ -156,6 +156,9 @@ pub struct ShaderFeatures {
     /// instead of in the command buffer (replay's chains: a reset recorded at the start of each
     /// cost the H100 0.4-1% of its tokens per second). Not a shader feature either.
     pub host_query_reset: bool,
+    /// `shaderIntegerDotProduct` (Vulkan 1.3, `VK_KHR_shader_integer_dot_product`): dot
+    /// products of packed 8-bit integers (the chained MLP's int8 dots, `compile-model --dots`).
+    pub integer_dot_product: bool,
 }
 
 /// A capability a caller can require of a device (see [`Requirements`]).
@@ -187,6 +190,8 @@ pub enum Feature {
     BufferFloat32AtomicAdd,
     /// 64-bit integer atomics on storage buffers (`shaderBufferInt64Atomics`).
     BufferInt64Atomics,
+    /// Dot products of packed 8-bit integers (`shaderIntegerDotProduct`).
+    IntegerDotProduct,
 }
 
 impl fmt::Display for Feature {
@@ -208,6 +213,9 @@ impl fmt::Display for Feature {
             }
             Feature::BufferInt64Atomics => {
                 "64-bit integer atomics on storage buffers (shaderInt64 and shaderBufferInt64Atomics)"
+            }
+            Feature::IntegerDotProduct => {
+                "packed 8-bit integer dot products (shaderIntegerDotProduct, VK_KHR_shader_integer_dot_product)"
             }
         })
     }
@@ -328,6 +336,7 @@ impl AdapterInfo {
             Feature::Timestamps => self.timestamps(),
             Feature::BufferFloat32AtomicAdd => s.buffer_float32_atomic_add,
             Feature::BufferInt64Atomics => s.shader_int64 && s.buffer_int64_atomics,
+            Feature::IntegerDotProduct => s.integer_dot_product,
         }
     }
 
@@ -466,7 +475,7 @@ impl fmt::Display for AdapterInfo {
         let s = &self.features;
         write!(
             f,
-            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}, int64 atomics {}, pipeline statistics {}, device clock {}, buffer addresses {}, host query reset {}",
+            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}, int64 atomics {}, pipeline statistics {}, device clock {}, buffer addresses {}, host query reset {}, int8 dot products {}",
             yes(s.shader_float16),
             yes(s.shader_int8),
             yes(s.shader_int16),
@@ -478,7 +487,8 @@ impl fmt::Display for AdapterInfo {
             yes(s.pipeline_executable_info),
             yes(s.shader_device_clock),
             yes(s.buffer_device_address),
-            yes(s.host_query_reset)
+            yes(s.host_query_reset),
+            yes(s.integer_dot_product)
         )
     }
 }
@@ -614,6 +624,8 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
     let has_clock = offers(ash::khr::shader_clock::NAME);
     let mut addresses = vk::PhysicalDeviceBufferDeviceAddressFeatures::default();
     let mut host_reset = vk::PhysicalDeviceHostQueryResetFeatures::default();
+    let mut int_dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
+    let has_int_dot = v1_3 || offers(ash::khr::shader_integer_dot_product::NAME);
     let core = if v1_1 {
         let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut storage16);
         if v1_2 {
@@ -632,6 +644,9 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
         }
         if has_clock {
             features2 = features2.push_next(&mut clock);
+        }
+        if has_int_dot {
+            features2 = features2.push_next(&mut int_dot);
         }
         // SAFETY: as above.
         unsafe { instance.get_physical_device_features2(pd, &mut features2) };
@@ -719,6 +734,7 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
             shader_device_clock: clock.shader_device_clock == vk::TRUE,
             buffer_device_address: addresses.buffer_device_address == vk::TRUE,
             host_query_reset: host_reset.host_query_reset == vk::TRUE,
+            integer_dot_product: has_int_dot && int_dot.shader_integer_dot_product == vk::TRUE,
         },
         compute_units,
         max_storage_buffers_per_stage: limits.max_per_stage_descriptor_storage_buffers,

@@ -130,6 +130,13 @@ impl Device {
         if f.shader_device_clock {
             features2 = features2.push_next(&mut clock);
         }
+        // Core in 1.3; below it, reported only where the extension is offered (the adapter
+        // query chains it then), which is then enabled too.
+        let mut int_dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default()
+            .shader_integer_dot_product(f.integer_dot_product);
+        if f.integer_dot_product {
+            features2 = features2.push_next(&mut int_dot);
+        }
 
         // SAFETY: `pd` belongs to the live instance.
         let device_extensions = unsafe { instance_raw.enumerate_device_extension_properties(pd) }
@@ -151,6 +158,17 @@ impl Device {
         }
         if f.shader_device_clock {
             extensions.push(ash::khr::shader_clock::NAME.as_ptr());
+        }
+        let int_dot_name = ash::khr::shader_integer_dot_product::NAME;
+        // The version the device is used at: the instance's may be lower than the device's.
+        let used = info.api_version.0.min(instance.shared.api_version);
+        if f.integer_dot_product
+            && used < vk::API_VERSION_1_3
+            && device_extensions
+                .iter()
+                .any(|e| e.extension_name_as_c_str() == Ok(int_dot_name))
+        {
+            extensions.push(int_dot_name.as_ptr());
         }
 
         let priorities = [1.0f32];
