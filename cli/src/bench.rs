@@ -221,12 +221,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let meta = lower::Meta::of(&model);
         let mut spirv = SpirvCache::default();
         schedules.push((false, lower::lower(&program, &meta, &mut spirv)?));
+        let dots = args.run.dots.unwrap_or(fuse::Dots::Auto);
         let opts = fuse::FuseOptions {
-            f16_dots: args
-                .run
-                .dots
-                .unwrap_or(fuse::Dots::Auto)
-                .f16(args.run.weights),
+            f16_dots: dots.f16(args.run.weights),
+            int8_chain: dots.int8_chain(args.run.weights),
             ..Default::default()
         };
         let (fused, _) = fuse::lower_fused(&program, &meta, &mut spirv, &opts)?;
@@ -263,7 +261,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         args.tokens
     )?;
     // Only fused kernels take them (compile-model --dots).
-    if schedules.iter().any(|(_, s)| s.float16_kernel().is_some()) {
+    if schedules
+        .iter()
+        .any(|(_, s)| s.integer_dot_kernel().is_some())
+    {
+        writeln!(
+            out,
+            "the fused kernels take their q8_0/q4_0 dots in f16, the chained MLPs' in int8 (--dots)"
+        )?;
+    } else if schedules.iter().any(|(_, s)| s.float16_kernel().is_some()) {
         writeln!(
             out,
             "the fused kernels take their q8_0/q4_0 dots in f16 (--dots)"

@@ -1065,3 +1065,42 @@ fn logits_chains_past_the_logits_ring_are_refused_before_decoding() {
     std::fs::remove_file(file.with_extension("vkf.pipelines")).ok();
     std::fs::remove_file(&npy).ok();
 }
+
+/// The int8 chains (the fused default for q8_0/q4_0) quantise blocks of 32 inputs across 8
+/// invocations of a subgroup: a device with narrower subgroups refuses them by name, and takes
+/// `--dots f16`. lavapipe narrows its subgroups to 4 with `LP_NATIVE_VECTOR_WIDTH=128` (other
+/// drivers ignore the variable, and then both run).
+#[test]
+fn int8_chains_are_refused_on_subgroups_narrower_than_8() {
+    let dir = fixture_dir("qwen3-tied");
+    let narrow = |dots: &str| {
+        Command::new(env!("CARGO_BIN_EXE_vkfuse"))
+            .args(["bench", dir.to_str().unwrap(), "--weights", "q8_0"])
+            .args(["--tokens", "4", "--dots", dots])
+            .env("LP_NATIVE_VECTOR_WIDTH", "128")
+            .output()
+            .expect("vkfuse runs")
+    };
+    let listing = Command::new(env!("CARGO_BIN_EXE_vkfuse"))
+        .arg("devices")
+        .env("LP_NATIVE_VECTOR_WIDTH", "128")
+        .output()
+        .expect("vkfuse runs");
+    let listing = String::from_utf8_lossy(&listing.stdout).to_string();
+    let out = narrow("int8");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if listing.contains("subgroups:  size 4") {
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        for needle in ["subgroups hold 4", "--dots f16", "fused_chain"] {
+            assert!(stderr.contains(needle), "`{needle}` not in: {stderr}");
+        }
+    } else {
+        assert!(out.status.success(), "{stderr}");
+    }
+    let out = narrow("f16");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

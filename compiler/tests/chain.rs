@@ -11,8 +11,8 @@
 //! exact sums, within int8's rounding of the input and of act (~1e-2; a wrong code, offset or
 //! scale moves y by ~1), and a CPU model of the route (each block of 32 inputs, then of act,
 //! as round(127 v / max |v|) times max |v| / 127, the codes as the format stores them), which
-//! the kernel matches to f32 rounding but where a value within f32 of a rounding tie lands on
-//! the other code.
+//! the kernel matches to f32 rounding (lavapipe: 5e-8) but where a value within f32 of a
+//! rounding tie lands on the other code (~1e-4 each; q4_0's offset off by one: 4e-2).
 
 mod common;
 
@@ -190,7 +190,7 @@ fn check_norm(
     if int8 {
         let rel_model = rel_l2(&y, &want_int8);
         assert!(
-            rel < 1e-2 && rel_model < 1e-5,
+            rel < 1e-2 && rel_model < 1e-3,
             "{dtype} j={j} i={i} o={o} int8: relative L2 {rel:.2e} from the exact sums, \
              {rel_model:.2e} from the int8 route's"
         );

@@ -480,7 +480,7 @@ void main() {
         am = max(am, subgroupShuffleXor(am, 1u));
         am = max(am, subgroupShuffleXor(am, 2u));
         am = max(am, subgroupShuffleXor(am, 4u));
-        uint q = am > 0.0 ? packSnorm4x8(v / am) : 0u;
+        uint q = am > 0.0 ? packSnorm4x8(v * (1.0 / am)) : 0u;
         if ((i & 1u) == 0u) {
             xq2[i / 2u].x = q;
         } else {
@@ -681,14 +681,16 @@ void main() {
     // This block's share of every output row.
 #if OUT_BLOCKS
 #if QI_OUT
-    // act's codes, a word from each of the first 8 invocations (all 32 act rows are one block).
+    // act's codes, a word from each of the first 8 invocations (all 32 act rows are one block),
+    // which agree on its largest as x's stagers do (the runtime requires subgroups of 8 or more).
     if (t < 8u) {
-        float am = 0.0;
-        for (uint j = 0u; j < 8u; j++) {
-            vec4 a = abs(act4[j]);
-            am = max(am, max(max(a.x, a.y), max(a.z, a.w)));
-        }
-        aq_s[t] = am > 0.0 ? packSnorm4x8(act4[t] / am) : 0u;
+        vec4 a = act4[t];
+        vec4 aa = abs(a);
+        float am = max(max(aa.x, aa.y), max(aa.z, aa.w));
+        am = max(am, subgroupShuffleXor(am, 1u));
+        am = max(am, subgroupShuffleXor(am, 2u));
+        am = max(am, subgroupShuffleXor(am, 4u));
+        aq_s[t] = am > 0.0 ? packSnorm4x8(a * (1.0 / am)) : 0u;
         if (t == 0u) {
             ad_s = am / 127.0;
         }

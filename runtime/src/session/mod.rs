@@ -331,6 +331,20 @@ impl Loaded {
                 }));
             }
         }
+        // The int8 dots' blocks of 32 inputs are staged by 8 neighbouring invocations of one
+        // subgroup, which agree on the block's largest by shuffles (fused_chain.glsl's QI_IN).
+        let subgroup = device.info().subgroup_size;
+        if let Some(k) = schedule.integer_dot_kernel().filter(|_| subgroup < 8) {
+            return Err(SessionError::Vulkan(Error::UnsupportedDevice {
+                device: device.info().name.clone(),
+                reason: format!(
+                    "kernel `{}` quantises blocks of 32 inputs across 8 invocations of a \
+                     subgroup, and this device's subgroups hold {subgroup}; compile the model \
+                     with `compile-model --dots f16`",
+                    k.label
+                ),
+            }));
+        }
         // A grid barrier waits for every workgroup of its dispatch: a device that does not say
         // how many it keeps resident (lavapipe runs a few at a time, one per thread) can hang
         // on more than one, and lavapipe's atomic loads let waiters pass early besides: wrong

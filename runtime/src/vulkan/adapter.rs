@@ -543,7 +543,7 @@ impl Adapter {
             instance: Arc::clone(instance),
             raw,
             index,
-            info: query_info(&instance.raw, raw),
+            info: query_info(&instance.raw, instance.api_version, raw),
         }
     }
 }
@@ -565,7 +565,8 @@ pub(crate) fn pick_compute_family(families: &[vk::QueueFamilyProperties]) -> Opt
         .and_then(|(i, _)| u32::try_from(i).ok())
 }
 
-fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
+/// What the device `pd` offers; `instance_api` is the version the instance was created at.
+fn query_info(instance: &ash::Instance, instance_api: u32, pd: vk::PhysicalDevice) -> AdapterInfo {
     // SAFETY: `pd` was enumerated from this live instance.
     let props = unsafe { instance.get_physical_device_properties(pd) };
     let v1_1 = props.api_version >= vk::API_VERSION_1_1;
@@ -625,7 +626,10 @@ fn query_info(instance: &ash::Instance, pd: vk::PhysicalDevice) -> AdapterInfo {
     let mut addresses = vk::PhysicalDeviceBufferDeviceAddressFeatures::default();
     let mut host_reset = vk::PhysicalDeviceHostQueryResetFeatures::default();
     let mut int_dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
-    let has_int_dot = v1_3 || offers(ash::khr::shader_integer_dot_product::NAME);
+    // Core where both the device and the instance are 1.3; below that, the extension (which
+    // the device then enables).
+    let has_int_dot = (v1_3 && instance_api >= vk::API_VERSION_1_3)
+        || offers(ash::khr::shader_integer_dot_product::NAME);
     let core = if v1_1 {
         let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut storage16);
         if v1_2 {

@@ -159,16 +159,11 @@ impl Device {
         if f.shader_device_clock {
             extensions.push(ash::khr::shader_clock::NAME.as_ptr());
         }
-        let int_dot_name = ash::khr::shader_integer_dot_product::NAME;
-        // The version the device is used at: the instance's may be lower than the device's.
+        // Below 1.3 (the device's or the instance's) the adapter reported the feature only
+        // where the extension is offered.
         let used = info.api_version.0.min(instance.shared.api_version);
-        if f.integer_dot_product
-            && used < vk::API_VERSION_1_3
-            && device_extensions
-                .iter()
-                .any(|e| e.extension_name_as_c_str() == Ok(int_dot_name))
-        {
-            extensions.push(int_dot_name.as_ptr());
+        if f.integer_dot_product && used < vk::API_VERSION_1_3 {
+            extensions.push(ash::khr::shader_integer_dot_product::NAME.as_ptr());
         }
 
         let priorities = [1.0f32];
