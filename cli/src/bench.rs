@@ -416,7 +416,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let l = leeway(true);
         let mut why = vec![];
         if l.f16_dots && schedules.len() > 1 {
-            why.push("take f16 dots where the unfused ones take f32");
+            let int8 = schedules
+                .iter()
+                .any(|(_, s)| s.integer_dot_kernel().is_some());
+            why.push(if int8 {
+                "take f16 dots (int8 in the chained MLPs) where the unfused ones take f32"
+            } else {
+                "take f16 dots where the unfused ones take f32"
+            });
         }
         if l.atomics {
             why.push("sum with float atomics, whose order varies from run to run");

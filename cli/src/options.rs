@@ -40,8 +40,8 @@ pub struct RunOptions {
     pub fold_norms: Option<trace::FoldNorms>,
     /// For a model directory under `bench`, which compiles it fused: the q8_0/q4_0 dot
     /// products in int8 (the chained MLPs; f16 elsewhere), f16 or f32, as `compile-model
-    /// --dots` (default `auto`: int8 where `--weights` is q8_0 or q4_0). `run` and `generate` decode a model directory unfused (f32) and a
-    /// schedule file as it was compiled.
+    /// --dots` (default `auto`: int8 where `--weights` is q8_0 or q4_0). `run` and `generate`
+    /// decode a model directory unfused (f32) and a schedule file as it was compiled.
     #[arg(long, value_name = "TYPE", value_enum)]
     pub dots: Option<fuse::Dots>,
     /// Persistent regions (one dispatch for a run of matvec levels, grid barriers in device

@@ -38,8 +38,8 @@ pub fn defines(f16_dots: bool, int8_chain: bool) -> &'static str {
 /// `compile-model --dots`: which arithmetic the block formats' dots use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Dots {
-    /// int8 where the matvec weights are stored as q8_0 or q4_0 (`--weights`); nothing else
-    /// has block-format dots.
+    /// int8 in the chained MLPs and f16 in the other fused matvecs where the matvec weights
+    /// are stored as q8_0 or q4_0 (`--weights`); nothing else has block-format dots.
     // compile-model's default; the library's (`FuseOptions::f16_dots`, `int8_chain`) is f32.
     Auto,
     /// The chained MLP's dots as packed int8 products of its quantised input, the other
