@@ -454,9 +454,14 @@ fn the_block_formats_take_int8_chains_and_f16_dots_by_default_and_f16_or_f32_on_
         let file = vkfuse_runtime::schedule::ScheduleFile::open(&path).unwrap();
         let f16 = file.schedule().float16_kernel().is_some();
         let int8 = file.schedule().integer_dot_kernel().is_some();
+        // `vkfuse inspect` says what the device must offer for it.
+        let dump = vkfuse_runtime::schedule::dump(file.schedule());
+        assert_eq!(dump.contains("int8 dot products"), int8, "{args:?}: {dump}");
+        assert_eq!(dump.contains("f16 arithmetic"), f16, "{args:?}: {dump}");
         // The report says what the kernels do.
         let line = match (f16, int8, args) {
             (_, true, _) => "dots:        int8 products in the chained MLPs",
+            (true, false, [.., "--no-chain"]) => "no chained MLP to take int8 ones (--no-chain",
             (true, false, _) => "dots:        f16 products",
             (false, false, [_, "bf16", ..]) => "dots:        no block-format matvecs",
             (false, false, [.., "--no-fuse"]) => "dots:        f32 (the unfused kernels",

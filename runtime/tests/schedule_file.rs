@@ -1134,6 +1134,9 @@ fn should_dump_every_table_readably() {
     for needle in [
         "schedule Qwen3ForCausalLM: vocab 16, max context 32, eos [2, 15], tokenizer 51 bytes",
         "4 buffers (8.9 KiB), 4 weight uploads (5.1 KiB), 3 kernels, 4 dispatches in 3 levels",
+        // Its kernels declare no capability a device may lack (compile_model_cli checks the
+        // others on compiled schedules).
+        "  needs: compute only\n",
         "io: token b1[+0,4] position b1[+4,4] logits b1[+64,64]",
         "b0   weights          8192 (8.0 KiB)  weights",
         "b2   state             256 (256 B)  kv",

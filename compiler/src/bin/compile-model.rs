@@ -62,7 +62,7 @@ struct Args {
     /// q8_0 itself is 1.3-3.8e-2 from the unquantised fixtures; docs/perf.md session 38;
     /// the device needs `shaderFloat16`), `int8` (f16, and the chained MLP's dots as packed
     /// int8 products of its input quantised per block of 32, ggml's q8_1 route: on an H200
-    /// q8_0 +4.6% and q4_0 +3.9% more, the logits ~1e-2 from f32's; docs/perf.md session 52;
+    /// q8_0 +4.8% and q4_0 +4.0% more, the logits ~1e-2 from f32's; docs/perf.md session 52;
     /// the device needs `shaderIntegerDotProduct` too) or `f32` (exact dequantisation, as the
     /// CPU reference computes). `auto` (the default) is int8 where `--weights` is q8_0 or
     /// q4_0. Float weights and the unfused schedule (`--no-fuse`) always take f32 (`--no-fuse`
@@ -370,7 +370,7 @@ fn run(args: Args) -> Result<()> {
         };
         bail!(
             "--dots {dots} applies to fused schedules, and --no-fuse writes the unfused one, \
-             whose kernels dequantise in f32: drop --no-fuse, or --dots"
+             whose kernels dequantise in f32: drop --no-fuse, or drop --dots"
         );
     }
     if let Some(wg) = args.attention_wg {
@@ -590,6 +590,12 @@ fn run(args: Args) -> Result<()> {
             "int8 products in the chained MLPs (their input quantised per block of 32), f16 \
              products and f32 sums in the other block-format matvecs (the device needs \
              shaderIntegerDotProduct and shaderFloat16; --dots f16 or f32 computes closer)"
+        } else if schedule.float16_kernel().is_some() && args.dots.int8_chain(args.weights) {
+            // int8 asked for (or auto), but no chained MLP to take it.
+            "f16 products, f32 sums in the block-format matvecs; no chained MLP to take int8 \
+             ones (--no-chain, or MLPs whose inner rows are not whole blocks of 32, or MoE \
+             experts: --explain says which) (the device needs shaderFloat16; --dots f32 \
+             computes them exactly)"
         } else if schedule.float16_kernel().is_some() {
             "f16 products, f32 sums in the block-format matvecs (the device needs \
              shaderFloat16; --dots f32 computes them exactly)"

@@ -15,7 +15,7 @@
 //! `OpSDot`), q8_0's codes as they are, q4_0's nibbles as n - 8, then one multiply by the two
 //! scales. The chain's dots were the arithmetic left on the step's path (the f16 dots' mask,
 //! subtraction, multiply-adds and conversions: with them free the step ran 7% faster). On an
-//! H200, the Qwen3-0.6B shape: q8_0 +4.6% and q4_0 +3.9% tokens/s over the f16 dots, the
+//! H200, the Qwen3-0.6B shape: q8_0 +4.8% and q4_0 +4.0% tokens/s over the f16 dots, the
 //! fixtures' logits ~1e-2 relative L2 from the f32 dots' (docs/perf.md, session 52).
 
 use crate::quant::WeightFormat;

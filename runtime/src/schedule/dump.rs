@@ -4,6 +4,7 @@
 //! ```text
 //! schedule Qwen3ForCausalLM: vocab 151936, max context 4096, eos [151645], tokenizer 11422654 bytes
 //!   4 buffers (1.2 GiB), 311 weight uploads (1.1 GiB), 24 kernels, 425 dispatches in 425 levels
+//!   needs: subgroup shuffles
 //! io: token b1[+0,4] position b1[+4,4] logits b2[+0,607744]
 //! buffers:
 //!   b0 weights  1191182336 (1.1 GiB)  weights
@@ -98,6 +99,34 @@ impl fmt::Display for Schedule {
             self.dispatches.len(),
             self.levels.len()
         )?;
+        // What the device must offer beyond compute (Loaded::load checks it), and the
+        // compile-model choice each follows from.
+        let needs: Vec<&str> = [
+            (
+                self.float_atomic_kernel().is_some(),
+                "float atomic add (the chained MLPs)",
+            ),
+            (
+                self.int64_atomic_kernel().is_some(),
+                "64-bit atomics (the argmax in lm_head)",
+            ),
+            (self.shuffle_kernel().is_some(), "subgroup shuffles"),
+            (
+                self.float16_kernel().is_some(),
+                "f16 arithmetic (the f16 dots)",
+            ),
+            (
+                self.integer_dot_kernel().is_some(),
+                "int8 dot products and subgroups of 8 or more (the int8 dots)",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(on, what)| on.then_some(what))
+        .collect();
+        match needs.is_empty() {
+            true => writeln!(f, "  needs: compute only")?,
+            false => writeln!(f, "  needs: {}", needs.join(", "))?,
+        }
         let io = &self.io;
         let key = match io.token_encoding {
             super::TokenEncoding::Index => "",
