@@ -140,8 +140,9 @@
 
 // The f16 dots (F16_DOTS, quant.glsl) in the inner dots (QH_IN) and the outer blocks (QH_OUT): the
 // staged input as the f16 pairs the codes meet (xh4: step c's four pairs), act likewise.
-// I8_CHAIN instead (the chain's inner dots only, QI_IN): x staged as int8 codes per block of
-// 32 (xq2: step c's two words; xd: block β's scale), the dots two integer dot products a step.
+// I8_CHAIN instead (the chain's gate/up dots, QI_IN; its down projection's, QI_OUT): x staged
+// as int8 codes per block of 32 (xq2: step c's two words; xd: block β's scale), the dots two
+// integer dot products a step (quant.glsl; fuse::dots says why and what it costs in accuracy).
 #if defined(QI_DOTS) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
 #define QI_IN 1
 #else
