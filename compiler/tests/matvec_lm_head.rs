@@ -20,6 +20,11 @@ use vkfuse_runtime::Buffer;
 const WAIT: Duration = Duration::from_secs(300);
 const EPS: f32 = 1e-6;
 
+/// The subgroup size of the device the tests run on.
+fn device_subgroup_size() -> u32 {
+    common::validated_device().0.info().subgroup_size
+}
+
 fn check(dtype: DType, rows: usize, cols: usize) {
     check_at(dtype, rows, cols, None);
 }
@@ -143,9 +148,7 @@ fn check_probe(
 /// have the last step's lanes read word 16 of a lane past the row.
 #[test]
 fn lm_heads_match_the_cpu_with_one_subgroup_per_workgroup() {
-    let (device, _) = common::validated_device();
-    let sg = device.info().subgroup_size;
-    drop(device);
+    let sg = device_subgroup_size();
     if sg >= 32 {
         check(DType::Q4_0, 65536 + 3, 33 * 32);
         check(DType::Q8_0, 65536 + 3, 33 * 32);
@@ -166,9 +169,7 @@ fn lm_heads_match_the_cpu_with_one_subgroup_per_workgroup() {
 /// 4.6-4.9e-3 relative L2), where q4_0's offset 7 instead of 8 gives 2.2e-1.
 #[test]
 fn the_i8_mv_probes_lm_heads_match_the_cpu_within_int8_rounding() {
-    let (device, _) = common::validated_device();
-    let sg = device.info().subgroup_size;
-    drop(device);
+    let sg = device_subgroup_size();
     for dtype in [DType::Q4_0, DType::Q8_0] {
         check_probe(
             dtype,
@@ -192,9 +193,7 @@ fn the_i8_mv_probes_lm_heads_match_the_cpu_within_int8_rounding() {
 /// F16_ACC), where a swapped input pair or a neighbouring block's scale gives 1.0-1.4.
 #[test]
 fn the_f16_dot_lm_heads_match_the_cpu_within_f16_rounding() {
-    let (device, _) = common::validated_device();
-    let sg = device.info().subgroup_size;
-    drop(device);
+    let sg = device_subgroup_size();
     for defines in ["F16_MV", "F16_MV,F16_ACC"] {
         for dtype in [DType::Q4_0, DType::Q8_0] {
             check_probe(

@@ -126,24 +126,28 @@ const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
 // Step c's input (xa: elements 0-3, xb: 4-7) as int8 codes qx with its block's scale dx, and
 // sq the codes' sum (q4_0's nibbles n meet them as n - 8): the block's 4 steps are taken by 4
 // neighbouring invocations (c = t + k * workgroup size), which agree on its largest |x|.
-void step_q(vec4 xa, vec4 xb, out uvec2 qx, out float dx, out int sq) {
+struct QStep {
+    uvec2 qx;
+    float dx;
+    int sq;
+};
+QStep step_q(vec4 xa, vec4 xb) {
     vec4 a = max(abs(xa), abs(xb));
     float am = max(max(a.x, a.y), max(a.z, a.w));
     am = max(am, subgroupShuffleXor(am, 1u));
     am = max(am, subgroupShuffleXor(am, 2u));
     float r = am > 0.0 ? 1.0 / am : 0.0;
-    qx = uvec2(packSnorm4x8(xa * r), packSnorm4x8(xb * r));
-    dx = am / 127.0;
-    sq = qi_sdot(qx.x, 0x01010101u) + qi_sdot(qx.y, 0x01010101u);
+    uvec2 qx = uvec2(packSnorm4x8(xa * r), packSnorm4x8(xb * r));
+    return QStep(qx, am / 127.0, qi_sdot(qx.x, 0x01010101u) + qi_sdot(qx.y, 0x01010101u));
 }
 
-// Step c of the row whose codes start at word aw, dotted with qx (before the scales).
-int qi_step(uint aw, uint c, uvec2 qx, int sq) {
-    if (W_DTYPE == Q8_0) {
-        return qi_sdot(w[aw + 2u * c], qx.x) + qi_sdot(w[aw + 2u * c + 1u], qx.y);
-    }
-    uint cw = w[aw + c];
-    return qi_sdot(Q4_LOW_BYTES(cw), qx.x) + qi_sdot(Q4_HIGH_BYTES(cw), qx.y) - 8 * sq;
+// Step c of the row whose codes start at word aw, dotted with q's codes and scaled by its dx
+// (not yet by the row's scale).
+float qi_step(uint aw, uint c, QStep q) {
+    int s = W_DTYPE == Q8_0 ? qi_sdot(w[aw + 2u * c], q.qx.x) + qi_sdot(w[aw + 2u * c + 1u], q.qx.y)
+                            : qi_sdot(Q4_LOW_BYTES(w[aw + c]), q.qx.x) +
+                                  qi_sdot(Q4_HIGH_BYTES(w[aw + c]), q.qx.y) - 8 * q.sq;
+    return q.dx * float(s);
 }
 #endif
 
@@ -233,10 +237,7 @@ void main() {
             float sx = dot(xa + xb, vec4(1.0));
 #endif
 #if QI_MV
-            uvec2 qx;
-            float dx;
-            int sq;
-            step_q(xa, xb, qx, dx, sq);
+            QStep q = step_q(xa, xb);
 #elif defined(F16_MV)
             uvec4 xh = QH_X(xa, xb);
 #endif
@@ -248,7 +249,7 @@ void main() {
 #else
                 float d = Q_SCALE_HALF(subgroupShuffle(sw[j], b / 2u), b);
 #if QI_MV
-                float v = d * dx * float(qi_step(wrow[j] * rb / 4u, c, qx, sq));
+                float v = d * qi_step(wrow[j] * rb / 4u, c, q);
 #elif defined(F16_MV)
                 float v = d * QH_STEP_DOT(W_DTYPE, w, wrow[j] * rb / 4u, c, xh);
 #elif LIN4
@@ -272,18 +273,14 @@ void main() {
             float sx = dot(xa + xb, vec4(1.0));
 #endif
 #if QI_MV
-            uvec2 qx;
-            float dx;
-            int sq;
-            step_q(xa, xb, qx, dx, sq);
+            QStep q = step_q(xa, xb);
 #elif defined(F16_MV)
             uvec4 xh = QH_X(xa, xb);
 #endif
             for (uint j = 0u; j < ndots; j++) {
                 uint at = wrow[j] * rb;
 #if QI_MV
-                acc[j] += Q_SCALE(W_DTYPE, w, at, I, c / 4u) * dx *
-                          float(qi_step(at / 4u, c, qx, sq));
+                acc[j] += Q_SCALE(W_DTYPE, w, at, I, c / 4u) * qi_step(at / 4u, c, q);
 #elif QH_ACC
                 f16vec2 p = QH_STEP_DOT2(W_DTYPE, w, at / 4u, c, xh);
                 uint sword = w[(at + q_code_bytes(W_DTYPE, I)) / 4u + c / 8u];
