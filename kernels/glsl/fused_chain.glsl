@@ -263,9 +263,10 @@ uint xs_at(uint i) {
 shared float dots_s[NDOTS * KS];
 shared vec4 act4[CB / 4u];
 #if QI_OUT
-// act's int8 codes (word j: elements 4j .. 4j + 3) and their scale.
+// act's int8 codes (word j: elements 4j .. 4j + 3), their scale, and (q4_0) 8 x their sum.
 shared uint aq_s[8];
 shared float ad_s;
+shared int asum8_s;
 #endif
 
 // The vec4s of the input that step c (8 weights of a row, in every dtype: quant.glsl) meets.
@@ -691,9 +692,17 @@ void main() {
         am = max(am, subgroupShuffleXor(am, 1u));
         am = max(am, subgroupShuffleXor(am, 2u));
         am = max(am, subgroupShuffleXor(am, 4u));
-        aq_s[t] = am > 0.0 ? packSnorm4x8(a * (1.0 / am)) : 0u;
+        uint q = am > 0.0 ? packSnorm4x8(a * (1.0 / am)) : 0u;
+        aq_s[t] = q;
+        // q4_0's nibbles n meet the codes as n - 8: 8 x Σ codes comes off each row once,
+        // summed here once for the workgroup.
+        int s = qi_sdot(q, 0x01010101u);
+        s += subgroupShuffleXor(s, 1u);
+        s += subgroupShuffleXor(s, 2u);
+        s += subgroupShuffleXor(s, 4u);
         if (t == 0u) {
             ad_s = am / 127.0;
+            asum8_s = W2_DTYPE == Q4_0 ? 8 * s : 0;
         }
     }
     barrier();
@@ -702,14 +711,7 @@ void main() {
         aq[j] = aq_s[j];
     }
     float ad = ad_s;
-    // q4_0's nibbles n meet the codes as n - 8: the 8 x Σ codes comes off once.
-    int asum8 = 0;
-    if (W2_DTYPE == Q4_0) {
-        for (uint j = 0u; j < 8u; j++) {
-            asum8 += qi_sdot(aq[j], 0x01010101u);
-        }
-        asum8 *= 8;
-    }
+    int asum8 = asum8_s;
 #endif
 #if QH_OUT
     // act as the f16 pairs of the block's four steps, once for all of this invocation's rows.
