@@ -261,10 +261,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         args.tokens
     )?;
     // Only fused kernels take them (compile-model --dots).
-    if schedules
+    let int8 = schedules
         .iter()
-        .any(|(_, s)| s.integer_dot_kernel().is_some())
-    {
+        .any(|(_, s)| s.integer_dot_kernel().is_some());
+    if int8 {
         writeln!(
             out,
             "the fused kernels take their q8_0/q4_0 dots in f16, the chained MLPs' in int8 (--dots)"
@@ -416,9 +416,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let l = leeway(true);
         let mut why = vec![];
         if l.f16_dots && schedules.len() > 1 {
-            let int8 = schedules
-                .iter()
-                .any(|(_, s)| s.integer_dot_kernel().is_some());
             why.push(if int8 {
                 "take f16 dots (int8 in the chained MLPs) where the unfused ones take f32"
             } else {

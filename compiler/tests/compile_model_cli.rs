@@ -439,16 +439,16 @@ fn the_weights_line_counts_what_each_reason_kept() {
 #[test]
 fn the_block_formats_take_int8_chains_and_f16_dots_by_default_and_f16_or_f32_on_request() {
     let path = std::env::temp_dir().join(format!("vkfuse-dots-{}.vkf", std::process::id()));
+    // compile-model on qwen3-untied into `path`, with `args`.
+    let compile = |args: &[&str]| {
+        let (model, out) = (fixture("qwen3-untied"), path.display().to_string());
+        let mut all = vec![model.as_str(), "-o", out.as_str()];
+        all.extend(args);
+        compile_model(&all)
+    };
     // (f16 kernels, int8 kernels) of the schedule compile-model writes with `args`.
     let dots = |args: &[&str]| {
-        let mut all = vec![
-            fixture("qwen3-untied"),
-            "-o".into(),
-            path.display().to_string(),
-        ];
-        all.extend(args.iter().map(|a| a.to_string()));
-        let all: Vec<&str> = all.iter().map(|a| a.as_str()).collect();
-        let out = compile_model(&all);
+        let out = compile(args);
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         assert!(out.status.success(), "{args:?}: {stdout}");
         let file = vkfuse_runtime::schedule::ScheduleFile::open(&path).unwrap();
@@ -487,29 +487,14 @@ fn the_block_formats_take_int8_chains_and_f16_dots_by_default_and_f16_or_f32_on_
         dots(&["--weights", "bf16", "--dots", "int8"]),
         (false, false)
     );
-    let out = compile_model(&[
-        &fixture("qwen3-untied"),
-        "-o",
-        path.to_str().unwrap(),
-        "--dots",
-        "f8",
-    ]);
+    let out = compile(&["--dots", "f8"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("possible values: auto, int8, f16, f32"));
     // An explicit f16 or int8 that the unfused kernels cannot take is refused, before any work
     // and with no file written; `--no-fuse --dots f32` agrees with them and compiles.
     for arith in ["f16", "int8"] {
         std::fs::remove_file(&path).ok();
-        let out = compile_model(&[
-            &fixture("qwen3-untied"),
-            "-o",
-            path.to_str().unwrap(),
-            "--weights",
-            "q8_0",
-            "--no-fuse",
-            "--dots",
-            arith,
-        ]);
+        let out = compile(&["--weights", "q8_0", "--no-fuse", "--dots", arith]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
         assert!(

@@ -169,6 +169,12 @@ fn lm_heads_match_the_cpu_with_one_subgroup_per_workgroup() {
 /// 4.6-4.9e-3 relative L2), where q4_0's offset 7 instead of 8 gives 2.2e-1.
 #[test]
 fn the_i8_mv_probes_lm_heads_match_the_cpu_within_int8_rounding() {
+    both_scale_paths("I8_MV", 1e-2, 0.5);
+}
+
+/// q4_0 and q8_0 lm_heads with `defines` on both scale paths: the shuffle's at the device's
+/// subgroup size (at most 32), and the plain one at 32 where the subgroups are narrower.
+fn both_scale_paths(defines: &str, tol: f64, worst_tol: f64) {
     let sg = device_subgroup_size();
     for dtype in [DType::Q4_0, DType::Q8_0] {
         check_probe(
@@ -176,12 +182,12 @@ fn the_i8_mv_probes_lm_heads_match_the_cpu_within_int8_rounding() {
             65536 + 3,
             13 * 32,
             Some(sg.min(32)),
-            "I8_MV",
-            1e-2,
-            0.5,
+            defines,
+            tol,
+            worst_tol,
         );
         if sg < 32 {
-            check_probe(dtype, 65536 + 5, 3 * 32, None, "I8_MV", 1e-2, 0.5);
+            check_probe(dtype, 65536 + 5, 3 * 32, None, defines, tol, worst_tol);
         }
     }
 }
@@ -193,22 +199,8 @@ fn the_i8_mv_probes_lm_heads_match_the_cpu_within_int8_rounding() {
 /// F16_ACC), where a swapped input pair or a neighbouring block's scale gives 1.0-1.4.
 #[test]
 fn the_f16_dot_lm_heads_match_the_cpu_within_f16_rounding() {
-    let sg = device_subgroup_size();
     for defines in ["F16_MV", "F16_MV,F16_ACC"] {
-        for dtype in [DType::Q4_0, DType::Q8_0] {
-            check_probe(
-                dtype,
-                65536 + 3,
-                13 * 32,
-                Some(sg.min(32)),
-                defines,
-                2e-3,
-                0.1,
-            );
-            if sg < 32 {
-                check_probe(dtype, 65536 + 5, 3 * 32, None, defines, 2e-3, 0.1);
-            }
-        }
+        both_scale_paths(defines, 2e-3, 0.1);
     }
 }
 
