@@ -244,15 +244,6 @@ fn a_split_attention_block_with_the_early_tile_stays_within_f16_rounding() {
 }
 
 #[test]
-fn the_i8_mv_probe_stays_within_int8_rounding_of_the_f32_dots() {
-    // Every block-format matvec's dots in int8 too (`VKFUSE_DEFINES=I8_MV`), beside the int8
-    // chains: q/k/v, o_proj where it is not wide, lm_head.
-    for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
-        check_split("qwen3-untied", format, "I8_MV", None, Dots::Int8Chain);
-    }
-}
-
-#[test]
 fn the_f16_acc_probe_stays_within_f16_rounding_of_the_f32_dots() {
     for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
         check("qwen3-untied", format, "F16_ACC");

@@ -43,16 +43,6 @@
 #endif
 #include "handoff.glsl"
 #include "reduce.glsl"
-// I8_MV (a probe, `VKFUSE_DEFINES=I8_MV`, untimed): the block formats' dots as packed int8
-// products, as the chain's int8 dots (quant.glsl's QI_DOTS), each step's input quantised by the
-// 4 invocations that take its block's 4 steps. For q8_0's q/k/v, whose f16 pairs hold registers
-// the attention block would need to start beside it (docs/perf.md, sessions 43 and 52).
-#if defined(I8_MV) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
-#define QI_MV 1
-#define QI_DOTS 1
-#else
-#define QI_MV 0
-#endif
 #include "quant.glsl"
 #include "fused_epilogue.glsl"
 
@@ -111,7 +101,7 @@ const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
 // and saves a subtraction per weight. Measured with the 8 rows per workgroup of vocabularies of
 // 65536 or more (compiler/src/kernels/select.rs); smaller vocabularies get 2 rows per
 // workgroup below 4096, which share Σ x less (not measured).
-#if defined(F16_MV) && defined(F16_ACC) && !QI_MV && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
+#if defined(F16_MV) && defined(F16_ACC) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
 #define QH_ACC 1
 #else
 #define QH_ACC 0
@@ -120,35 +110,6 @@ const uint SCALE_WORDS = (I / 32u + 1u) / 2u;
 #define LIN4 1
 #else
 #define LIN4 0
-#endif
-
-#if QI_MV
-// Step c's input (xa: elements 0-3, xb: 4-7) as int8 codes qx with its block's scale dx, and
-// sq the codes' sum (q4_0's nibbles n meet them as n - 8): the block's 4 steps are taken by 4
-// neighbouring invocations (c = t + k * workgroup size), which agree on its largest |x|.
-struct QStep {
-    uvec2 qx;
-    float dx;
-    int sq;
-};
-QStep step_q(vec4 xa, vec4 xb) {
-    vec4 a = max(abs(xa), abs(xb));
-    float am = max(max(a.x, a.y), max(a.z, a.w));
-    am = max(am, subgroupShuffleXor(am, 1u));
-    am = max(am, subgroupShuffleXor(am, 2u));
-    float r = am > 0.0 ? 1.0 / am : 0.0;
-    uvec2 qx = uvec2(packSnorm4x8(xa * r), packSnorm4x8(xb * r));
-    return QStep(qx, am / 127.0, qi_sdot(qx.x, 0x01010101u) + qi_sdot(qx.y, 0x01010101u));
-}
-
-// Step c of the row whose codes start at word aw, dotted with q's codes and scaled by its dx
-// (not yet by the row's scale).
-float qi_step(uint aw, uint c, QStep q) {
-    int s = W_DTYPE == Q8_0 ? qi_sdot(w[aw + 2u * c], q.qx.x) + qi_sdot(w[aw + 2u * c + 1u], q.qx.y)
-                            : qi_sdot(Q4_LOW_BYTES(w[aw + c]), q.qx.x) +
-                                  qi_sdot(Q4_HIGH_BYTES(w[aw + c]), q.qx.y) - 8 * q.sq;
-    return q.dx * float(s);
-}
 #endif
 
 #if W_DTYPE != F32
@@ -236,9 +197,7 @@ void main() {
 #if LIN4
             float sx = dot(xa + xb, vec4(1.0));
 #endif
-#if QI_MV
-            QStep q = step_q(xa, xb);
-#elif defined(F16_MV)
+#ifdef F16_MV
             uvec4 xh = QH_X(xa, xb);
 #endif
             for (uint j = 0u; j < ndots; j++) {
@@ -248,9 +207,7 @@ void main() {
                 acch[j] = live ? h : acch[j];
 #else
                 float d = Q_SCALE_HALF(subgroupShuffle(sw[j], b / 2u), b);
-#if QI_MV
-                float v = d * qi_step(wrow[j] * rb / 4u, c, q);
-#elif defined(F16_MV)
+#ifdef F16_MV
                 float v = d * QH_STEP_DOT(W_DTYPE, w, wrow[j] * rb / 4u, c, xh);
 #elif LIN4
                 float v = 256.0 * d * Q4_LIN_STEP_DOT(w, wrow[j] * rb / 4u, c, xa, xb, sx);
@@ -272,16 +229,12 @@ void main() {
 #if LIN4
             float sx = dot(xa + xb, vec4(1.0));
 #endif
-#if QI_MV
-            QStep q = step_q(xa, xb);
-#elif defined(F16_MV)
+#ifdef F16_MV
             uvec4 xh = QH_X(xa, xb);
 #endif
             for (uint j = 0u; j < ndots; j++) {
                 uint at = wrow[j] * rb;
-#if QI_MV
-                acc[j] += Q_SCALE(W_DTYPE, w, at, I, c / 4u) * qi_step(at / 4u, c, q);
-#elif QH_ACC
+#if QH_ACC
                 f16vec2 p = QH_STEP_DOT2(W_DTYPE, w, at / 4u, c, xh);
                 uint sword = w[(at + q_code_bytes(W_DTYPE, I)) / 4u + c / 8u];
                 acch[j] = fma(p, qh_scale2(W_DTYPE, sword, c / 4u), acch[j]);
@@ -357,7 +310,7 @@ void main() {
 #if NORM
     scale = inversesqrt(wg_published_sum() / float(I) + EPS);
 #endif
-#if defined(F16_MV) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0) && !QH_ACC && !QI_MV
+#if defined(F16_MV) && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0) && !QH_ACC
     scale *= QH_UNSCALE(W_DTYPE);
 #endif
 #if STEP
