@@ -671,7 +671,35 @@ void main() {
         handoff_store(CB * b + t, v);
     }
 #else
-        act4[t / 4u][t % 4u] = EPILOGUE(CB * b + t, a);
+        float e = EPILOGUE(CB * b + t, a);
+#if QI_OUT
+        // act's int8 codes (all 32 rows are one block) straight from the invocations that
+        // computed it, where they are one subgroup (subgroups of 32 or more): its largest |act|
+        // by subgroupMax, each word of 4 codes gathered by two shuffles. Narrower subgroups
+        // take the path below, through act4 and a barrier more: on an H200 this one is q8_0
+        // +0.3..0.4%, q4_0 +0.9..1.1% (docs/perf.md, session 53); every subgroup computing
+        // all 32 rows itself, with no barrier after the dots' at all, lost 2.2% and 3.8%.
+        if (gl_SubgroupSize >= CB) {
+            float am = subgroupMax(abs(e));
+            uint q = am > 0.0 ? packSnorm4x8(vec4(e * (1.0 / am), 0.0, 0.0, 0.0)) & 0xffu : 0u;
+            // q4_0's nibbles n meet the codes as n - 8: 8 x Σ codes comes off each row once.
+            int s = subgroupAdd(bitfieldExtract(int(q), 0, 8));
+            q <<= 8u * (t & 3u);
+            q |= subgroupShuffleXor(q, 1u);
+            q |= subgroupShuffleXor(q, 2u);
+            if ((t & 3u) == 0u) {
+                aq_s[t / 4u] = q;
+            }
+            if (t == 0u) {
+                ad_s = am / 127.0;
+                asum8_s = W2_DTYPE == Q4_0 ? 8 * s : 0;
+            }
+        } else {
+            act4[t / 4u][t % 4u] = e;
+        }
+#else
+        act4[t / 4u][t % 4u] = e;
+#endif
     }
     barrier();
 #ifdef CHAIN_MARK_AFTER_ACT
@@ -683,29 +711,30 @@ void main() {
     // This block's share of every output row.
 #if OUT_BLOCKS
 #if QI_OUT
-    // act's codes, a word from each of the first 8 invocations (all 32 act rows are one block),
-    // which agree on its largest as x's stagers do (the runtime requires subgroups of 8 or more).
-    if (t < 8u) {
-        vec4 a = act4[t];
-        vec4 aa = abs(a);
-        float am = max(max(aa.x, aa.y), max(aa.z, aa.w));
-        am = max(am, subgroupShuffleXor(am, 1u));
-        am = max(am, subgroupShuffleXor(am, 2u));
-        am = max(am, subgroupShuffleXor(am, 4u));
-        uint q = am > 0.0 ? packSnorm4x8(a * (1.0 / am)) : 0u;
-        aq_s[t] = q;
-        // q4_0's nibbles n meet the codes as n - 8: 8 x Σ codes comes off each row once,
-        // summed here once for the workgroup.
-        int s = qi_sdot(q, 0x01010101u);
-        s += subgroupShuffleXor(s, 1u);
-        s += subgroupShuffleXor(s, 2u);
-        s += subgroupShuffleXor(s, 4u);
-        if (t == 0u) {
-            ad_s = am / 127.0;
-            asum8_s = W2_DTYPE == Q4_0 ? 8 * s : 0;
+    // Subgroups narrower than the block: act's codes, a word from each of the first 8
+    // invocations, which agree on its largest as x's stagers do (the runtime requires
+    // subgroups of 8 or more).
+    if (gl_SubgroupSize < CB) {
+        if (t < 8u) {
+            vec4 a = act4[t];
+            vec4 aa = abs(a);
+            float am = max(max(aa.x, aa.y), max(aa.z, aa.w));
+            am = max(am, subgroupShuffleXor(am, 1u));
+            am = max(am, subgroupShuffleXor(am, 2u));
+            am = max(am, subgroupShuffleXor(am, 4u));
+            uint q = am > 0.0 ? packSnorm4x8(a * (1.0 / am)) : 0u;
+            aq_s[t] = q;
+            int s = qi_sdot(q, 0x01010101u);
+            s += subgroupShuffleXor(s, 1u);
+            s += subgroupShuffleXor(s, 2u);
+            s += subgroupShuffleXor(s, 4u);
+            if (t == 0u) {
+                ad_s = am / 127.0;
+                asum8_s = W2_DTYPE == Q4_0 ? 8 * s : 0;
+            }
         }
+        barrier();
     }
-    barrier();
     uint aq[8];
     for (uint j = 0u; j < 8u; j++) {
         aq[j] = aq_s[j];
