@@ -333,6 +333,12 @@ void reduce_dots(float acc[DG], uint d0, uint sh) {
 #undef DOT_PARTIAL
 }
 
+// Σ x² over the workgroup (after wg_publish_sum and a barrier): only the subgroups that stage x
+// (main()'s staging loop, invocations t < CH_I / 4) published partials that are not zero.
+float x_sq_sum() {
+    return wg_published_sum_of((CH_I / 4u + gl_SubgroupSize - 1u) / gl_SubgroupSize);
+}
+
 // Adds v, this block's share of output row r, into y (workgroup 0 adds the extra input too).
 void add_row(uint r, uint b, float v) {
 #if ADD_IN
@@ -514,7 +520,7 @@ void main() {
     // +0.16%; bf16 lost 0.56% with it (the register it holds through the dots), so the float
     // formats read it after the dots as before (docs/perf.md, session 32).
 #define EARLY_SCALE 1
-    float nscale = t < CB ? inversesqrt(wg_published_sum() / float(CH_I) + EPS) : 1.0;
+    float nscale = t < CB ? inversesqrt(x_sq_sum() / float(CH_I) + EPS) : 1.0;
 #else
 #define EARLY_SCALE 0
 #endif
@@ -652,7 +658,7 @@ void main() {
 #if EARLY_SCALE
         scale = nscale;
 #elif NORM
-        scale = inversesqrt(wg_published_sum() / float(CH_I) + EPS);
+        scale = inversesqrt(x_sq_sum() / float(CH_I) + EPS);
 #endif
 #if QH_IN
         scale *= QH_UNSCALE(W_DTYPE);
