@@ -201,7 +201,9 @@ vec2 prepare(vec2 v, vec2 wn, vec2 pv, vec2 pwn, float angle_pos
 ) {
     uint t = gl_LocalInvocationID.x;
 #if QK_NORM
-    vec2 ss = wg_sum2(t < D ? v * v : vec2(0.0));
+    // Only the subgroups of invocations t < D hold squares (the others' are zeros).
+    uint squares = (D + gl_SubgroupSize - 1u) / gl_SubgroupSize;
+    vec2 ss = wg_sum2_of(t < D ? v * v : vec2(0.0), squares);
     if (t < D) {
         vec2 scale = inversesqrt(ss / float(D) + EPS);
         v = v * scale * wn;
@@ -342,8 +344,9 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
             }
             w_s[t] = s;
         }
-        // The tile's max (wg_max ends with a barrier: w_s is visible after it).
-        float m_new = max(m, wg_max(s));
+        // The tile's max (wg_max_of ends with a barrier: w_s is visible after it), over the
+        // subgroups of invocations t < T only (the others hold NEG_BIG).
+        float m_new = max(m, wg_max_of(s, (T + gl_SubgroupSize - 1u) / gl_SubgroupSize));
         float alpha = exp(m - m_new);
         m = m_new;
         if (t < T) {
@@ -394,7 +397,7 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
             l = l * alpha + ws;
         }
         // The next tile rewrites part and w_s: it waits for this one's readers. After the last
-        // tile nothing does (part was last read before wg_max's barriers, w_s is not written).
+        // tile nothing does (part was last read before wg_max_of's barriers, w_s is not written).
         if (tile + T < hi) {
             barrier();
         }

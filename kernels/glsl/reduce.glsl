@@ -24,18 +24,24 @@ float wg_sum(float v) {
     return r;
 }
 
-float wg_max(float v) {
+// wg_max where the subgroups past the first n hold nothing larger than the first n do: their
+// partials are not read, fewer dependent shared loads (as wg_published_sum_of below).
+float wg_max_of(float v, uint n) {
     v = subgroupMax(v);
     if (subgroupElect()) {
         red_f[gl_SubgroupID] = v;
     }
     barrier();
     float r = red_f[0];
-    for (uint g = 1u; g < gl_NumSubgroups; g++) {
+    for (uint g = 1u; g < min(n, gl_NumSubgroups); g++) {
         r = max(r, red_f[g]);
     }
     barrier();
     return r;
+}
+
+float wg_max(float v) {
+    return wg_max_of(v, gl_NumSubgroups);
 }
 
 // Several sums over a subgroup at once, transposed: SUBGROUP_SUMS(acc, n, span) with acc an

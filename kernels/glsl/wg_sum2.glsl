@@ -3,17 +3,23 @@
 // wg_sum (reduce.glsl) of two values at once: one exchange for both. The includer declares
 // `shared vec2 red2_s[gl_WorkGroupSize.x]` (its own to use between calls too) and includes
 // reduce.glsl first.
-vec2 wg_sum2(vec2 v) {
+// wg_sum2_of(v, n): where only the first n subgroups hold anything but zeros, their partials
+// alone (the same sum in fewer dependent shared loads, as reduce.glsl's wg_published_sum_of).
+vec2 wg_sum2_of(vec2 v, uint n) {
     v = vec2(subgroupAdd(v.x), subgroupAdd(v.y));
     if (subgroupElect()) {
         red2_s[gl_SubgroupID] = v;
     }
     barrier();
     vec2 r = vec2(0.0);
-    for (uint g = 0u; g < gl_NumSubgroups; g++) {
+    for (uint g = 0u; g < min(n, gl_NumSubgroups); g++) {
         r += red2_s[g];
     }
     barrier();
     return r;
+}
+
+vec2 wg_sum2(vec2 v) {
+    return wg_sum2_of(v, gl_NumSubgroups);
 }
 #endif // WG_SUM2_GLSL
