@@ -344,9 +344,9 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
             }
             w_s[t] = s;
         }
-        // The tile's max (wg_max_of ends with a barrier: w_s is visible after it), over the
-        // subgroups of invocations t < T only (the others hold NEG_BIG).
-        float m_new = max(m, wg_max_of(s, (T + gl_SubgroupSize - 1u) / gl_SubgroupSize));
+        // The tile's max over the subgroups of invocations t < T only (the others hold
+        // NEG_BIG). red_f is next written by the next tile's, after the barrier below.
+        float m_new = max(m, wg_max_open(s, (T + gl_SubgroupSize - 1u) / gl_SubgroupSize));
         float alpha = exp(m - m_new);
         m = m_new;
         if (t < T) {
@@ -397,7 +397,7 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
             l = l * alpha + ws;
         }
         // The next tile rewrites part and w_s: it waits for this one's readers. After the last
-        // tile nothing does (part was last read before wg_max_of's barriers, w_s is not written).
+        // tile nothing does (part was last read before wg_max_open's barrier, w_s is not written).
         if (tile + T < hi) {
             barrier();
         }

@@ -24,9 +24,10 @@ float wg_sum(float v) {
     return r;
 }
 
-// wg_max where the subgroups past the first n hold nothing larger than the first n do: their
-// partials are not read, fewer dependent shared loads (as wg_published_sum_of below).
-float wg_max_of(float v, uint n) {
+// wg_max without its closing barrier (the caller has one of its own before anything writes
+// red_f again), where the subgroups past the first n hold nothing larger than the first n do:
+// their partials are not read, fewer dependent shared loads (as wg_published_sum_of below).
+float wg_max_open(float v, uint n) {
     v = subgroupMax(v);
     if (subgroupElect()) {
         red_f[gl_SubgroupID] = v;
@@ -36,12 +37,13 @@ float wg_max_of(float v, uint n) {
     for (uint g = 1u; g < min(n, gl_NumSubgroups); g++) {
         r = max(r, red_f[g]);
     }
-    barrier();
     return r;
 }
 
 float wg_max(float v) {
-    return wg_max_of(v, gl_NumSubgroups);
+    float r = wg_max_open(v, gl_NumSubgroups);
+    barrier();
+    return r;
 }
 
 // Several sums over a subgroup at once, transposed: SUBGROUP_SUMS(acc, n, span) with acc an
