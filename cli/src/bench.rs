@@ -16,7 +16,7 @@ use vkfuse_compiler::quant::EncodedWeights;
 use vkfuse_compiler::{fuse, trace};
 use vkfuse_runtime::schedule::Schedule;
 use vkfuse_runtime::session::{
-    handoff, writeback, Eager, LoadOptions, Loaded, Replay, TensorBytes, WriteBack,
+    handoff, writeback, Eager, LoadOptions, Loaded, Replay, SessionError, TensorBytes, WriteBack,
 };
 use vkfuse_runtime::{Device, Handoffs, Persistence};
 
@@ -196,6 +196,42 @@ fn has_ping_pong(device: &Device, schedule: &Schedule) -> bool {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
+    bench(args).map_err(|e| directory_fix(e, args))
+}
+
+/// A model directory's schedules are compiled here, so where a kernel needs what the device
+/// lacks, the fix is this command's `--dots` where that avoids it; compile-model's other flags
+/// (`--no-chain`, `--no-argmax-in-matvec`) this command does not take.
+fn directory_fix(e: anyhow::Error, args: &BenchArgs) -> anyhow::Error {
+    if args.model.is_file() {
+        return e;
+    }
+    match e.downcast_ref::<SessionError>() {
+        Some(SessionError::KernelNeeds {
+            device,
+            kernel,
+            needs,
+            avoid: Some(flag),
+        }) => {
+            let fix = if flag.starts_with("--dots") {
+                format!("add `{flag}` to this command")
+            } else {
+                format!(
+                    "this command compiles a model directory with compile-model's defaults: \
+                     compile it with `compile-model {} {flag} -o FILE` (and the same --weights) \
+                     and bench FILE",
+                    args.model.display()
+                )
+            };
+            anyhow::anyhow!(
+                "device {device:?} cannot be used: kernel `{kernel}` needs {needs}; {fix}"
+            )
+        }
+        _ => e,
+    }
+}
+
+fn bench(args: &BenchArgs) -> Result<()> {
     if args.tokens < 2 {
         bail!("--tokens must be at least 2");
     }

@@ -116,6 +116,23 @@ pub enum SessionError {
         /// Tokens already in the KV cache but not yet read.
         tokens: usize,
     },
+    /// A kernel needs what the device lacks (a feature, or subgroups wide enough): `avoid` is
+    /// the compile-model flag whose schedule does without it, where one does (a caller that
+    /// compiles the schedule itself, as `vkfuse bench` a model directory, names its own).
+    #[error(
+        "device {device:?} cannot be used: kernel `{kernel}` needs {needs}{}",
+        avoid.map(|flag| format!("; compile the model with `compile-model {flag}`")).unwrap_or_default()
+    )]
+    KernelNeeds {
+        /// The device's name.
+        device: String,
+        /// The kernel's label.
+        kernel: String,
+        /// What it needs.
+        needs: String,
+        /// The compile-model flag that avoids it.
+        avoid: Option<&'static str>,
+    },
 }
 
 /// What one step produced.
@@ -319,31 +336,29 @@ impl Loaded {
                 Some("--dots f16"),
             ),
         ];
-        for (kernel, feature, flag) in needs {
+        for (kernel, feature, avoid) in needs {
             if let Some(k) = kernel.filter(|_| !device.info().supports(feature)) {
-                let fix = match flag {
-                    Some(flag) => format!("; compile the model with `compile-model {flag}`"),
-                    None => String::new(),
-                };
-                return Err(SessionError::Vulkan(Error::UnsupportedDevice {
+                return Err(SessionError::KernelNeeds {
                     device: device.info().name.clone(),
-                    reason: format!("kernel `{}` needs {feature}{fix}", k.label),
-                }));
+                    kernel: k.label.clone(),
+                    needs: feature.to_string(),
+                    avoid,
+                });
             }
         }
         // The int8 dots' blocks of 32 inputs are staged by 8 neighbouring invocations of one
         // subgroup, which agree on the block's largest by shuffles (fused_chain.glsl's QI_IN).
         let subgroup = device.info().subgroup_size;
         if let Some(k) = schedule.integer_dot_kernel().filter(|_| subgroup < 8) {
-            return Err(SessionError::Vulkan(Error::UnsupportedDevice {
+            return Err(SessionError::KernelNeeds {
                 device: device.info().name.clone(),
-                reason: format!(
-                    "kernel `{}` quantises blocks of 32 inputs across 8 invocations of a \
-                     subgroup, and this device's subgroups hold {subgroup}; compile the model \
-                     with `compile-model --dots f16`",
-                    k.label
+                kernel: k.label.clone(),
+                needs: format!(
+                    "subgroups of 8 or more (it quantises blocks of 32 inputs across 8 \
+                     invocations of one), and this device's subgroups hold {subgroup}"
                 ),
-            }));
+                avoid: Some("--dots f16"),
+            });
         }
         // A grid barrier waits for every workgroup of its dispatch: a device that does not say
         // how many it keeps resident (lavapipe runs a few at a time, one per thread) can hang
