@@ -213,15 +213,15 @@ fn directory_fix(e: anyhow::Error, args: &BenchArgs) -> anyhow::Error {
             needs,
             avoid: Some(flag),
         }) => {
-            let fix = if flag.starts_with("--dots") {
-                format!("add `{flag}` to this command")
-            } else {
-                format!(
+            let fix = match (flag.starts_with("--dots"), args.run.dots.is_some()) {
+                (true, true) => format!("run this command with `{flag}` in place of its --dots"),
+                (true, false) => format!("add `{flag}` to this command"),
+                (false, _) => format!(
                     "this command compiles a model directory with compile-model's defaults: \
-                     compile it with `compile-model {} {flag} -o FILE` (and the same --weights) \
-                     and bench FILE",
+                     compile it with `compile-model {} {flag} -o FILE` (and the same \
+                     --weights, --fold-norms, --dots and --max-context) and bench FILE",
                     args.model.display()
-                )
+                ),
             };
             anyhow::anyhow!(
                 "device {device:?} cannot be used: kernel `{kernel}` needs {needs}; {fix}"

@@ -1099,7 +1099,7 @@ fn int8_chains_are_refused_on_subgroups_narrower_than_8() {
         // bench compiled the directory itself: the fix is its own flag, not compile-model's.
         for needle in [
             "subgroups hold 4",
-            "add `--dots f16` to this command",
+            "run this command with `--dots f16` in place of its --dots",
             "fused_chain",
         ] {
             assert!(stderr.contains(needle), "`{needle}` not in: {stderr}");

@@ -27,6 +27,10 @@ float wg_sum(float v) {
 // wg_max without its closing barrier (the caller has one of its own before anything writes
 // red_f again), where the subgroups past the first n hold nothing larger than the first n do:
 // their partials are not read, fewer dependent shared loads (as wg_published_sum_of below).
+// Its callers (and wg_published_sum_of's, wg_sum2.glsl's wg_sum2_of's) count n from the
+// invocations that hold values (t < N: subgroup t / gl_SubgroupSize). Vulkan does not promise
+// that layout; NVIDIA, AMD and lavapipe lay a one-dimensional workgroup's invocations out so,
+// and the int8 chain's staging relies on it too (neighbours agreeing by shuffles).
 float wg_max_open(float v, uint n) {
     v = subgroupMax(v);
     if (subgroupElect()) {
