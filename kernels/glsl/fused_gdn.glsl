@@ -152,7 +152,8 @@ void gated_norm(uint kh, uint h0, uint nh) {
             float o = o_s[hh * DV + j];
             p += o * o;
         }
-        float s = wg_sum(p);
+        // Only invocations t < DV hold squares (reduce.glsl's wg_sum_of).
+        float s = wg_sum_of(p, (DV + gl_SubgroupSize - 1u) / gl_SubgroupSize);
         if (t == 0u) {
             inv_s[hh] = inversesqrt(s / float(DV) + NORM_EPS);
         }
@@ -259,7 +260,8 @@ void main() {
     for (uint i = t; i < DK; i += WG) {
         pqk += vec2(q_s[i] * q_s[i], k_s[i] * k_s[i]);
     }
-    vec2 s2 = wg_sum2(pqk);
+    // Only invocations t < DK hold squares.
+    vec2 s2 = wg_sum2_of(pqk, (DK + gl_SubgroupSize - 1u) / gl_SubgroupSize);
     float sq = inversesqrt(s2.x + L2_EPS);
     float sk = inversesqrt(s2.y + L2_EPS);
 

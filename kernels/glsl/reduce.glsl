@@ -10,18 +10,23 @@
 
 shared float red_f[gl_WorkGroupSize.x];
 
-float wg_sum(float v) {
+// wg_sum where only the first n subgroups hold anything but zeros (see wg_max_open below).
+float wg_sum_of(float v, uint n) {
     v = subgroupAdd(v);
     if (subgroupElect()) {
         red_f[gl_SubgroupID] = v;
     }
     barrier();
     float r = 0.0;
-    for (uint g = 0u; g < gl_NumSubgroups; g++) {
+    for (uint g = 0u; g < min(n, gl_NumSubgroups); g++) {
         r += red_f[g];
     }
     barrier();
     return r;
+}
+
+float wg_sum(float v) {
+    return wg_sum_of(v, gl_NumSubgroups);
 }
 
 // wg_max without its closing barrier (the caller has one of its own before anything writes
