@@ -1,10 +1,9 @@
 #ifndef WG_SUM2_GLSL
 #define WG_SUM2_GLSL
-// wg_sum (reduce.glsl) of two values at once: one exchange for both. The includer declares
-// `shared vec2 red2_s[gl_WorkGroupSize.x]` (its own to use between calls too) and includes
-// reduce.glsl first.
-// wg_sum2_of(v, n): where only the first n subgroups hold anything but zeros, their partials
-// alone (the same sum in fewer dependent shared loads, as reduce.glsl's wg_published_sum_of).
+// reduce.glsl's wg_sum_of for two values at once: one exchange for both, where only the first
+// n subgroups hold anything but zeros (their partials alone: the same sum in fewer dependent
+// shared loads). The includer declares `shared vec2 red2_s[gl_WorkGroupSize.x]` (its own to use
+// between calls too) and includes reduce.glsl first.
 vec2 wg_sum2_of(vec2 v, uint n) {
     v = vec2(subgroupAdd(v.x), subgroupAdd(v.y));
     if (subgroupElect()) {
@@ -17,9 +16,5 @@ vec2 wg_sum2_of(vec2 v, uint n) {
     }
     barrier();
     return r;
-}
-
-vec2 wg_sum2(vec2 v) {
-    return wg_sum2_of(v, gl_NumSubgroups);
 }
 #endif // WG_SUM2_GLSL
