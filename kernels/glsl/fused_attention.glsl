@@ -202,8 +202,7 @@ vec2 prepare(vec2 v, vec2 wn, vec2 pv, vec2 pwn, float angle_pos
     uint t = gl_LocalInvocationID.x;
 #if QK_NORM
     // Only the subgroups of invocations t < D hold squares (the others' are zeros).
-    uint squares = (D + gl_SubgroupSize - 1u) / gl_SubgroupSize;
-    vec2 ss = wg_sum2_of(t < D ? v * v : vec2(0.0), squares);
+    vec2 ss = wg_sum2_of(t < D ? v * v : vec2(0.0), subgroups_holding(D));
     if (t < D) {
         vec2 scale = inversesqrt(ss / float(D) + EPS);
         v = v * scale * wn;
@@ -346,7 +345,7 @@ void attend(uint kv_base, uint lo, uint hi, uint fresh,
         }
         // The tile's max over the subgroups of invocations t < T only (the others hold
         // NEG_BIG). red_f is next written by the next tile's, after the barrier below.
-        float m_new = max(m, wg_max_open(s, (T + gl_SubgroupSize - 1u) / gl_SubgroupSize));
+        float m_new = max(m, wg_max_open(s, subgroups_holding(T)));
         float alpha = exp(m - m_new);
         m = m_new;
         if (t < T) {

@@ -336,7 +336,7 @@ void reduce_dots(float acc[DG], uint d0, uint sh) {
 // Σ x² over the workgroup (after wg_publish_sum and a barrier): only the subgroups that stage x
 // (main()'s staging loop, invocations t < CH_I / 4) published partials that are not zero.
 float x_sq_sum() {
-    return wg_published_sum_of((CH_I / 4u + gl_SubgroupSize - 1u) / gl_SubgroupSize);
+    return wg_published_sum_of(subgroups_holding(CH_I / 4u));
 }
 
 // Adds v, this block's share of output row r, into y (workgroup 0 adds the extra input too).

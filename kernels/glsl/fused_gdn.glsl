@@ -153,7 +153,7 @@ void gated_norm(uint kh, uint h0, uint nh) {
             p += o * o;
         }
         // Only invocations t < DV hold squares (reduce.glsl's wg_sum_of).
-        float s = wg_sum_of(p, (DV + gl_SubgroupSize - 1u) / gl_SubgroupSize);
+        float s = wg_sum_of(p, subgroups_holding(DV));
         if (t == 0u) {
             inv_s[hh] = inversesqrt(s / float(DV) + NORM_EPS);
         }
@@ -261,7 +261,7 @@ void main() {
         pqk += vec2(q_s[i] * q_s[i], k_s[i] * k_s[i]);
     }
     // Only invocations t < DK hold squares.
-    vec2 s2 = wg_sum2_of(pqk, (DK + gl_SubgroupSize - 1u) / gl_SubgroupSize);
+    vec2 s2 = wg_sum2_of(pqk, subgroups_holding(DK));
     float sq = inversesqrt(s2.x + L2_EPS);
     float sk = inversesqrt(s2.y + L2_EPS);
 

@@ -10,6 +10,15 @@
 
 shared float red_f[gl_WorkGroupSize.x];
 
+// The subgroups that hold invocations 0 .. n - 1 (the n of the _of and _open reductions below,
+// where only those invocations hold values). Invocation t sits in subgroup t / gl_SubgroupSize:
+// Vulkan does not promise that layout; NVIDIA, AMD and lavapipe lay a one-dimensional
+// workgroup's invocations out so, and the int8 chain's staging relies on it too (neighbours
+// agreeing by shuffles).
+uint subgroups_holding(uint n) {
+    return (n + gl_SubgroupSize - 1u) / gl_SubgroupSize;
+}
+
 // wg_sum where only the first n subgroups hold anything but zeros (see wg_max_open below).
 float wg_sum_of(float v, uint n) {
     v = subgroupAdd(v);
@@ -32,10 +41,6 @@ float wg_sum(float v) {
 // wg_max without its closing barrier (the caller has one of its own before anything writes
 // red_f again), where the subgroups past the first n hold nothing larger than the first n do:
 // their partials are not read, fewer dependent shared loads (as wg_published_sum_of below).
-// Its callers (and wg_published_sum_of's, wg_sum2.glsl's wg_sum2_of's) count n from the
-// invocations that hold values (t < N: subgroup t / gl_SubgroupSize). Vulkan does not promise
-// that layout; NVIDIA, AMD and lavapipe lay a one-dimensional workgroup's invocations out so,
-// and the int8 chain's staging relies on it too (neighbours agreeing by shuffles).
 float wg_max_open(float v, uint n) {
     v = subgroupMax(v);
     if (subgroupElect()) {
