@@ -18,7 +18,8 @@
 //!    (where the bands' splits combine by polling); and a band of 16 splits (the H100 defaults'
 //!    below position 2048, polled with handoffs like every band up to
 //!    `bands::MAX_POLLED_SPLITS`) under a block of 20.
-//! 4. Bands the block cannot take are errors when asked for, and the defaults leave them out.
+//! 4. Bands the block cannot take are errors when asked for, and the defaults leave them out;
+//!    a band on the next one's grid merges into it.
 //! 5. Bands poll only where the compile's device has more compute units than query heads.
 
 use vkfuse_compiler::fuse::bands::AttentionBand;
@@ -369,6 +370,10 @@ fn bands_the_block_cannot_take_are_errors_when_asked_for() {
     // grid, whose chunks of its 512-slot capacity take two, does not.
     let walking = vec![band(16, 2, 64), band(32, 4, 128)];
     assert_eq!(with(Some(4), walking).unwrap().bands(), vec![16, 32]);
+    // A band on the next one's grid is that band over both ranges (q8_0's half-width first
+    // band, raised to the head's width, can be).
+    let same = vec![band(16, 2, 64), band(32, 2, 64), band(48, 2, 128)];
+    assert_eq!(with(Some(4), same).unwrap().bands(), vec![32, 48]);
     // By default none at all here: 16-bit float weights have three bands (4, 6 and 8 splits below
     // 256, 384 and 512), which the fixture's unsplit block cannot take, and a default the block
     // cannot take is left out.

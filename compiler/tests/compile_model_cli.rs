@@ -85,7 +85,10 @@ fn emit_trace_prints_parseable_ir_with_a_summary() {
 #[test]
 fn bad_arguments_are_clear_errors() {
     let tied = fixture("qwen3-tied");
-    let bands: Vec<String> = (16..33).map(|b| format!("{b}:2x128")).collect();
+    // 17 bands, each on another grid than the next (a band on the next one's grid merges).
+    let bands: Vec<String> = (16..33)
+        .map(|b| format!("{b}:2x{}", 64 << (b % 2)))
+        .collect();
     let bands = bands.join(",");
     let bands_out = format!("{}/bands-17.vkf", env!("CARGO_TARGET_TMPDIR"));
     let cases: [(&[&str], &str); 6] = [

@@ -58,8 +58,13 @@ pub const MAX_POLLED_SPLITS: usize = 16;
 /// splits below 2048, which a block of more splits (a cache of 4096 slots) uses there. The
 /// block's own workgroup
 /// keeps the invocations per head element it was chosen with (a 512-wide band cost a 32-wide
-/// head on lavapipe twice the time); bands with the block's splits or more fall away where the
-/// bands are applied. f32 weights keep one grid.
+/// head on lavapipe twice the time), except q8_0's first band: 4 splits of half the workgroup
+/// below position 128 (each split's chunk one of MIN_CHUNK slots at most; q8_0's block, which
+/// does not walk in subgroups, begins only as q/k/v's workgroups leave their SMs), +0.31% and
+/// +0.37% at 256 tokens on an H200 in two calls, below 64 +0.39%; q4_0 lost 0.45% with it, and
+/// half workgroups up to 192 or 256 lost 1.1% and 3.9% (docs/perf.md, session 54). Bands with
+/// the block's splits or more fall away where the bands are applied, and so does a band whose
+/// grid is the next one's. f32 weights keep one grid.
 pub fn for_weights(dtype: DType, workgroup: u32) -> Vec<AttentionBand> {
     let band = |chunks: u32, splits: usize| AttentionBand {
         below: chunks * ATTENTION_MIN_CHUNK as u32,
@@ -71,8 +76,13 @@ pub fn for_weights(dtype: DType, workgroup: u32) -> Vec<AttentionBand> {
     // position 2048, where their chunks of 64-128 slots were still faster than 32 splits' 32-64
     // (session 28: bf16 817 against 866 µs per step at 1024-2048, q4_0 710 against 765).
     let long = band(64, 16);
+    let half = AttentionBand {
+        workgroup: workgroup / 2,
+        ..band(4, 4)
+    };
     match dtype {
-        DType::Q4_0 | DType::Q8_0 => [&short[..], &[band(24, 12), long]].concat(),
+        DType::Q8_0 => [&[half], &short[..], &[band(24, 12), long]].concat(),
+        DType::Q4_0 => [&short[..], &[band(24, 12), long]].concat(),
         DType::F16 | DType::BF16 => [&short[..], &[long]].concat(),
         DType::F32 | DType::I32 => vec![],
     }
@@ -160,7 +170,10 @@ mod tests {
         );
         assert_eq!(parse(&text.join(",")).unwrap(), bands);
         assert_eq!(parse(" none ").unwrap(), vec![]);
-        assert_eq!(for_weights(DType::Q8_0, 512), bands);
+        assert_eq!(
+            for_weights(DType::Q8_0, 512),
+            parse("128:4x256,256:4x512,384:6x512,512:8x512,768:12x512,2048:16x512").unwrap()
+        );
         let floats: Vec<String> = for_weights(DType::BF16, 512)
             .iter()
             .map(|b| b.to_string())

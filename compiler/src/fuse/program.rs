@@ -264,7 +264,12 @@ impl Builder<'_> {
                 subgroup_walk: walk && codegen::subgroup_walk_fits(b.below as usize, b.splits),
                 ..spec.clone()
             };
-            out.push((b.below, band));
+            // A band on the next one's grid (a half-width band raised to the head's width)
+            // is that band over both ranges.
+            match out.last_mut() {
+                Some(last) if last.1 == band => last.0 = b.below,
+                _ => out.push((b.below, band)),
+            }
         }
         while out.last().is_some_and(|(_, b)| {
             b.splits == spec.splits
