@@ -103,8 +103,8 @@ struct Args {
     /// (else an error). Default by the matvec weights' format, as measured on an H100, on the
     /// block's own workgroup size (512 on Qwen3-0.6B's heads of 128):
     /// `256:4x512,384:6x512,512:8x512,2048:16x512` for f16 and bf16, the same with
-    /// `768:12x512` before the last for q4_0, and for q8_0 also `128:4x256` first (half the
-    /// block's workgroup; measured on an H200), none otherwise (those the block can take: fewer
+    /// `64:4x256` first (half the block's workgroup; measured on an H200) and `768:12x512`
+    /// before the last for q8_0 and q4_0, none otherwise (those the block can take: fewer
     /// splits than its own).
     #[arg(long, value_name = "BANDS", value_parser = parse_bands)]
     attention_bands: Option<Bands>,

@@ -58,13 +58,12 @@ pub const MAX_POLLED_SPLITS: usize = 16;
 /// splits below 2048, which a block of more splits (a cache of 4096 slots) uses there. The
 /// block's own workgroup
 /// keeps the invocations per head element it was chosen with (a 512-wide band cost a 32-wide
-/// head on lavapipe twice the time), except q8_0's first band: 4 splits of half the workgroup
-/// below position 128 (each split's chunk one of MIN_CHUNK slots at most; q8_0's block, which
-/// does not walk in subgroups, begins only as q/k/v's workgroups leave their SMs), +0.31% and
-/// +0.37% at 256 tokens on an H200 in two calls, below 64 +0.39%; q4_0 lost 0.45% with it, and
-/// half workgroups up to 192 or 256 lost 1.1% and 3.9% (docs/perf.md, session 54). Bands with
-/// the block's splits or more fall away where the bands are applied, and so does a band whose
-/// grid is the next one's. f32 weights keep one grid.
+/// head on lavapipe twice the time), except the block formats' first band: 4 splits of half the
+/// workgroup below position 64, where no split has more than MIN_CHUNK slots and at most two
+/// work (at 256 tokens on an H200: q8_0 +0.32..0.39%, q4_0 +0.37 / +0.53%; below 128 q8_0 the
+/// same and q4_0 −0.45%, below 192 or 256 q8_0 −1.1% and −3.9%; bf16 level: docs/perf.md,
+/// session 54). Bands with the block's splits or more fall away where the bands are applied,
+/// and so does a band whose grid is the next one's. f32 weights keep one grid.
 pub fn for_weights(dtype: DType, workgroup: u32) -> Vec<AttentionBand> {
     let band = |chunks: u32, splits: usize| AttentionBand {
         below: chunks * ATTENTION_MIN_CHUNK as u32,
@@ -78,11 +77,10 @@ pub fn for_weights(dtype: DType, workgroup: u32) -> Vec<AttentionBand> {
     let long = band(64, 16);
     let half = AttentionBand {
         workgroup: workgroup / 2,
-        ..band(4, 4)
+        ..band(2, 4)
     };
     match dtype {
-        DType::Q8_0 => [&[half], &short[..], &[band(24, 12), long]].concat(),
-        DType::Q4_0 => [&short[..], &[band(24, 12), long]].concat(),
+        DType::Q4_0 | DType::Q8_0 => [&[half], &short[..], &[band(24, 12), long]].concat(),
         DType::F16 | DType::BF16 => [&short[..], &[long]].concat(),
         DType::F32 | DType::I32 => vec![],
     }
@@ -166,14 +164,11 @@ mod tests {
         let text: Vec<String> = bands.iter().map(|b| b.to_string()).collect();
         assert_eq!(
             text.join(","),
-            "256:4x512,384:6x512,512:8x512,768:12x512,2048:16x512"
+            "64:4x256,256:4x512,384:6x512,512:8x512,768:12x512,2048:16x512"
         );
         assert_eq!(parse(&text.join(",")).unwrap(), bands);
         assert_eq!(parse(" none ").unwrap(), vec![]);
-        assert_eq!(
-            for_weights(DType::Q8_0, 512),
-            parse("128:4x256,256:4x512,384:6x512,512:8x512,768:12x512,2048:16x512").unwrap()
-        );
+        assert_eq!(for_weights(DType::Q8_0, 512), bands);
         let floats: Vec<String> = for_weights(DType::BF16, 512)
             .iter()
             .map(|b| b.to_string())
@@ -196,7 +191,7 @@ mod tests {
             .iter()
             .map(|b| subgroup_walk_fits(b.below as usize, b.splits))
             .collect();
-        assert_eq!(walks, [true, true, false, false, false]);
+        assert_eq!(walks, [true, true, true, false, false, false]);
         let walks: Vec<bool> = for_weights(DType::BF16, 512)
             .iter()
             .map(|b| subgroup_walk_fits(b.below as usize, b.splits))
