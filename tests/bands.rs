@@ -370,8 +370,9 @@ fn bands_the_block_cannot_take_are_errors_when_asked_for() {
     // grid, whose chunks of its 512-slot capacity take two, does not.
     let walking = vec![band(16, 2, 64), band(32, 4, 128)];
     assert_eq!(with(Some(4), walking).unwrap().bands(), vec![16, 32]);
-    // A band on the next one's grid is that band over both ranges (q8_0's half-width first
-    // band, raised to the head's width, can be).
+    // A band on the kernel of the one before is that band over both ranges (as the block
+    // formats' half-width first band is where `--attention-wg` is under twice the head, raised
+    // to the head's width).
     let same = vec![band(16, 2, 64), band(32, 2, 64), band(48, 2, 128)];
     assert_eq!(with(Some(4), same).unwrap().bands(), vec![32, 48]);
     // By default none at all here: 16-bit float weights have three bands (4, 6 and 8 splits below

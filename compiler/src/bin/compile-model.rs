@@ -102,10 +102,11 @@ struct Args {
     /// steps on the band of its last step. A band needs a split block with at least its splits
     /// (else an error). Default by the matvec weights' format, as measured on an H100, on the
     /// block's own workgroup size (512 on Qwen3-0.6B's heads of 128):
-    /// `256:4x512,384:6x512,512:8x512,2048:16x512` for f16 and bf16, the same with
-    /// `64:4x256` first (half the block's workgroup; measured on an H200) and `768:12x512`
-    /// before the last for q8_0 and q4_0, none otherwise (those the block can take: fewer
-    /// splits than its own).
+    /// `256:4x512,384:6x512,512:8x512,2048:16x512` for f16 and bf16, and for q8_0 and q4_0 the
+    /// same with `768:12x512` before the last and, on a block of more than 4 splits,
+    /// `64:4x256` first (half the block's workgroup; measured on an H200); none otherwise. Of
+    /// the defaults, those with more splits than the block's and trailing ones on its own grid
+    /// are left out.
     #[arg(long, value_name = "BANDS", value_parser = parse_bands)]
     attention_bands: Option<Bands>,
     /// MiB of the next levels' weights read into L2 beside attention and linear-attention

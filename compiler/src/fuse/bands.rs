@@ -58,13 +58,16 @@ pub const MAX_POLLED_SPLITS: usize = 16;
 /// splits below 2048, which a block of more splits (a cache of 4096 slots) uses there. The
 /// block's own workgroup
 /// keeps the invocations per head element it was chosen with (a 512-wide band cost a 32-wide
-/// head on lavapipe twice the time), except the block formats' first band: 4 splits of half the
-/// workgroup below position 64, where no split has more than MIN_CHUNK slots and at most two
-/// work (at 256 tokens on an H200: q8_0 +0.32..0.39%, q4_0 +0.37 / +0.53%; below 128 q8_0 the
-/// same and q4_0 −0.45%, below 192 or 256 q8_0 −1.1% and −3.9%; bf16 level: docs/perf.md,
-/// session 54). Bands with the block's splits or more fall away where the bands are applied,
-/// and so does a band whose grid is the next one's. f32 weights keep one grid.
-pub fn for_weights(dtype: DType, workgroup: u32) -> Vec<AttentionBand> {
+/// head on lavapipe twice the time), except the block formats' first band where the block has
+/// more than 4 splits: 4 splits of half the workgroup below position 64, where no split has
+/// more than MIN_CHUNK slots and at most two work (Qwen3-0.6B's 32-split block at 256 tokens on
+/// an H200: q8_0 +0.32..0.39%, q4_0 +0.37 / +0.53%; below 128 q8_0 the same and q4_0 −0.45%,
+/// below 192 or 256 q8_0 −1.1% and −3.9%; bf16 level: docs/perf.md, session 54; a block of 4
+/// splits or fewer, which the other bands leave alone, was not measured with it). Where the
+/// bands are applied, those with more splits than the block's fall away, and so do trailing
+/// ones on the block's own grid; a band that compiles to the next one's kernel merges into it.
+/// f32 weights keep one grid.
+pub fn for_weights(dtype: DType, workgroup: u32, block_splits: usize) -> Vec<AttentionBand> {
     let band = |chunks: u32, splits: usize| AttentionBand {
         below: chunks * ATTENTION_MIN_CHUNK as u32,
         splits,
@@ -79,17 +82,22 @@ pub fn for_weights(dtype: DType, workgroup: u32) -> Vec<AttentionBand> {
         workgroup: workgroup / 2,
         ..band(2, 4)
     };
+    let half = if block_splits > half.splits {
+        vec![half]
+    } else {
+        vec![]
+    };
     match dtype {
-        DType::Q4_0 | DType::Q8_0 => [&[half], &short[..], &[band(24, 12), long]].concat(),
+        DType::Q4_0 | DType::Q8_0 => [&half[..], &short[..], &[band(24, 12), long]].concat(),
         DType::F16 | DType::BF16 => [&short[..], &[long]].concat(),
         DType::F32 | DType::I32 => vec![],
     }
 }
 
 /// [`for_weights`] for `program`'s matvec weights ([`prefetch::matvec_dtype`]) and a block of
-/// `workgroup` invocations.
-pub fn for_program(program: &Program, workgroup: u32) -> Vec<AttentionBand> {
-    for_weights(prefetch::matvec_dtype(program), workgroup)
+/// `splits` workgroups of `workgroup` invocations per head.
+pub fn for_program(program: &Program, workgroup: u32, splits: usize) -> Vec<AttentionBand> {
+    for_weights(prefetch::matvec_dtype(program), workgroup, splits)
 }
 
 /// Why a `--attention-bands` text does not parse.
@@ -160,7 +168,7 @@ mod tests {
 
     #[test]
     fn should_parse_what_it_prints() {
-        let bands = for_weights(DType::Q4_0, 512);
+        let bands = for_weights(DType::Q4_0, 512, 32);
         let text: Vec<String> = bands.iter().map(|b| b.to_string()).collect();
         assert_eq!(
             text.join(","),
@@ -168,8 +176,8 @@ mod tests {
         );
         assert_eq!(parse(&text.join(",")).unwrap(), bands);
         assert_eq!(parse(" none ").unwrap(), vec![]);
-        assert_eq!(for_weights(DType::Q8_0, 512), bands);
-        let floats: Vec<String> = for_weights(DType::BF16, 512)
+        assert_eq!(for_weights(DType::Q8_0, 512, 32), bands);
+        let floats: Vec<String> = for_weights(DType::BF16, 512, 32)
             .iter()
             .map(|b| b.to_string())
             .collect();
@@ -177,9 +185,22 @@ mod tests {
             floats,
             ["256:4x512", "384:6x512", "512:8x512", "2048:16x512"]
         );
-        assert_eq!(for_weights(DType::BF16, 512), for_weights(DType::F16, 512));
-        assert_eq!(for_weights(DType::BF16, 128)[0].to_string(), "256:4x128");
-        assert!(for_weights(DType::F32, 512).is_empty());
+        assert_eq!(
+            for_weights(DType::BF16, 512, 32),
+            for_weights(DType::F16, 512, 32)
+        );
+        assert_eq!(
+            for_weights(DType::BF16, 128, 32)[0].to_string(),
+            "256:4x128"
+        );
+        assert!(for_weights(DType::F32, 512, 32).is_empty());
+        // The half-width band only beside a block of more than its 4 splits.
+        let four: Vec<String> = for_weights(DType::Q8_0, 512, 4)
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
+        assert_eq!(four[0], "256:4x512");
+        assert_eq!(for_weights(DType::Q4_0, 512, 5)[0].to_string(), "64:4x256");
     }
 
     /// The subgroup walk (q4_0) keeps to the default bands below 384, whose chunks take one
@@ -187,12 +208,12 @@ mod tests {
     #[test]
     fn should_walk_in_subgroups_in_the_short_bands_only() {
         use super::super::codegen::subgroup_walk_fits;
-        let walks: Vec<bool> = for_weights(DType::Q4_0, 512)
+        let walks: Vec<bool> = for_weights(DType::Q4_0, 512, 32)
             .iter()
             .map(|b| subgroup_walk_fits(b.below as usize, b.splits))
             .collect();
         assert_eq!(walks, [true, true, true, false, false, false]);
-        let walks: Vec<bool> = for_weights(DType::BF16, 512)
+        let walks: Vec<bool> = for_weights(DType::BF16, 512, 32)
             .iter()
             .map(|b| subgroup_walk_fits(b.below as usize, b.splits))
             .collect();

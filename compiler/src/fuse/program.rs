@@ -219,7 +219,8 @@ impl Builder<'_> {
     /// unsplit, or a band with more splits than the block's scratch holds); else the weights'
     /// default bands that can. Bands that no position reaches (starting at or past the
     /// capacity) and trailing ones on the block's own grid (its splits, workgroup and walk)
-    /// are dropped.
+    /// are dropped, and a band that compiles to the kernel of the band before (a workgroup
+    /// raised to the head's width) extends that band.
     fn attention_bands(
         &self,
         spec: &AttnSpec,
@@ -228,7 +229,7 @@ impl Builder<'_> {
         let given = self.opts.attention_bands.as_ref();
         let bands = match given {
             Some(b) => b.clone(),
-            None => super::bands::for_program(self.p, spec.workgroup),
+            None => super::bands::for_program(self.p, spec.workgroup, spec.splits),
         };
         let head = spec.head_dim.next_power_of_two() as u32;
         // The bands' highest splits wait for the others inside the dispatch, one per head: sound
@@ -264,10 +265,11 @@ impl Builder<'_> {
                 subgroup_walk: walk && codegen::subgroup_walk_fits(b.below as usize, b.splits),
                 ..spec.clone()
             };
-            // A band on the next one's grid (a half-width band raised to the head's width)
-            // is that band over both ranges.
+            // A band on the kernel of the one before (a half-width band raised to the head's
+            // width) is that band over both ranges. Bounds out of order are left for the
+            // schedule's validation to refuse.
             match out.last_mut() {
-                Some(last) if last.1 == band => last.0 = b.below,
+                Some(last) if last.1 == band && last.0 < b.below => last.0 = b.below,
                 _ => out.push((b.below, band)),
             }
         }
