@@ -700,12 +700,11 @@ void main() {
                 ad_s = am / 127.0;
                 asum8_s = W2_DTYPE == Q4_0 ? 8 * s : 0;
             }
-        } else {
+        } else
+#endif
+        {
             act4[t / 4u][t % 4u] = e;
         }
-#else
-        act4[t / 4u][t % 4u] = e;
-#endif
     }
     barrier();
 #ifdef CHAIN_MARK_AFTER_ACT

@@ -78,17 +78,13 @@ pub fn for_weights(dtype: DType, workgroup: u32, block_splits: usize) -> Vec<Att
     // position 2048, where their chunks of 64-128 slots were still faster than 32 splits' 32-64
     // (session 28: bf16 817 against 866 µs per step at 1024-2048, q4_0 710 against 765).
     let long = band(64, 16);
-    let half = AttentionBand {
+    let half = Some(AttentionBand {
         workgroup: workgroup / 2,
         ..band(2, 4)
-    };
-    let half = if block_splits > half.splits {
-        vec![half]
-    } else {
-        vec![]
-    };
+    })
+    .filter(|h| block_splits > h.splits);
     match dtype {
-        DType::Q4_0 | DType::Q8_0 => [&half[..], &short[..], &[band(24, 12), long]].concat(),
+        DType::Q4_0 | DType::Q8_0 => [half.as_slice(), &short[..], &[band(24, 12), long]].concat(),
         DType::F16 | DType::BF16 => [&short[..], &[long]].concat(),
         DType::F32 | DType::I32 => vec![],
     }

@@ -147,20 +147,11 @@ const LEVELS_AHEAD: usize = 3;
 /// Slices one prefetch dispatch binds (prefetch.comp's bindings).
 const MAX_SLICES: usize = 8;
 /// Prefetch workgroup size, and sectors each invocation reads (on an H100, 8 beat 2, 4 and 32:
-/// fewer workgroups take longer than the attention block beside them, more crowd it).
+/// fewer workgroups take longer than the attention block beside them, more crowd it; on an
+/// H200 with the chained MLP needing whole SMs, 4, 6, 12 and 16 each lost or were level:
+/// docs/perf.md, session 54).
 pub(super) const WG: u32 = 256;
 pub(super) const SECTORS_PER_INVOCATION: u64 = 8;
-
-/// The weight prefetch's [`SECTORS_PER_INVOCATION`], or `VKFUSE_PF_SECTORS=s` (1..=256) read at
-/// compile time: the A/B knob for its shape. Its workgroups, spread over the SMs while the
-/// attention block and o_proj run, may be what keeps the chained MLP's last third of
-/// workgroups from an SM of their own (docs/perf.md, session 53, item 9): fewer, longer ones
-/// would leave more SMs empty sooner.
-fn sectors_per_invocation() -> u64 {
-    crate::kernels::knob("VKFUSE_PF_SECTORS")
-        .filter(|s| (1..=256).contains(s))
-        .map_or(SECTORS_PER_INVOCATION, u64::from)
-}
 
 /// The weight slices to prefetch beside each weight-free level that holds a host: (level,
 /// slices). `roles`: the kernels that stream weights, and how, and the hosts. The slices follow
@@ -331,7 +322,7 @@ fn dispatch(
     let total: u64 = sectors.iter().sum();
     // Each invocation strides over the sectors, so any count reads them all.
     let groups = total
-        .div_ceil(WG as u64 * sectors_per_invocation())
+        .div_ceil(WG as u64 * SECTORS_PER_INVOCATION)
         .clamp(1, MAX_WORKGROUPS_X as u64) as u32;
     let mut spec = vec![WG];
     spec.extend(sectors.iter().map(|&s| s as u32));
