@@ -3,16 +3,21 @@
 //! the workgroup size bounds the workgroups an SM holds at once, the residency that handoffs'
 //! waiting consumers and the L2 prefetch beside them compete for: docs/perf.md).
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use vkfuse_runtime::session::kernel_pipeline;
-use vkfuse_runtime::Statistic;
+use vkfuse_runtime::{Representation, Statistic};
 
 #[derive(clap::Args)]
 pub struct KernelsArgs {
     /// A schedule file (from `compile-model -o`).
     pub file: PathBuf,
+    /// Also write the driver's internal representations of each kernel (its IR or machine
+    /// code, where it offers any) into this folder, one file per kernel and representation:
+    /// `NNN-REPRESENTATION.txt` (or `.bin`), NNN the kernel's number in the table.
+    #[arg(long, value_name = "DIR")]
+    pub representations: Option<PathBuf>,
     #[command(flatten)]
     pub device: crate::options::DeviceArg,
 }
@@ -30,6 +35,11 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
     // without the records' address, they show the kernel's own statistics, the recording
     // folded away).
     vkfuse_runtime::session::timeline::check_device(&device, schedule)?;
+    if let Some(dir) = &args.representations {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the folder {}", dir.display()))?;
+    }
+    let mut written: Vec<String> = vec![];
     let mut out = std::io::stdout().lock();
     let offered = info.features.pipeline_executable_info;
     writeln!(
@@ -71,8 +81,54 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
             .get_u32(0)
             .map_or("-".to_string(), |w| w.to_string());
         writeln!(out, "{i:>4} {uses:>10} {wg:>9}  {:<60} {stats}", k.label)?;
+        if let (Some(dir), Some(reps)) = (&args.representations, pipeline.representations()?) {
+            for r in &reps {
+                written.push(write_representation(dir, i, r)?);
+            }
+        }
+    }
+    if let Some(dir) = &args.representations {
+        if written.is_empty() {
+            writeln!(
+                out,
+                "{} offers no internal representations of its kernels: nothing written to {}",
+                info.name,
+                dir.display()
+            )?;
+        } else {
+            written.sort();
+            written.dedup();
+            writeln!(
+                out,
+                "internal representations ({}) written to {}",
+                written.join(", "),
+                dir.display()
+            )?;
+        }
     }
     Ok(())
+}
+
+/// Writes one representation of kernel `i` under `dir`; its name, as the file names carry it.
+fn write_representation(dir: &Path, i: usize, r: &Representation) -> Result<String> {
+    // Only letters, digits and dashes in file names: drivers' names hold spaces and slashes.
+    let name: String = r
+        .name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    // A second executable's representations are told apart by its number.
+    let exe = if r.executable > 0 {
+        format!("-{}", r.executable)
+    } else {
+        String::new()
+    };
+    let path = dir.join(format!(
+        "{i:03}{exe}-{name}.{}",
+        if r.is_text { "txt" } else { "bin" }
+    ));
+    std::fs::write(&path, &r.data).with_context(|| format!("writing {}", path.display()))?;
+    Ok(name)
 }
 
 /// `name value` pairs, comma-separated.

@@ -91,6 +91,7 @@ mod tests {
             push_constant_bytes: 0,
             spec_constants: vec![],
             subgroups: None,
+            bounds_checks: Default::default(),
         };
         Schedule {
             meta: ModelMeta::for_tests(),

@@ -159,6 +159,10 @@ pub struct ShaderFeatures {
     /// `shaderIntegerDotProduct` (Vulkan 1.3, `VK_KHR_shader_integer_dot_product`): dot
     /// products of packed 8-bit integers (the chained MLP's int8 dots, `compile-model --dots`).
     pub integer_dot_product: bool,
+    /// `pipelineRobustness` (`VK_EXT_pipeline_robustness`): a pipeline may ask for its buffer
+    /// accesses unchecked (NVIDIA's driver checks every storage-buffer access against its
+    /// binding's range otherwise, robustBufferAccess enabled or not). Not a shader feature.
+    pub pipeline_robustness: bool,
 }
 
 /// A capability a caller can require of a device (see [`Requirements`]).
@@ -475,7 +479,7 @@ impl fmt::Display for AdapterInfo {
         let s = &self.features;
         write!(
             f,
-            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}, int64 atomics {}, pipeline statistics {}, device clock {}, buffer addresses {}, host query reset {}, int8 dot products {}",
+            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}, int64 atomics {}, pipeline statistics {}, device clock {}, buffer addresses {}, host query reset {}, int8 dot products {}, pipeline robustness {}",
             yes(s.shader_float16),
             yes(s.shader_int8),
             yes(s.shader_int16),
@@ -488,7 +492,8 @@ impl fmt::Display for AdapterInfo {
             yes(s.shader_device_clock),
             yes(s.buffer_device_address),
             yes(s.host_query_reset),
-            yes(s.integer_dot_product)
+            yes(s.integer_dot_product),
+            yes(s.pipeline_robustness)
         )
     }
 }
@@ -626,6 +631,8 @@ fn query_info(instance: &ash::Instance, instance_api: u32, pd: vk::PhysicalDevic
     let mut addresses = vk::PhysicalDeviceBufferDeviceAddressFeatures::default();
     let mut host_reset = vk::PhysicalDeviceHostQueryResetFeatures::default();
     let mut int_dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
+    let mut robustness = vk::PhysicalDevicePipelineRobustnessFeaturesEXT::default();
+    let has_robustness = offers(ash::ext::pipeline_robustness::NAME);
     // Core where both the device and the instance are 1.3; below that, the extension (which
     // the device then enables).
     let has_int_dot = (v1_3 && instance_api >= vk::API_VERSION_1_3)
@@ -651,6 +658,9 @@ fn query_info(instance: &ash::Instance, instance_api: u32, pd: vk::PhysicalDevic
         }
         if has_int_dot {
             features2 = features2.push_next(&mut int_dot);
+        }
+        if has_robustness {
+            features2 = features2.push_next(&mut robustness);
         }
         // SAFETY: as above.
         unsafe { instance.get_physical_device_features2(pd, &mut features2) };
@@ -739,6 +749,7 @@ fn query_info(instance: &ash::Instance, instance_api: u32, pd: vk::PhysicalDevic
             buffer_device_address: addresses.buffer_device_address == vk::TRUE,
             host_query_reset: host_reset.host_query_reset == vk::TRUE,
             integer_dot_product: has_int_dot && int_dot.shader_integer_dot_product == vk::TRUE,
+            pipeline_robustness: robustness.pipeline_robustness == vk::TRUE,
         },
         compute_units,
         max_storage_buffers_per_stage: limits.max_per_stage_descriptor_storage_buffers,

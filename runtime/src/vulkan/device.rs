@@ -137,6 +137,11 @@ impl Device {
         if f.integer_dot_product {
             features2 = features2.push_next(&mut int_dot);
         }
+        let mut robustness = vk::PhysicalDevicePipelineRobustnessFeaturesEXT::default()
+            .pipeline_robustness(f.pipeline_robustness);
+        if f.pipeline_robustness {
+            features2 = features2.push_next(&mut robustness);
+        }
 
         // SAFETY: `pd` belongs to the live instance.
         let device_extensions = unsafe { instance_raw.enumerate_device_extension_properties(pd) }
@@ -158,6 +163,9 @@ impl Device {
         }
         if f.shader_device_clock {
             extensions.push(ash::khr::shader_clock::NAME.as_ptr());
+        }
+        if f.pipeline_robustness {
+            extensions.push(ash::ext::pipeline_robustness::NAME.as_ptr());
         }
         // Below 1.3 (the device's or the instance's) the adapter reported the feature only
         // where the extension is offered.

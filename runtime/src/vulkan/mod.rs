@@ -36,4 +36,4 @@ pub use handoff::{
 pub use instance::{Instance, InstanceOptions, VALIDATION_LAYER};
 pub use pipeline::{spirv_from_bytes, Pipeline, PipelineCache, PipelineDesc, SpecConstants};
 pub use query::TimestampPool;
-pub use statistics::{Statistic, StatisticValue};
+pub use statistics::{Representation, Statistic, StatisticValue};

@@ -150,10 +150,15 @@ pub struct PipelineDesc<'a> {
     pub push_constant_bytes: u32,
     /// A pipeline cache to use and fill.
     pub cache: Option<&'a PipelineCache>,
-    /// Keep the driver's statistics of the compiled pipeline ([`Pipeline::statistics`]) where
-    /// the device offers them (`VK_KHR_pipeline_executable_properties`); some drivers compile
+    /// Keep the driver's statistics and internal representations of the compiled pipeline
+    /// ([`Pipeline::statistics`], [`Pipeline::representations`]) where the device offers them
+    /// (`VK_KHR_pipeline_executable_properties`); some drivers compile
     /// slower or bypass their caches for it, so only tools ask.
     pub capture_statistics: bool,
+    /// Keep the driver's bounds checks of its buffer accesses where the device lets each
+    /// pipeline choose (`VK_EXT_pipeline_robustness`); false drops them there
+    /// ([`crate::schedule::BoundsChecks`]). Elsewhere the device's own behaviour either way.
+    pub keep_bounds_checks: bool,
 }
 
 /// A compute pipeline with its layout.
@@ -297,6 +302,7 @@ impl Device {
             push_constant_bytes,
             cache: None,
             capture_statistics: false,
+            keep_bounds_checks: false,
         })
     }
 
@@ -378,13 +384,26 @@ impl Device {
         let captured = desc.capture_statistics && shared.enabled.pipeline_executable_info;
         let flags = if captured {
             vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
+                | vk::PipelineCreateFlags::CAPTURE_INTERNAL_REPRESENTATIONS_KHR
         } else {
             vk::PipelineCreateFlags::empty()
         };
-        let info = [vk::ComputePipelineCreateInfo::default()
+        let behavior = if desc.keep_bounds_checks {
+            vk::PipelineRobustnessBufferBehaviorEXT::ROBUST_BUFFER_ACCESS
+        } else {
+            vk::PipelineRobustnessBufferBehaviorEXT::DISABLED
+        };
+        let mut robustness = vk::PipelineRobustnessCreateInfoEXT::default()
+            .storage_buffers(behavior)
+            .uniform_buffers(behavior);
+        let mut info = vk::ComputePipelineCreateInfo::default()
             .flags(flags)
             .stage(stage)
-            .layout(layout)];
+            .layout(layout);
+        if shared.enabled.pipeline_robustness {
+            info = info.push_next(&mut robustness);
+        }
+        let info = [info];
         let cache = desc.cache.map_or(vk::PipelineCache::null(), |c| c.raw);
         // SAFETY: module, layout and cache are live; every pointer in `info` outlives the call.
         let created = unsafe { shared.raw.create_compute_pipelines(cache, &info, None) };
