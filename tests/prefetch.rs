@@ -350,7 +350,6 @@ fn unordered_is_honoured_only_for_a_kernel_writing_its_sink_alone() {
         push_constant_bytes: 0,
         spec_constants: vec![],
         subgroups: None,
-        bounds_checks: Default::default(),
     };
     let src = |writes: &str| {
         let access = if writes == "b" { "" } else { "readonly" };

@@ -325,7 +325,6 @@ pub fn lower_with_report(
                     push_constant_bytes: call.push_constants.len() as u32,
                     spec_constants: call.spec_constants.clone(),
                     subgroups: call.subgroups(),
-                    bounds_checks: Default::default(),
                 });
                 kernel_ids.insert(key, k);
                 k
@@ -457,7 +456,6 @@ pub(crate) fn declare_kernel(
         push_constant_bytes: 0,
         spec_constants,
         subgroups: None,
-        bounds_checks: Default::default(),
     });
     Ok(KernelId(decls.len() as u32 - 1))
 }

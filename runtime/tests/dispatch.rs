@@ -220,7 +220,6 @@ fn scale_add_desc<'a>(spirv: &'a [u32], spec: &'a SpecConstants) -> PipelineDesc
         push_constant_bytes: 8,
         cache: None,
         capture_statistics: false,
-        keep_bounds_checks: false,
     }
 }
 

@@ -164,7 +164,6 @@ fn sample() -> (Schedule, MapWeights) {
             push_constant_bytes: 8,
             spec_constants: vec![64],
             subgroups: None,
-            bounds_checks: Default::default(),
         },
         KernelDecl {
             label: "rms_norm+matvec_f16".into(),
@@ -173,7 +172,6 @@ fn sample() -> (Schedule, MapWeights) {
             push_constant_bytes: 4,
             spec_constants: vec![64, 1e-6f32.to_bits()],
             subgroups: Some(2),
-            bounds_checks: vkfuse_runtime::schedule::BoundsChecks::Kept,
         },
         KernelDecl {
             label: "argmax".into(),
@@ -182,7 +180,6 @@ fn sample() -> (Schedule, MapWeights) {
             push_constant_bytes: 0,
             spec_constants: vec![],
             subgroups: None,
-            bounds_checks: Default::default(),
         },
     ];
     let pc = |words: &[u32]| {
@@ -869,8 +866,8 @@ fn should_reject_a_newer_version_saying_which() {
 
 #[test]
 fn should_refuse_a_version_1_file_asking_to_recompile() {
-    // Version 1 had no tokenizer in its metadata; this build reads version 10 only.
-    assert_eq!(FORMAT_VERSION, 10);
+    // Version 1 had no tokenizer in its metadata; this build reads version 9 only.
+    assert_eq!(FORMAT_VERSION, 9);
     let (_, mut b) = sample_file("version-1-src");
     b[8..12].copy_from_slice(&1u32.to_le_bytes());
     fix_checksums(&mut b);
@@ -880,7 +877,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
             err,
             ScheduleFileError::UnsupportedVersion {
                 found: 1,
-                supported: 10,
+                supported: 9,
                 ..
             }
         ),
@@ -888,7 +885,7 @@ fn should_refuse_a_version_1_file_asking_to_recompile() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 10)"),
+        msg.contains("schedule format version 1 is not supported (this vkfuse reads version 9)"),
         "{msg}"
     );
     assert!(msg.contains("recompile the model"), "{msg}");
@@ -1144,7 +1141,7 @@ fn should_dump_every_table_readably() {
         "b0   weights          8192 (8.0 KiB)  weights",
         "b2   state             256 (256 B)  kv",
         "k1   rms_norm+matvec_f16: 42 words of SPIR-V, 4 bindings, 4 push-constant bytes, \
-         spec [64, 897988541], workgroup 2 subgroups (at load), bounds checks kept",
+         spec [64, 897988541], workgroup 2 subgroups (at load)",
         "  level 1\n    d1    k1 [4,1,1] b3[+0,64] b0[+256,100] b0[+8064,64] b3[+256,64] \
          push [16] rms_norm+q\n    d2    k1 [4,2,1]",
         "d3    k2 [1,1,1] b1[+64,64] b1[+0,4] argmax",
@@ -1158,7 +1155,7 @@ fn should_dump_every_table_readably() {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     let whole = file.to_string();
-    assert!(whole.contains("vkfuse schedule format 10"), "{whole}");
+    assert!(whole.contains("vkfuse schedule format 9"), "{whole}");
     assert!(whole.contains("tensors in the file (3):"), "{whole}");
     assert!(whole.contains(&text), "{whole}");
 }

@@ -792,10 +792,13 @@ struct ChainShape {
 
 /// The chained kernel's shape: 32 act rows per workgroup (96 workgroups for Qwen3-0.6B's
 /// 3072) of 1024 invocations, each subgroup two of the 64 gate/up dots; float weights split the outer
-/// product over 4 groups of 8 act rows. On the H100 that beat, for bf16, 16 rows of 512
+/// product over 2 groups of 16 act rows. On the H100 that beat, for bf16, 16 rows of 512
 /// invocations in 2 groups (-2.1%), 8, 12, 24, 48 or 64 rows and 256 or 512 invocations;
 /// for q4_0 and q8_0, 512 invocations (-3%). More workgroups pay more in atomics than they
-/// gain in balance over the SMs (docs/perf.md). `VKFUSE_CHAIN=cb,wg,ng` overrides them at
+/// gain in balance over the SMs (docs/perf.md). Float weights took 4 groups until NVIDIA's
+/// bounds checks went (session 55): without them the 4 groups' code takes all 64 registers a
+/// 1024-invocation workgroup leaves and spills (bf16 −2.5% on an H200); 2 groups unchecked are
+/// level with the 4 checked ones. `VKFUSE_CHAIN=cb,wg,ng` overrides them at
 /// compile time (the A/B knob of those measurements; values that do not fit the shapes fall
 /// back to the defaults, a group count to the largest that fits).
 fn chain_shape(spec: &ChainSpec) -> ChainShape {
@@ -825,7 +828,7 @@ fn chain_shape(spec: &ChainSpec) -> ChainShape {
     let mut ng = match knob.get(2) {
         _ if blocks => 1,
         Some(&n) if n.is_power_of_two() => n,
-        _ => 4,
+        _ => 2,
     };
     while !fits(ng) {
         ng /= 2;

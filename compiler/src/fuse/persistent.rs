@@ -130,7 +130,6 @@ pub fn add_regions(
                     push_constant_bytes: 0,
                     spec_constants: vec![wg],
                     subgroups: None,
-                    bounds_checks: Default::default(),
                 });
                 kernel_of_source.insert(source, id);
                 id

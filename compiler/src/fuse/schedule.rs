@@ -31,8 +31,8 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::time::Duration;
 use vkfuse_runtime::schedule::{
-    Alternative, BoundsChecks, BufferId, Dispatch, Io, KernelDecl, KernelId, Schedule, Slice,
-    TokenEncoding, WeightUpload,
+    Alternative, BufferId, Dispatch, Io, KernelDecl, KernelId, Schedule, Slice, TokenEncoding,
+    WeightUpload,
 };
 
 /// Where the fused schedule's arena slices start: at 4 KiB pages. On an H100 the same schedule
@@ -421,7 +421,6 @@ impl Lowering<'_> {
         &mut self,
         gen: &Generated,
         subgroups: Option<u32>,
-        bounds_checks: BoundsChecks,
         spirv: &mut SpirvCache,
     ) -> Result<(KernelId, bool), FuseError> {
         let source = crate::kernels::with_defines(&gen.source, self.defines);
@@ -437,7 +436,6 @@ impl Lowering<'_> {
             push_constant_bytes: 0,
             spec_constants: gen.spec_constants.clone(),
             subgroups,
-            bounds_checks,
         });
         self.kernel_ids.insert(key, id);
         Ok((id, true))
@@ -522,7 +520,6 @@ impl Lowering<'_> {
                                 push_constant_bytes: call.push_constants.len() as u32,
                                 spec_constants: call.spec_constants.clone(),
                                 subgroups: call.subgroups(),
-                                bounds_checks: Default::default(),
                             });
                             self.kernel_ids.insert(key, id);
                             id
@@ -556,43 +553,34 @@ impl Lowering<'_> {
                         }
                         _ => None,
                     };
-                    // The float chain keeps the driver's bounds checks: NVIDIA's compiler
-                    // schedules it better with them (BoundsChecks::Kept).
-                    let bounds_checks = match &k.kind {
-                        KernelKind::Chain(spec) if spec.inner.dtype.is_float() => {
-                            BoundsChecks::Kept
-                        }
-                        _ => BoundsChecks::Dropped,
-                    };
-                    let kernel =
-                        match self.generated_kernel(gen, subgroups, bounds_checks, spirv)? {
-                            (id, false) => id,
-                            (id, true) => {
-                                if let KernelKind::Matvec(spec) = &k.kind {
-                                    self.matvecs.insert(id, (spec.clone(), gen.clone()));
-                                }
-                                match k.kind {
-                                    KernelKind::Matvec(_) => {
-                                        self.prefetch_roles.insert(id, prefetch::Role::Matvec);
-                                    }
-                                    KernelKind::Chain(_) => {
-                                        self.prefetch_roles.insert(id, prefetch::Role::Chain);
-                                    }
-                                    KernelKind::Attention(ref a) => {
-                                        let role = prefetch::Role::Attention {
-                                            heads: a.hkv as u32,
-                                            capacity: a.capacity as u32,
-                                        };
-                                        self.prefetch_roles.insert(id, role);
-                                    }
-                                    _ => {}
-                                }
-                                if matches!(k.kind, KernelKind::Zero { .. }) {
-                                    self.zeros.insert(id);
-                                }
-                                id
+                    let kernel = match self.generated_kernel(gen, subgroups, spirv)? {
+                        (id, false) => id,
+                        (id, true) => {
+                            if let KernelKind::Matvec(spec) = &k.kind {
+                                self.matvecs.insert(id, (spec.clone(), gen.clone()));
                             }
-                        };
+                            match k.kind {
+                                KernelKind::Matvec(_) => {
+                                    self.prefetch_roles.insert(id, prefetch::Role::Matvec);
+                                }
+                                KernelKind::Chain(_) => {
+                                    self.prefetch_roles.insert(id, prefetch::Role::Chain);
+                                }
+                                KernelKind::Attention(ref a) => {
+                                    let role = prefetch::Role::Attention {
+                                        heads: a.hkv as u32,
+                                        capacity: a.capacity as u32,
+                                    };
+                                    self.prefetch_roles.insert(id, role);
+                                }
+                                _ => {}
+                            }
+                            if matches!(k.kind, KernelKind::Zero { .. }) {
+                                self.zeros.insert(id);
+                            }
+                            id
+                        }
+                    };
                     let ops: Vec<String> = k
                         .covers
                         .iter()
@@ -601,8 +589,7 @@ impl Lowering<'_> {
                         .collect();
                     let label = format!("{} ({})", k.describe(&fu.op_names), ops.join(" "));
                     for (below, alt) in &k.alternatives {
-                        let (id, _) =
-                            self.generated_kernel(alt, None, BoundsChecks::Dropped, spirv)?;
+                        let (id, _) = self.generated_kernel(alt, None, spirv)?;
                         alternatives.push(Alternative {
                             below: *below,
                             kernel: id,

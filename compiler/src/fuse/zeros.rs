@@ -167,7 +167,6 @@ mod tests {
             push_constant_bytes: 0,
             spec_constants: vec![],
             subgroups: None,
-            bounds_checks: Default::default(),
         }
     }
 

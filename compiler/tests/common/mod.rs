@@ -87,7 +87,6 @@ pub fn kernel_decl(gen: &Generated) -> vkfuse_runtime::schedule::KernelDecl {
         push_constant_bytes: 0,
         spec_constants: gen.spec_constants.clone(),
         subgroups: None,
-        bounds_checks: Default::default(),
     }
 }
 

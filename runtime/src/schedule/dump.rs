@@ -154,7 +154,7 @@ impl fmt::Display for Schedule {
         for (i, k) in self.kernels.iter().enumerate() {
             writeln!(
                 f,
-                "  k{i:<3} {}: {} words of SPIR-V, {} bindings, {} push-constant bytes, spec {:?}{}{}{}",
+                "  k{i:<3} {}: {} words of SPIR-V, {} bindings, {} push-constant bytes, spec {:?}{}{}",
                 k.label,
                 k.spirv.len(),
                 k.bindings,
@@ -163,10 +163,6 @@ impl fmt::Display for Schedule {
                 match k.subgroups {
                     Some(n) => format!(", workgroup {n} subgroups (at load)"),
                     None => String::new(),
-                },
-                match k.bounds_checks {
-                    super::BoundsChecks::Kept => ", bounds checks kept",
-                    super::BoundsChecks::Dropped => "",
                 },
                 handoff_role(k)
             )?;

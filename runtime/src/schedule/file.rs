@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use super::{
-    Alternative, BoundsChecks, BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl,
-    KernelId, ModelMeta, Persistent, Schedule, ScheduleError, Slice, TokenEncoding, WeightUpload,
+    Alternative, BufferDecl, BufferId, BufferRole, Dispatch, Io, KernelDecl, KernelId, ModelMeta,
+    Persistent, Schedule, ScheduleError, Slice, TokenEncoding, WeightUpload,
 };
 use crate::session::{Progress, TensorBytes};
 
@@ -34,7 +34,7 @@ pub const MAGIC: [u8; 8] = *b"VKFUSE\0\n";
 /// The last 8 bytes of every schedule file (every version so far).
 pub const END_MAGIC: [u8; 8] = *b"VKFEND\0\n";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 10;
+pub const FORMAT_VERSION: u32 = 9;
 /// Every tensor (and the weights section itself) starts at a multiple of this many bytes.
 pub const WEIGHT_ALIGN: u64 = 4096;
 
@@ -846,10 +846,6 @@ fn encode(
         e.u32(k.push_constant_bytes);
         e.u32s(&k.spec_constants, "spec_constants")?;
         e.u32(k.subgroups.unwrap_or(0));
-        e.u8(match k.bounds_checks {
-            BoundsChecks::Dropped => 0,
-            BoundsChecks::Kept => 1,
-        });
     }
 
     e.count(s.dispatches.len(), "dispatches")?;
@@ -1070,7 +1066,7 @@ fn decode(bytes: &[u8]) -> Decoded<(Schedule, Vec<TensorRecord>)> {
         };
         Ok(BufferDecl { label, size, role })
     })?;
-    let kernels = d.vec(4 * 6 + 1, "kernels", |d| {
+    let kernels = d.vec(4 * 6, "kernels", |d| {
         Ok(KernelDecl {
             label: d.str("kernel label")?,
             spirv: d.u32s("spirv")?,
@@ -1080,14 +1076,6 @@ fn decode(bytes: &[u8]) -> Decoded<(Schedule, Vec<TensorRecord>)> {
             subgroups: match d.u32("kernel subgroups")? {
                 0 => None,
                 n => Some(n),
-            },
-            bounds_checks: match d.u8("kernel bounds checks")? {
-                0 => BoundsChecks::Dropped,
-                1 => BoundsChecks::Kept,
-                b => {
-                    d.pos -= 1;
-                    return d.fail(format!("kernel bounds checks must be 0 or 1, not {b}"));
-                }
             },
         })
     })?;

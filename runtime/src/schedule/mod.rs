@@ -131,25 +131,6 @@ pub struct KernelDecl {
     /// device class the schedule was compiled for. `None`: constant 0 as compiled (kernels whose
     /// grid or shape depends on it).
     pub subgroups: Option<u32>,
-    /// Whether its buffer accesses keep the driver's bounds checks where a device lets each
-    /// pipeline choose.
-    pub bounds_checks: BoundsChecks,
-}
-
-/// A kernel's buffer accesses with or without the driver's bounds checks, where the device
-/// lets each pipeline choose (`VK_EXT_pipeline_robustness`; elsewhere the device's own
-/// behaviour). NVIDIA's driver checks every storage-buffer access against its binding's range
-/// unless a pipeline asks otherwise, robustBufferAccess enabled or not; no kernel here reads or
-/// writes past its bindings (the suites pass unchecked on the H200), and the checks cost the
-/// block formats' steps 2% (q8_0) and 5% (q4_0) on an H200 (docs/perf.md, session 55).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum BoundsChecks {
-    /// Unchecked (the default).
-    #[default]
-    Dropped,
-    /// Checked: the float chained MLP, whose code NVIDIA's compiler schedules better with the
-    /// checks (bf16 +2.6% against unchecked on an H200; session 55).
-    Kept,
 }
 
 /// Most distinct bounds of alternative grids ([`Schedule::bands`]): replay records each of its
@@ -589,7 +570,6 @@ mod tests {
             push_constant_bytes: 0,
             spec_constants: spec.to_vec(),
             subgroups,
-            bounds_checks: Default::default(),
         }
     }
 

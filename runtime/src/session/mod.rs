@@ -745,7 +745,6 @@ pub fn kernel_pipeline(
         push_constant_bytes: k.push_constant_bytes,
         cache,
         capture_statistics,
-        keep_bounds_checks: k.bounds_checks == crate::schedule::BoundsChecks::Kept,
     })
 }
 
