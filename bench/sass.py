@@ -27,22 +27,37 @@ MAGIC = b"\x28\xb5\x2f\xfd"
 NVUC = b"NVDANVVMNVuc"
 
 
-def decompress(frame: bytes) -> bytes:
+class BadFrame(Exception):
+    pass
+
+
+def decompress(frame: bytes, size: int) -> bytes:
+    """The frame's contents (`size` bytes, as the entry says), or BadFrame."""
     try:
         import zstandard
-
-        return zstandard.ZstdDecompressor().decompress(frame)
     except ImportError:
-        pass
+        zstandard = None
+    if zstandard is not None:
+        try:
+            return zstandard.ZstdDecompressor().decompress(frame, max_output_size=size)
+        except zstandard.ZstdError as e:
+            raise BadFrame(str(e))
     if not shutil.which("zstd"):
         sys.exit("sass.py: neither python's zstandard nor the zstd command is here")
-    return subprocess.run(["zstd", "-d", "-c"], input=frame, capture_output=True, check=True).stdout
+    run = subprocess.run(["zstd", "-d", "-c"], input=frame, capture_output=True)
+    if run.returncode != 0:
+        raise BadFrame(run.stderr.decode(errors="replace").strip())
+    return run.stdout
 
 
 def kernel_names(path):
     """Binary size -> kernel labels, from `vkfuse kernels` output."""
     names = {}
-    for line in open(path, encoding="utf-8", errors="replace"):
+    try:
+        lines = open(path, encoding="utf-8", errors="replace").readlines()
+    except OSError as e:
+        sys.exit(f"sass.py: cannot read the kernels' table {path}: {e.strerror}")
+    for line in lines:
         m = re.match(r"\s*(\d+)\s+\d+\s+\S+\s+(.*?)\s+Register Count (\d+).*Binary Size (\d+)",
                      line)
         if m:
@@ -55,7 +70,10 @@ def main():
         sys.exit(__doc__)
     cache, out = sys.argv[1], sys.argv[2]
     names = kernel_names(sys.argv[3]) if len(sys.argv) == 4 else {}
-    data = open(cache, "rb").read()
+    try:
+        data = open(cache, "rb").read()
+    except OSError as e:
+        sys.exit(f"sass.py: cannot read the pipeline cache {cache}: {e.strerror}")
     os.makedirs(out, exist_ok=True)
     nvdisasm = shutil.which("nvdisasm")
     found = 0
@@ -69,9 +87,9 @@ def main():
         if not 4 < csize <= len(data) - at + 4:
             continue
         try:
-            entry = decompress(data[at:at + csize - 4])
-        except subprocess.CalledProcessError:
-            print(f"{cache}: the zstd frame at byte {at} does not decompress; skipped")
+            entry = decompress(data[at:at + csize - 4], usize)
+        except BadFrame as e:
+            print(f"{cache}: the zstd frame at byte {at} does not decompress ({e}); skipped")
             continue
         if len(entry) != usize:
             print(f"{cache}: the zstd frame at byte {at} gave {len(entry)} bytes, "

@@ -81,9 +81,9 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
             .get_u32(0)
             .map_or("-".to_string(), |w| w.to_string());
         writeln!(out, "{i:>4} {uses:>10} {wg:>9}  {:<60} {stats}", k.label)?;
-        if let (Some(dir), Some(reps)) = (&args.representations, pipeline.representations()?) {
-            for r in &reps {
-                written.push(write_representation(dir, i, r)?);
+        if let Some(dir) = &args.representations {
+            for r in pipeline.representations()?.unwrap_or_default() {
+                written.push(write_representation(dir, i, &r)?);
             }
         }
     }
@@ -91,8 +91,13 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
         if written.is_empty() {
             writeln!(
                 out,
-                "{} offers no internal representations of its kernels: nothing written to {}",
+                "{} offers no internal representations of its kernels{}: nothing written to {}",
                 info.name,
+                if offered {
+                    ""
+                } else {
+                    " (nor their statistics: VK_KHR_pipeline_executable_properties)"
+                },
                 dir.display()
             )?;
         } else {

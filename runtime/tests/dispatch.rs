@@ -252,6 +252,7 @@ fn should_reuse_a_pipeline_cache_from_its_bytes() {
 
 /// The driver's statistics of a pipeline: none unless asked for, and asked for, some exactly
 /// where the device offers them (lavapipe does not; NVIDIA's name registers per invocation).
+/// Its internal representations likewise, where a driver has any (NVIDIA's has none).
 #[test]
 fn should_report_driver_statistics_only_where_captured_and_offered() {
     on_device(|device| {
@@ -260,6 +261,7 @@ fn should_report_driver_statistics_only_where_captured_and_offered() {
         let desc = scale_add_desc(&spirv, &spec);
         let plain = device.create_pipeline_with(&desc).unwrap();
         assert_eq!(plain.statistics().unwrap(), None);
+        assert_eq!(plain.representations().unwrap(), None);
         let captured = device
             .create_pipeline_with(&PipelineDesc {
                 capture_statistics: true,
@@ -271,6 +273,11 @@ fn should_report_driver_statistics_only_where_captured_and_offered() {
         assert_eq!(stats.is_some(), offered, "{stats:?}");
         if let Some(stats) = stats {
             assert!(!stats.is_empty() && stats.iter().all(|s| !s.name.is_empty()));
+        }
+        let reps = captured.representations().unwrap();
+        assert_eq!(reps.is_some(), offered);
+        for r in reps.unwrap_or_default() {
+            assert!(!r.name.is_empty() && r.executable == 0, "{r:?}");
         }
     });
 }

@@ -152,7 +152,8 @@ pub struct PipelineDesc<'a> {
     pub cache: Option<&'a PipelineCache>,
     /// Keep the driver's statistics and internal representations of the compiled pipeline
     /// ([`Pipeline::statistics`], [`Pipeline::representations`]) where the device offers them
-    /// (`VK_KHR_pipeline_executable_properties`); some drivers compile
+    /// (`VK_KHR_pipeline_executable_properties`; both are kept, whether or not a caller then
+    /// asks for the representations); some drivers compile
     /// slower or bypass their caches for it, so only tools ask.
     pub capture_statistics: bool,
 }
