@@ -39,7 +39,8 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the folder {}", dir.display()))?;
     }
-    let mut written: Vec<String> = vec![];
+    // The representations' names, as the file names carry them.
+    let mut written = std::collections::BTreeSet::new();
     let mut out = std::io::stdout().lock();
     let offered = info.features.pipeline_executable_info;
     writeln!(
@@ -83,7 +84,7 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
         writeln!(out, "{i:>4} {uses:>10} {wg:>9}  {:<60} {stats}", k.label)?;
         if let Some(dir) = &args.representations {
             for r in pipeline.representations()?.unwrap_or_default() {
-                written.push(write_representation(dir, i, &r)?);
+                written.insert(write_representation(dir, i, &r)?);
             }
         }
     }
@@ -101,12 +102,10 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
                 dir.display()
             )?;
         } else {
-            written.sort();
-            written.dedup();
             writeln!(
                 out,
                 "internal representations ({}) written to {}",
-                written.join(", "),
+                Vec::from_iter(written).join(", "),
                 dir.display()
             )?;
         }

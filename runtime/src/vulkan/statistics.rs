@@ -63,6 +63,21 @@ impl StatisticValue {
     }
 }
 
+/// One of the driver's internal representations of a compiled pipeline's executable.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Representation {
+    /// The executable it belongs to (a compute pipeline usually has one).
+    pub executable: u32,
+    /// The driver's short name of it ("NIR", "Assembly", ...).
+    pub name: String,
+    /// The driver's description of it.
+    pub description: String,
+    /// Whether `data` is text (without its terminating NUL); bytes otherwise.
+    pub is_text: bool,
+    /// Its contents.
+    pub data: Vec<u8>,
+}
+
 impl Pipeline {
     /// The driver's statistics of this pipeline's executables (a compute pipeline has one;
     /// where a driver splits it, each one's statistics follow the last's), or `None` where it
@@ -117,24 +132,7 @@ impl Pipeline {
         }
         Ok(Some(out))
     }
-}
 
-/// One of the driver's internal representations of a compiled pipeline's executable.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Representation {
-    /// The executable it belongs to (a compute pipeline usually has one).
-    pub executable: u32,
-    /// The driver's short name of it ("NIR", "Assembly", ...).
-    pub name: String,
-    /// The driver's description of it.
-    pub description: String,
-    /// Whether `data` is text (without its terminating NUL); bytes otherwise.
-    pub is_text: bool,
-    /// Its contents.
-    pub data: Vec<u8>,
-}
-
-impl Pipeline {
     /// The driver's internal representations of this pipeline's executables (none where the
     /// driver offers none), or `None` where it was not created with `capture_statistics` on a
     /// device that offers them.
