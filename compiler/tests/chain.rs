@@ -241,3 +241,9 @@ fn f32_chain_in_two_groups_matches_the_cpu() {
     // 25 steps: four groups of 8 act rows each.
     check(DType::F32, 32, 16, 100);
 }
+
+#[test]
+fn bf16_chain_of_qwen3_0_6b_shape_matches_the_cpu() {
+    // 256 steps in 2 groups of 256 invocations: half the workgroup loads no outer weights.
+    check(DType::BF16, 3072, 1024, 1024);
+}

@@ -236,3 +236,12 @@ fn only_the_f16_dots_declare_f16_arithmetic() {
     gen.source = kernels::with_defines(&gen.source, "F16_MV");
     assert!(common::kernel_decl(&gen).uses_float16_arithmetic());
 }
+
+/// The argmax's atomics filtered by the key as each workgroup began (matvec_step.glsl's
+/// STEP_FILTER, which the compiler sets for float weights, tail.rs's oracle), on the block
+/// formats' paths too: still the CPU's token.
+#[test]
+fn filtered_step_keys_pick_the_cpu_token() {
+    check_probe(DType::Q4_0, 65539, 39 * 32, None, "STEP_FILTER", 1e-5, 1e-3);
+    check_probe(DType::Q8_0, 65539, 3 * 32, None, "STEP_FILTER", 1e-5, 1e-3);
+}

@@ -122,6 +122,8 @@ fn matvec_step_matches_as(values: &[f32], shared_fold: bool) -> Result<(), TestC
     let spec = common::bare_matvec(DType::F32, n, COLS, true);
     let (device, log) = common::validated_device();
     let mut gen = codegen::matvec(&spec);
+    // Float weights: the atomics filtered by the key each workgroup read as it began.
+    prop_assert!(gen.source.contains("#define STEP_FILTER 1"));
     if shared_fold {
         gen.source = vkfuse_compiler::kernels::with_defines(&gen.source, "STEP_FOLD_SHARED");
         prop_assert!(gen.source.contains("STEP_FOLD_SHARED"));

@@ -28,7 +28,8 @@
 //   output row, codes (q8_0's in two runs of 16-byte halves) then scales (CB is 32, one
 //   block): invocation t takes output rows t + k * workgroup size (OUT_Q of them), one
 //   16-byte (q4_0) or two (q8_0) code loads and the scale each.
-// Either way the loads are issued before the inner dots, and one atomic per output row adds
+// The block formats' loads are issued before the inner dots, the float weights' after them
+// (see OUTER below), and one atomic per output row adds
 // the block's share, a subgroup's on consecutive rows: one L2 line per instruction (each
 // invocation adding its own four rows, four lines per instruction, cost ~6 µs per layer on
 // an H100).
@@ -525,8 +526,9 @@ void main() {
 #define EARLY_SCALE 0
 #endif
 
-    // The outer weights do not depend on act: loaded now, their latency overlaps the inner
-    // dots (loads past the end are clamped in bounds; their results are dropped).
+    // The outer weights do not depend on act: the block formats' loaded now, their latency
+    // overlapping the inner dots (loads past the end are clamped in bounds; their results are
+    // dropped). The float weights' are loaded after the dots (below).
 #if INNER_ONLY
 #elif OUT_BLOCKS
     uvec4 pre_c[OUT_Q * CODE4];
@@ -541,14 +543,7 @@ void main() {
 #else
     // Invocation t: group g, steps t % OUT_SPAN + k * OUT_SPAN.
     uint g = t / OUT_SPAN;
-    uint jg = CB * b + min(g, OUT_NG - 1u) * JPG;
     OUTER_RAW pre[OUT_Q * JPG];
-    for (uint k = 0u; k < OUT_Q; k++) {
-        uint s = min(t % OUT_SPAN + k * OUT_SPAN, OSTEPS - 1u);
-        for (uint i = 0u; i < JPG; i++) {
-            pre[k * JPG + i] = OUTER_LOAD(jg + i, s);
-        }
-    }
 #endif
 
     // The block's inner dots: dot d is act row CB*b + d / PER_ROW, part d % PER_ROW.
@@ -649,6 +644,23 @@ void main() {
         }
         reduce_dots(acc, d0, share);
     }
+#if !INNER_ONLY && !OUT_BLOCKS
+    // OUTER: the float weights' outer loads, issued once the dots are done and before the
+    // barrier ahead of act, by the invocations of the groups only. Written before the dots,
+    // NVIDIA's compiler sank them past act's barriers (their latency after act's), and kept
+    // there by a branch they spilled the dots' registers (bf16 -7.7%); here bf16 and f16
+    // +0.2..0.3% on an H200 against the sunk loads, -1.4% where every invocation loads
+    // (docs/perf.md, session 56).
+    if (g < OUT_NG) {
+        uint jg = CB * b + g * JPG;
+        for (uint k = 0u; k < OUT_Q; k++) {
+            uint s = min(t % OUT_SPAN + k * OUT_SPAN, OSTEPS - 1u);
+            for (uint i = 0u; i < JPG; i++) {
+                pre[k * JPG + i] = OUTER_LOAD(jg + i, s);
+            }
+        }
+    }
+#endif
     barrier();
 #ifndef CHAIN_MARK_AFTER_ACT
     TIMELINE_MARK(1);

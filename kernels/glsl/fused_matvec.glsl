@@ -144,6 +144,9 @@ void main() {
     }
     return;
 #endif
+#if STEP && STEP_FILTER
+    step_begin();
+#endif
     // Dot j is output row row0 + j / PER_ROW, part j % PER_ROW; rows past O repeat O - 1.
     uint wrow[MAX_DOTS];
     float acc[MAX_DOTS];

@@ -15,11 +15,23 @@
 // by 3.5-4.3 µs per token: ~38k workgroups each held their slot for two L2 round trips.
 // Workgroup 0 advances the position (no workgroup here reads it).
 //
+// STEP_FILTER (the compiler sets it for 16-bit float weights): each workgroup reads the key as
+// it begins (step_begin), a lower bound of the state's for the rest of the dispatch (the key
+// only grows in it), and a workgroup whose best is not above that leaves the state alone: the
+// first wave's workgroups still fold theirs, the later ones seldom. On an H200 bf16 +0.7%
+// (its ~19k atomicMax on one address held lm_head's last workgroups); q8_0 -0.1% and q4_0
+// -0.9%, whose one-subgroup workgroups live too briefly to hide the read (docs/perf.md,
+// session 56).
+//
 // The including source defines STEP_BINDING: the token state (u64), then the position state
 // and the position (i32 each; they may be one buffer).
 
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #extension GL_EXT_shader_atomic_int64 : require
+
+#ifndef STEP_FILTER
+#define STEP_FILTER 0
+#endif
 
 // 1: always fold the rows through shared memory (the path of subgroups narrower than ROWS;
 // the tests set it to reach that path on devices whose subgroups are wide enough).
@@ -35,6 +47,18 @@ layout(set = 0, binding = STEP_BINDING + 2, std430) readonly buffer StepPosIn { 
 // hold a pair per invocation: 1 KB that cost bf16's lm_head 0.3% on an H100).
 shared uint step_key_s[8];
 shared uint step_row_s[8];
+
+#if STEP_FILTER
+// The key as the workgroup began, read by subgroup 0 (which folds the rows: step_arrive).
+uint64_t step_seen = 0ul;
+
+void step_begin() {
+    if (gl_SubgroupID == 0u) {
+        step_seen = atomicLoad(step_key[0], gl_ScopeDevice, gl_StorageSemanticsBuffer,
+                               gl_SemanticsRelaxed);
+    }
+}
+#endif
 
 // Called by every invocation of a workgroup that computes rows, after its row values: (key,
 // row) is invocation t's row for t < ROWS (rows <= 8), row NONE for the others.
@@ -71,7 +95,11 @@ void step_arrive(uint key, uint row) {
             }
         }
     }
-    atomicMax(step_key[0], (uint64_t(bk) << 32) | uint64_t(~br));
+    uint64_t best = (uint64_t(bk) << 32) | uint64_t(~br);
+#if STEP_FILTER
+    if (best > step_seen)
+#endif
+    atomicMax(step_key[0], best);
     if (group_id() == 0u) {
         // The position state and the position may be one buffer: read, then write.
         step_pos_out[0] = step_pos_in[0] + 1;

@@ -667,6 +667,11 @@ fn plain_matvec(spec: &MatvecSpec) -> Generated {
     let step_binding = first_extra + spec.extras.len();
     if spec.step {
         let _ = writeln!(s, "#define STEP 1\n#define STEP_BINDING {step_binding}");
+        // The argmax's atomics filtered by the key each workgroup read as it began, where the
+        // workgroups live long enough to hide the read (matvec_step.glsl's STEP_FILTER).
+        if !spec.dtype.is_quantized() {
+            s += "#define STEP_FILTER 1\n";
+        }
     }
     s += "#include \"fused_matvec.glsl\"\n";
     Generated {
