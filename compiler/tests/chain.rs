@@ -238,7 +238,7 @@ fn int8_chains_match_the_int8_route_and_stay_near_the_exact_sums() {
 
 #[test]
 fn f32_chain_in_two_groups_matches_the_cpu() {
-    // 25 steps: four groups of 8 act rows each.
+    // 25 steps: two groups of 16 act rows each (`codegen::chain_shape`'s default).
     check(DType::F32, 32, 16, 100);
 }
 

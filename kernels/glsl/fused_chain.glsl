@@ -648,9 +648,9 @@ void main() {
     // OUTER: the float weights' outer loads, issued once the dots are done and before the
     // barrier ahead of act, by the invocations of the groups only. Written before the dots,
     // NVIDIA's compiler sank them past act's barriers (their latency after act's), and kept
-    // there by a branch they spilled the dots' registers (bf16 -7.7%); here bf16 and f16
-    // +0.2..0.3% on an H200 against the sunk loads, -1.4% where every invocation loads
-    // (docs/perf.md, session 56).
+    // there by a branch they spilled the dots' registers (bf16 -7.7%); here bf16 +0.2..0.3% on
+    // an H200 against the sunk loads, -1.4% where every invocation loads (f16 timed only with
+    // lm_head's STEP_FILTER: +0.65% together; docs/perf.md, session 56).
     if (g < OUT_NG) {
         uint jg = CB * b + g * JPG;
         for (uint k = 0u; k < OUT_Q; k++) {

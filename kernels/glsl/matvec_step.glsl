@@ -15,13 +15,13 @@
 // by 3.5-4.3 µs per token: ~38k workgroups each held their slot for two L2 round trips.
 // Workgroup 0 advances the position (no workgroup here reads it).
 //
-// STEP_FILTER (the compiler sets it for 16-bit float weights): each workgroup reads the key as
-// it begins (step_begin), a lower bound of the state's for the rest of the dispatch (the key
-// only grows in it), and a workgroup whose best is not above that leaves the state alone: the
-// first wave's workgroups still fold theirs, the later ones seldom. On an H200 bf16 +0.7%
-// (its ~19k atomicMax on one address held lm_head's last workgroups); q8_0 -0.1% and q4_0
-// -0.9%, whose one-subgroup workgroups live too briefly to hide the read (docs/perf.md,
-// session 56).
+// STEP_FILTER (the compiler sets it for float weights: f32, f16, bf16): each workgroup reads
+// the key as it begins (step_begin), a lower bound of the state's for the rest of the dispatch
+// (the level-1 reset is behind a barrier, and after it only atomicMax writes the key), and a
+// workgroup whose best is not above that leaves the state alone: the first wave's workgroups
+// still fold theirs, the later ones seldom. On an H200 bf16 +0.7% (its ~19k atomicMax on one
+// address held lm_head's last workgroups); q8_0 -0.1% and q4_0 -0.9%, for reasons not known
+// (fewer reads lost alike: docs/perf.md, session 56).
 //
 // The including source defines STEP_BINDING: the token state (u64), then the position state
 // and the position (i32 each; they may be one buffer).
@@ -49,7 +49,9 @@ shared uint step_key_s[8];
 shared uint step_row_s[8];
 
 #if STEP_FILTER
-// The key as the workgroup began, read by subgroup 0 (which folds the rows: step_arrive).
+// The key as the workgroup began, read by subgroup 0, which folds the rows (step_arrive). On
+// the shared-memory path invocation 0 folds them: in subgroup 0 on the devices measured, and
+// where it is not, step_seen stays 0 and every workgroup folds (the filter off, not wrong).
 uint64_t step_seen = 0ul;
 
 void step_begin() {

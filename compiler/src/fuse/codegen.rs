@@ -667,8 +667,9 @@ fn plain_matvec(spec: &MatvecSpec) -> Generated {
     let step_binding = first_extra + spec.extras.len();
     if spec.step {
         let _ = writeln!(s, "#define STEP 1\n#define STEP_BINDING {step_binding}");
-        // The argmax's atomics filtered by the key each workgroup read as it began, where the
-        // workgroups live long enough to hide the read (matvec_step.glsl's STEP_FILTER).
+        // The argmax's atomics filtered by the key each workgroup read as it began, for float
+        // weights only: the block formats lost with it, why is not known (matvec_step.glsl's
+        // STEP_FILTER).
         if !spec.dtype.is_quantized() {
             s += "#define STEP_FILTER 1\n";
         }
