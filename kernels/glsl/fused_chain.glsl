@@ -528,9 +528,8 @@ void main() {
 
     // The outer weights do not depend on act: the block formats' loaded now, their latency
     // overlapping the inner dots (loads past the end are clamped in bounds; their results are
-    // dropped). The float weights' are loaded after the dots (below).
-#if INNER_ONLY
-#elif OUT_BLOCKS
+    // dropped). The float weights' are loaded after the dots (OUTER below).
+#if !INNER_ONLY && OUT_BLOCKS
     uvec4 pre_c[OUT_Q * CODE4];
     uint pre_s[OUT_Q];
     for (uint k = 0u; k < OUT_Q; k++) {
@@ -540,10 +539,6 @@ void main() {
         }
         pre_s[k] = w2[orow(b) + q_code_bytes(W2_DTYPE, CH_O * 32u) / 4u + r / 2u];
     }
-#else
-    // Invocation t: group g, steps t % OUT_SPAN + k * OUT_SPAN.
-    uint g = t / OUT_SPAN;
-    OUTER_RAW pre[OUT_Q * JPG];
 #endif
 
     // The block's inner dots: dot d is act row CB*b + d / PER_ROW, part d % PER_ROW.
@@ -651,6 +646,9 @@ void main() {
     // there by a branch they spilled the dots' registers (bf16 -7.7%); here bf16 +0.2..0.3% on
     // an H200 against the sunk loads, -1.4% where every invocation loads (f16 timed only with
     // lm_head's STEP_FILTER: +0.65% together; docs/perf.md, session 56).
+    // Invocation t: group g, steps t % OUT_SPAN + k * OUT_SPAN.
+    uint g = t / OUT_SPAN;
+    OUTER_RAW pre[OUT_Q * JPG];
     if (g < OUT_NG) {
         uint jg = CB * b + g * JPG;
         for (uint k = 0u; k < OUT_Q; k++) {

@@ -144,7 +144,7 @@ void main() {
     }
     return;
 #endif
-#if STEP && STEP_FILTER
+#if STEP
     step_begin();
 #endif
     // Dot j is output row row0 + j / PER_ROW, part j % PER_ROW; rows past O repeat O - 1.

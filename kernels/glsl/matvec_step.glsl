@@ -48,19 +48,22 @@ layout(set = 0, binding = STEP_BINDING + 2, std430) readonly buffer StepPosIn { 
 shared uint step_key_s[8];
 shared uint step_row_s[8];
 
+// Called by every invocation as the workgroup begins. STEP_FILTER: the key then, read by
+// subgroup 0, which folds the rows (step_arrive). On the shared-memory path invocation 0 folds
+// them: in subgroup 0 on the devices measured, and where it is not, step_seen stays 0 and every
+// workgroup folds (the filter off, not wrong).
 #if STEP_FILTER
-// The key as the workgroup began, read by subgroup 0, which folds the rows (step_arrive). On
-// the shared-memory path invocation 0 folds them: in subgroup 0 on the devices measured, and
-// where it is not, step_seen stays 0 and every workgroup folds (the filter off, not wrong).
 uint64_t step_seen = 0ul;
+#endif
 
 void step_begin() {
+#if STEP_FILTER
     if (gl_SubgroupID == 0u) {
         step_seen = atomicLoad(step_key[0], gl_ScopeDevice, gl_StorageSemanticsBuffer,
                                gl_SemanticsRelaxed);
     }
-}
 #endif
+}
 
 // Called by every invocation of a workgroup that computes rows, after its row values: (key,
 // row) is invocation t's row for t < ROWS (rows <= 8), row NONE for the others.
