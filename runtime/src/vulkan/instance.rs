@@ -8,6 +8,7 @@ use ash::vk;
 
 use super::adapter::{self, Adapter, DeviceChoice};
 use super::debug::{self, Message, ValidationLog};
+use super::loader;
 use super::validated_turn::ValidatedTurn;
 use crate::error::{vk_err, Error, Result};
 
@@ -87,9 +88,7 @@ impl Instance {
         let options = options.with_env();
         // Before the layer is loaded: its global state is not safe against another thread.
         let turn = options.validation.then(ValidatedTurn::take).transpose()?;
-        // SAFETY: loading libvulkan runs its initialisers; the Vulkan loader is a well-behaved
-        // library and `Entry` keeps it loaded for as long as the instance lives.
-        let entry = unsafe { ash::Entry::load() }.map_err(|e| Error::NoVulkan {
+        let entry = loader::entry().map_err(|e| Error::NoVulkan {
             reason: format!("cannot load libvulkan ({e})"),
         })?;
 

@@ -1,5 +1,5 @@
 //! The Vulkan core, one concept per file (as wgpu-hal's vulkan backend):
-//! instance → debug messenger → adapters → device → buffers → pipelines → descriptors →
+//! loader → instance → debug messenger → adapters → device → buffers → pipelines → descriptors →
 //! commands → timestamp queries.
 //!
 //! Ownership: every object holds an `Arc` of its device's shared state, and the device holds
@@ -15,6 +15,7 @@ mod descriptor;
 mod device;
 mod handoff;
 mod instance;
+mod loader;
 mod pipeline;
 mod query;
 pub mod spirv;
