@@ -137,11 +137,16 @@ pub fn no_region_note(regions: usize, from_directory: bool, device: &str) {
          compile-model, which offers them over runs of matvec levels, and run the file)"
             .to_string()
     } else if regions == 0 {
-        "the schedule offers none (compile-model offers them over runs of matvec levels; a \
-         chained MLP leaves none: compile with --no-chain)"
+        "the schedule offers none (compile-model offers them over runs of f16 or bf16 matvec \
+         levels: q8_0 and q4_0 weights leave none, nor does a chained MLP, which --no-chain \
+         turns off)"
             .to_string()
     } else {
-        format!("this device does not report its compute units ({device})")
+        format!(
+            "the driver of {device} does not report its compute units, which `--persistent \
+             units` needs to be sure that every workgroup of a region runs at once (`vkfuse \
+             calibrate` guesses a count for the cost model only); `--persistent N` gives it"
+        )
     };
     eprintln!("note: --persistent: no persistent region runs: {why}");
 }
@@ -333,8 +338,9 @@ pub fn positions(
     let steps = prompt.saturating_add(max_new_tokens.saturating_sub(1));
     if steps > capacity {
         bail!(
-            "{prompt} prompt ids + {max_new_tokens} new token{} need {steps} positions, more than \
-             the KV capacity of {capacity} ({})",
+            "{prompt} prompt id{} + {max_new_tokens} new token{} need {steps} positions, more \
+             than the KV capacity of {capacity} ({})",
+            if prompt == 1 { "" } else { "s" },
             if max_new_tokens == 1 { "" } else { "s" },
             if schedule_file {
                 "compile-model --max-context"
@@ -373,6 +379,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     if args.tokens_per_submit > 1 && backend_kind != Backend::Replay {
         bail!("--tokens-per-submit chains steps on the device: it needs --backend replay");
+    }
+    if args.device.choice.is_some() && backend_kind == Backend::Reference {
+        bail!(
+            "--device picks a Vulkan device, but the reference backend runs on the CPU (the \
+             default for a model directory): add --backend eager or replay"
+        );
     }
     if args.run.persistent != Persistence::Off && backend_kind == Backend::Reference {
         bail!(
@@ -461,7 +473,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
         r
     };
     let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
-    writeln!(std::io::stdout().lock(), "generated: {}", ids.join(","))?;
+    if ids.is_empty() {
+        // Only the prompt went through (its logits, where asked, are the output).
+        writeln!(
+            std::io::stdout().lock(),
+            "generated: none (--max-new-tokens 0)"
+        )?;
+    } else {
+        writeln!(std::io::stdout().lock(), "generated: {}", ids.join(","))?;
+    }
     if args.json {
         writeln!(
             std::io::stdout().lock(),

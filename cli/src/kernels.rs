@@ -35,9 +35,15 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
     // without the records' address, they show the kernel's own statistics, the recording
     // folded away).
     vkfuse_runtime::session::timeline::check_device(&device, schedule)?;
+    // Refused before the work if it cannot be a folder; made only when there is something to
+    // write (most drivers offer nothing).
     if let Some(dir) = &args.representations {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating the folder {}", dir.display()))?;
+        if dir.exists() && !dir.is_dir() {
+            anyhow::bail!(
+                "--representations {}: a file, not a folder to write into",
+                dir.display()
+            );
+        }
     }
     // The representations' names, as the file names carry them.
     let mut written = std::collections::BTreeSet::new();
@@ -127,6 +133,8 @@ fn write_representation(dir: &Path, i: usize, r: &Representation) -> Result<Stri
     } else {
         String::new()
     };
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the folder {}", dir.display()))?;
     let path = dir.join(format!(
         "{i:03}{exe}-{name}.{}",
         if r.is_text { "txt" } else { "bin" }

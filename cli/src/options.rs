@@ -133,9 +133,10 @@ pub fn open_schedule_with(
         .count();
     if ablated > 0 {
         eprintln!(
-            "warning: {} was compiled with --ablate ({ablated} kernels reduced for timing): its \
+            "warning: {} was compiled with --ablate ({ablated} kernel{} reduced for timing): its \
              tokens and logits are wrong by design",
-            path.display()
+            path.display(),
+            if ablated == 1 { "" } else { "s" }
         );
     }
     Ok(file)

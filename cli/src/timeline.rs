@@ -75,7 +75,8 @@ pub fn run(args: &TimelineArgs) -> Result<()> {
     let capacity = schedule.meta.max_context;
     if u64::from(args.position) + u64::from(args.steps) > u64::from(capacity) {
         bail!(
-            "--position {} plus --steps {} passes the schedule's KV capacity of {capacity} tokens",
+            "--position {} plus --steps {} passes the schedule's KV capacity of {capacity} tokens \
+             (pass a lower --position or fewer --steps, or compile with a larger --max-context)",
             args.position,
             args.steps
         );
@@ -103,11 +104,12 @@ pub fn run(args: &TimelineArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "timeline of {} on {}: {} steps from position {}, {k} per submit, {} levels handed over \
-         per step; µs on the device's realtime clock",
+        "timeline of {} on {}: {} step{} from position {}, {k} per submit, {} levels handed \
+         over per step; µs on the device's realtime clock",
         args.file.display(),
         device.info().name,
         args.steps,
+        if args.steps == 1 { "" } else { "s" },
         args.position,
         replay.handed_levels()
     )?;

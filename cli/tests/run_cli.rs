@@ -245,7 +245,7 @@ fn zero_new_tokens_gives_one_row_per_id() {
 fn bad_input_is_a_clear_error_not_a_panic() {
     let dir = fixture_dir("qwen3-tied");
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         (
             &["run", "/nonexistent/model", "--ids", "1"],
             "/nonexistent/model",
@@ -273,6 +273,11 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         (&["kernels", "/nonexistent.vkf"], "/nonexistent.vkf"),
         (&["kernels", d], "is a directory, not a schedule file"),
         (&["run", d, "--ids", "99999"], "outside the vocabulary"),
+        // A device asked for where the CPU runs: refused, not ignored.
+        (
+            &["run", d, "--ids", "1", "--device", "0"],
+            "the reference backend runs on the CPU",
+        ),
         (
             &[
                 "run",
@@ -767,6 +772,27 @@ fn kernels_lists_every_kernel_with_its_driver_statistics() {
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
+    // --representations: a file where its folder belongs is refused by name; a folder is
+    // made only where the driver offers something to write into it.
+    let not_a_folder = vkfuse(&[
+        "kernels",
+        path.to_str().unwrap(),
+        "--representations",
+        path.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&not_a_folder.stderr);
+    assert_eq!(not_a_folder.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("a file, not a folder"), "{stderr}");
+    let reps = std::env::temp_dir().join(format!("vkfuse-reps-{}/new", std::process::id()));
+    let out = vkfuse_ok(&[
+        "kernels",
+        path.to_str().unwrap(),
+        "--representations",
+        reps.to_str().unwrap(),
+    ]);
+    let nothing = String::from_utf8_lossy(&out.stdout).contains("nothing written");
+    assert_eq!(reps.exists(), !nothing, "{}", reps.display());
+    std::fs::remove_dir_all(reps.parent().unwrap()).ok();
     let out = vkfuse_ok(&["kernels", path.to_str().unwrap()]);
     std::fs::remove_file(&path).ok();
     let stdout = String::from_utf8_lossy(&out.stdout);

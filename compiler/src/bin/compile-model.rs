@@ -33,10 +33,10 @@ struct Args {
     max_context: Option<usize>,
     /// The KV caches' element type: f16 or f32.
     ///
-    /// The KV caches' element type: f16 (keys and values rounded to f16 as they are written:
-    /// half the memory and the bytes attention reads; on an H100 +1.4% tokens/s at 256 tokens
-    /// and +5.8% at 3000 over f32, docs/perf.md), or f32 (unrounded; the logits move by about
-    /// f16's rounding between the two).
+    /// f16: keys and values rounded to f16 as they are written (half the memory and the bytes
+    /// attention reads; on an H100 +1.4% tokens/s at 256 tokens and +5.8% at 3000 over f32,
+    /// docs/perf.md). f32: unrounded (the logits move by about f16's rounding between the
+    /// two).
     #[arg(long, value_name = "TYPE", default_value = "f16")]
     kv_cache: trace::KvCache,
     /// Fold RMSNorm weights into the matrices after them at compile time: auto, on or off.
