@@ -15,13 +15,14 @@
 // by 3.5-4.3 µs per token: ~38k workgroups each held their slot for two L2 round trips.
 // Workgroup 0 advances the position (no workgroup here reads it).
 //
-// STEP_FILTER (the compiler sets it for float weights: f32, f16, bf16): each workgroup reads
+// STEP_FILTER (the compiler sets it for f32, f16, bf16 and q8_0 weights): each workgroup reads
 // the key as it begins (step_begin), a lower bound of the state's for the rest of the dispatch
 // (the level-1 reset is behind a barrier, and after it only atomicMax writes the key), and a
 // workgroup whose best is not above that leaves the state alone: the first wave's workgroups
 // still fold theirs, the later ones seldom. On an H200 bf16 +0.7% (its ~19k atomicMax on one
-// address held lm_head's last workgroups); q8_0 -0.1% and q4_0 -0.9%, for reasons not known
-// (fewer reads lost alike: docs/perf.md, session 56).
+// address held lm_head's last workgroups); q8_0 -0.1% and q4_0 -0.9% in workgroups of one
+// subgroup, for reasons not known (fewer reads lost alike: docs/perf.md, session 56). In
+// workgroups of two subgroups (session 57) q8_0 +0.6% with it, q4_0 still -0.4%.
 //
 // The including source defines STEP_BINDING: the token state (u64), then the position state
 // and the position (i32 each; they may be one buffer).

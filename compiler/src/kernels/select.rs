@@ -380,11 +380,15 @@ pub(crate) fn matvec_tuning(o: usize, w: DType) -> (u32, u32) {
         4096..=65535 => large,
         _ => huge,
     };
-    // Block-quantised vocabulary-sized ones in one subgroup per workgroup: four steps of 8
-    // weights per invocation and row (H100 lm_head q4_0: 128 invocations 85.6 µs, 64 73.1, 32
-    // 71.2; q8_0: 128 83.8, 64 77.7, 32 80.7 but +0.4% tokens/s). Whole 32-weight blocks per
-    // invocation (16-byte code loads, x once per block) measured slower: 104.8 µs.
-    let huge_wg = if w.is_quantized() { 32 } else { wg };
+    // Block-quantised vocabulary-sized ones in two subgroups per workgroup: two steps of 8
+    // weights per invocation and row. On the H100 with the driver's bounds checks one subgroup
+    // won (lm_head q4_0: 128 invocations 85.6 µs, 64 73.1, 32 71.2; q8_0: 128 83.8, 64 77.7, 32
+    // 80.7 but +0.4% tokens/s); without them (session 55), on an H200, 64 beat 32: q4_0 +0.23
+    // and +0.49% tokens/s, q8_0 +0.30%, and +0.89% with its argmax atomics filtered, which lost
+    // at 32 (codegen::matvec's STEP_FILTER; 128: q8_0 +0.25%, q4_0 -1.24%; docs/perf.md session
+    // 57). Whole 32-weight blocks per invocation (16-byte code loads, x once per block)
+    // measured slower: 104.8 µs.
+    let huge_wg = if w.is_quantized() { 64 } else { wg };
     let wg = match o {
         0..=65535 => wg,
         _ => knob("VKFUSE_MATVEC_HUGE_WG")
