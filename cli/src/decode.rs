@@ -19,7 +19,8 @@ use vkfuse_runtime::session::{
 };
 use vkfuse_runtime::DeviceChoice;
 use vkfuse_runtime::{
-    Counters, Device, Handoffs, Instance, InstanceOptions, Persistence, Requirements,
+    AdapterInfo, Counters, Device, Feature, Handoffs, Instance, InstanceOptions, Persistence,
+    Requirements,
 };
 
 /// What a decode loop needs from a backend.
@@ -129,9 +130,15 @@ impl Engine for ReplayEngine {
 }
 
 /// The note for `--persistent` (not off) where no region runs: the schedule offers none
-/// (`regions` 0: a model directory's, compiled in memory unfused, never does), or the device
-/// does not report its compute units (`--persistent units`).
-pub fn no_region_note(regions: usize, from_directory: bool, device: &str) {
+/// (`regions` 0: a model directory's, compiled in memory unfused, never does), the device does
+/// not report its compute units (`--persistent units`), or the regions bind more storage
+/// buffers than the device allows a kernel.
+pub fn no_region_note(
+    regions: usize,
+    from_directory: bool,
+    persistence: Persistence,
+    device: &AdapterInfo,
+) {
     let why = if regions == 0 && from_directory {
         "a model directory is compiled in memory unfused, without regions (compile it with \
          compile-model, which offers them over runs of matvec levels, and run the file)"
@@ -141,21 +148,31 @@ pub fn no_region_note(regions: usize, from_directory: bool, device: &str) {
          levels: q8_0 and q4_0 weights leave none, nor does a chained MLP, which --no-chain \
          turns off)"
             .to_string()
+    } else if persistence == Persistence::Units && device.compute_units.is_none() {
+        format!(
+            "the driver of {} does not report its compute units, which `--persistent units` \
+             needs to be sure that every workgroup of a region runs at once (`vkfuse \
+             calibrate` guesses a count for the cost model only); `--persistent 1` runs them \
+             with one workgroup, and more are refused on such a device",
+            device.name
+        )
     } else {
         format!(
-            "the driver of {device} does not report its compute units, which `--persistent \
-             units` needs to be sure that every workgroup of a region runs at once (`vkfuse \
-             calibrate` guesses a count for the cost model only); `--persistent N` gives it"
+            "its regions bind more storage buffers than {} allows a kernel ({})",
+            device.name, device.max_storage_buffers_per_stage
         )
     };
     eprintln!("note: --persistent: no persistent region runs: {why}");
 }
 
-/// Opens a Vulkan device (`--device`, else `VKFUSE_DEVICE`, else the best one).
+/// Opens a Vulkan device (`--device`, else `VKFUSE_DEVICE`, else the best one). As the
+/// embedding API's `Session`: every kernel reduces with subgroup arithmetic, so a device
+/// without it is refused here, by name.
 pub fn open_device(choice: Option<&DeviceChoice>) -> Result<Device> {
     let instance = Instance::new(&InstanceOptions::default())?;
     let adapter = instance.choose_adapter(choice)?;
-    Ok(Device::new(&instance, &adapter, &Requirements::none())?)
+    let needs = Requirements::new(&[Feature::SubgroupBasic, Feature::SubgroupArithmetic]);
+    Ok(Device::new(&instance, &adapter, &needs)?)
 }
 
 /// How `vkfuse run` executes: the backend, the device and replay's options.
@@ -201,7 +218,7 @@ fn vulkan_engine(
         .context("loading the schedule on the device")?;
     // Asked for regions that do not run: say why rather than run as `off` in silence.
     if persistence != Persistence::Off && !loaded.persistent_runs() {
-        no_region_note(regions, from_directory, &device.info().name);
+        no_region_note(regions, from_directory, persistence, device.info());
     }
     if let Some(w) = loaded.pipeline_cache.warning() {
         eprintln!("{w}");
@@ -380,10 +397,18 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.tokens_per_submit > 1 && backend_kind != Backend::Replay {
         bail!("--tokens-per-submit chains steps on the device: it needs --backend replay");
     }
-    if args.device.choice.is_some() && backend_kind == Backend::Reference {
+    // (A schedule file with the reference backend is refused by `engine`, naming what to give.)
+    if args.device.choice.is_some()
+        && backend_kind == Backend::Reference
+        && matches!(source, Source::Model { .. })
+    {
         bail!(
-            "--device picks a Vulkan device, but the reference backend runs on the CPU (the \
-             default for a model directory): add --backend eager or replay"
+            "--device picks a Vulkan device, but {}: add --backend eager or replay",
+            if args.backend.is_some() {
+                "the reference backend runs on the CPU"
+            } else {
+                "a model directory runs on the CPU reference backend unless told otherwise"
+            }
         );
     }
     if args.run.persistent != Persistence::Off && backend_kind == Backend::Reference {

@@ -194,7 +194,12 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     // As `run` and `bench` say it (decode.rs): regions asked for that do not run.
     if args.run.persistent != Persistence::Off && !session.persistent_runs() {
         let from_directory = !args.model.is_file();
-        crate::decode::no_region_note(regions, from_directory, &session.device().info().name);
+        crate::decode::no_region_note(
+            regions,
+            from_directory,
+            args.run.persistent,
+            session.device().info(),
+        );
     }
     if let Some(w) = session.pipeline_cache().warning() {
         eprintln!("{w}");

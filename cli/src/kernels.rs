@@ -35,13 +35,17 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
     // without the records' address, they show the kernel's own statistics, the recording
     // folded away).
     vkfuse_runtime::session::timeline::check_device(&device, schedule)?;
-    // Refused before the work if it cannot be a folder; made only when there is something to
-    // write (most drivers offer nothing).
+    // Refused before the work where a file stands at the folder's place or above it; the
+    // folder is made only when there is something to write (most drivers offer nothing).
     if let Some(dir) = &args.representations {
-        if dir.exists() && !dir.is_dir() {
+        let existing = dir
+            .ancestors()
+            .find(|a| a.as_os_str().is_empty() || a.exists());
+        if let Some(file) = existing.filter(|a| !a.as_os_str().is_empty() && !a.is_dir()) {
             anyhow::bail!(
-                "--representations {}: a file, not a folder to write into",
-                dir.display()
+                "--representations {}: {} is a file, not a folder to write into",
+                dir.display(),
+                file.display()
             );
         }
     }

@@ -93,6 +93,23 @@ fn run_reference_reproduces_transformers_greedy_run() {
     );
     let rows: Vec<Vec<f32>> = (0..logits.rows).map(|r| logits.row(r).to_vec()).collect();
     assert_rows_close("cli greedy", &rows, &want.greedy_logits, 1e-3);
+
+    // No new tokens: the prompt's logits, and the output says that none were generated.
+    let out = vkfuse_ok(&[
+        "run",
+        dir.to_str().unwrap(),
+        "--ids",
+        &ids_arg(&want.prompt_ids),
+        "--max-new-tokens",
+        "0",
+        "--logits-out",
+        out_path.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.starts_with("generated: none"), "{stdout}");
+    let logits = npy::read(&out_path).unwrap();
+    std::fs::remove_file(&out_path).ok();
+    assert_eq!(logits.rows, want.prompt_ids.len());
 }
 
 #[test]
@@ -245,7 +262,7 @@ fn zero_new_tokens_gives_one_row_per_id() {
 fn bad_input_is_a_clear_error_not_a_panic() {
     let dir = fixture_dir("qwen3-tied");
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         (
             &["run", "/nonexistent/model", "--ids", "1"],
             "/nonexistent/model",
@@ -276,6 +293,19 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         // A device asked for where the CPU runs: refused, not ignored.
         (
             &["run", d, "--ids", "1", "--device", "0"],
+            "a model directory runs on the CPU reference backend",
+        ),
+        (
+            &[
+                "run",
+                d,
+                "--ids",
+                "1",
+                "--backend",
+                "reference",
+                "--device",
+                "0",
+            ],
             "the reference backend runs on the CPU",
         ),
         (
@@ -772,24 +802,26 @@ fn kernels_lists_every_kernel_with_its_driver_statistics() {
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
-    // --representations: a file where its folder belongs is refused by name; a folder is
-    // made only where the driver offers something to write into it.
-    let not_a_folder = vkfuse(&[
-        "kernels",
-        path.to_str().unwrap(),
-        "--representations",
-        path.to_str().unwrap(),
-    ]);
-    let stderr = String::from_utf8_lossy(&not_a_folder.stderr);
-    assert_eq!(not_a_folder.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("a file, not a folder"), "{stderr}");
+    // --representations: a file where its folder belongs, or above it, is refused by name; a
+    // folder is made only where the driver offers something to write into it.
+    let representations = |dir: &std::path::Path| {
+        vkfuse(&[
+            "kernels",
+            path.to_str().unwrap(),
+            "--representations",
+            dir.to_str().unwrap(),
+        ])
+    };
+    for dir in [path.clone(), path.join("new")] {
+        let out = representations(&dir);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let said = format!("{} is a file, not a folder", path.display());
+        assert!(stderr.contains(&said), "{stderr}");
+    }
     let reps = std::env::temp_dir().join(format!("vkfuse-reps-{}/new", std::process::id()));
-    let out = vkfuse_ok(&[
-        "kernels",
-        path.to_str().unwrap(),
-        "--representations",
-        reps.to_str().unwrap(),
-    ]);
+    let out = representations(&reps);
+    assert!(out.status.success(), "{out:?}");
     let nothing = String::from_utf8_lossy(&out.stdout).contains("nothing written");
     assert_eq!(reps.exists(), !nothing, "{}", reps.display());
     std::fs::remove_dir_all(reps.parent().unwrap()).ok();

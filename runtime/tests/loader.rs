@@ -1,6 +1,8 @@
 //! The process keeps the Vulkan loader and its drivers loaded once an instance has opened them
 //! (`vulkan/loader.rs`): NVIDIA's driver cannot be opened again without end in one process.
-//! Its own binary, so no other test's instance holds the drivers open for it.
+//! Its own binary, so no other test's instance holds the drivers open for it. Linux only: it
+//! reads what is mapped from `/proc/self/maps`.
+#![cfg(target_os = "linux")]
 
 use std::collections::BTreeSet;
 
@@ -18,12 +20,16 @@ fn mapped_libraries() -> BTreeSet<String> {
 
 #[test]
 fn the_driver_stays_loaded_after_its_instances_are_gone_and_instances_keep_coming() {
+    let before = mapped_libraries();
     let (during, adapter_name) = {
         let instance = Instance::new(&InstanceOptions::default()).expect("a Vulkan instance");
         let adapter = instance.select_adapter(None).expect("a Vulkan device");
         (mapped_libraries(), adapter.info().name.clone())
     };
     let after = mapped_libraries();
+    // The loader and the driver at least, else the check below would pass for nothing.
+    let opened: Vec<_> = during.difference(&before).collect();
+    assert!(!opened.is_empty(), "no library was opened for the instance");
     // Layers (`VKFUSE_VALIDATION=1` in the environment) come and go with their instance.
     let closed: Vec<_> = during
         .difference(&after)

@@ -1,4 +1,5 @@
-//! The Vulkan instance: the loader, optional validation, and the debug messenger.
+//! The Vulkan instance: optional validation and the debug messenger (the loader it calls:
+//! `loader.rs`).
 
 use std::ffi::{c_char, CStr};
 use std::fmt;
@@ -80,7 +81,8 @@ impl fmt::Debug for Instance {
 }
 
 impl Instance {
-    /// Loads the Vulkan loader at run time and creates an instance.
+    /// Creates an instance (the Vulkan loader is loaded at run time, once per process:
+    /// `loader.rs`).
     ///
     /// Errors: [`Error::NoVulkan`] when the loader or a driver is missing,
     /// [`Error::LayerMissing`] when validation is asked for but not installed.

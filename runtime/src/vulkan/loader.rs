@@ -15,29 +15,40 @@ use ash::vk;
 
 use super::device::lock;
 
+struct Loader {
+    entry: ash::Entry,
+    /// Whether the bare instance exists; tried again by every call until it does.
+    drivers_kept: bool,
+}
+
 /// The process's loader, loaded on first use; also keeps the drivers loaded (see above).
 /// Errors: why libvulkan could not be loaded.
 pub(crate) fn entry() -> Result<ash::Entry, ash::LoadingError> {
-    static LOADER: Mutex<Option<ash::Entry>> = Mutex::new(None);
-    let mut loader = lock(&LOADER);
-    if let Some(entry) = loader.as_ref() {
-        return Ok(entry.clone());
+    static LOADER: Mutex<Option<Loader>> = Mutex::new(None);
+    let mut guard = lock(&LOADER);
+    let loader = match guard.take() {
+        Some(loader) => loader,
+        // SAFETY: loading libvulkan runs its initialisers; the Vulkan loader is a well-behaved
+        // library, and the `Entry` kept here holds it loaded for the rest of the process.
+        None => Loader {
+            entry: unsafe { ash::Entry::load() }?,
+            drivers_kept: false,
+        },
+    };
+    let loader = guard.insert(loader);
+    if !loader.drivers_kept {
+        loader.drivers_kept = keep_drivers_loaded(&loader.entry);
     }
-    // SAFETY: loading libvulkan runs its initialisers; the Vulkan loader is a well-behaved
-    // library, and the clone kept here holds it loaded for the rest of the process.
-    let entry = unsafe { ash::Entry::load() }?;
-    keep_drivers_loaded(&entry);
-    *loader = Some(entry.clone());
-    Ok(entry)
+    Ok(loader.entry.clone())
 }
 
-/// Creates the bare instance that is never destroyed. Without a driver it fails, and the
-/// caller's own instance then reports the reason.
-fn keep_drivers_loaded(entry: &ash::Entry) {
+/// Creates the bare instance that is never destroyed; false where it could not (no driver
+/// now: the caller's own instance then reports why, and the next call tries again).
+fn keep_drivers_loaded(entry: &ash::Entry) -> bool {
     // Vulkan 1.0, no layer, no extension: what any loader accepts.
     let app = vk::ApplicationInfo::default().application_name(c"vkfuse: drivers kept loaded");
     let info = vk::InstanceCreateInfo::default().application_info(&app);
     // SAFETY: `info` points into locals that outlive the call. The instance is never
     // destroyed on purpose (`ash::Instance` has no destructor); the process's end frees it.
-    let _kept = unsafe { entry.create_instance(&info, None) };
+    unsafe { entry.create_instance(&info, None) }.is_ok()
 }
