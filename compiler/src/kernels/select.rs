@@ -386,7 +386,8 @@ pub(crate) fn matvec_tuning(o: usize, w: DType) -> (u32, u32) {
     // 80.7 but +0.4% tokens/s); without them (session 55), on an H200, 64 beat 32: q4_0 +0.23
     // and +0.49% tokens/s, q8_0 +0.30%, and +0.89% with its argmax atomics filtered, which lost
     // at 32 (codegen::matvec's STEP_FILTER; 128: q8_0 +0.25%, q4_0 -1.24%; docs/perf.md session
-    // 57). Whole 32-weight blocks per invocation (16-byte code loads, x once per block)
+    // 57). One subgroup a workgroup meets the SM's limit of 32 workgroups at 32 warps; two
+    // keep 40 resident (q8_0's lm_head 56.7 -> 50.1 µs). Whole 32-weight blocks per invocation (16-byte code loads, x once per block)
     // measured slower: 104.8 µs.
     let huge_wg = if w.is_quantized() { 64 } else { wg };
     let wg = match o {
