@@ -19,8 +19,7 @@ use vkfuse_runtime::session::{
 };
 use vkfuse_runtime::DeviceChoice;
 use vkfuse_runtime::{
-    AdapterInfo, Counters, Device, Feature, Handoffs, Instance, InstanceOptions, Persistence,
-    Requirements,
+    AdapterInfo, Counters, Device, Handoffs, Instance, InstanceOptions, Persistence, Requirements,
 };
 
 /// What a decode loop needs from a backend.
@@ -165,14 +164,12 @@ pub fn no_region_note(
     eprintln!("note: --persistent: no persistent region runs: {why}");
 }
 
-/// Opens a Vulkan device (`--device`, else `VKFUSE_DEVICE`, else the best one). As the
-/// embedding API's `Session`: every kernel reduces with subgroup arithmetic, so a device
-/// without it is refused here, by name.
+/// Opens a Vulkan device (`--device`, else `VKFUSE_DEVICE`, else the best one) with what the
+/// kernels need, as the embedding API's `Session` does.
 pub fn open_device(choice: Option<&DeviceChoice>) -> Result<Device> {
     let instance = Instance::new(&InstanceOptions::default())?;
     let adapter = instance.choose_adapter(choice)?;
-    let needs = Requirements::new(&[Feature::SubgroupBasic, Feature::SubgroupArithmetic]);
-    Ok(Device::new(&instance, &adapter, &needs)?)
+    Ok(Device::new(&instance, &adapter, &Requirements::kernels())?)
 }
 
 /// How `vkfuse run` executes: the backend, the device and replay's options.
@@ -498,15 +495,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
         r
     };
     let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
-    if ids.is_empty() {
-        // Only the prompt went through (its logits, where asked, are the output).
-        writeln!(
-            std::io::stdout().lock(),
-            "generated: none (--max-new-tokens 0)"
-        )?;
+    // Without new tokens only the prompt went through (its logits, where asked, are the output).
+    let ids = if ids.is_empty() {
+        "none (--max-new-tokens 0)".to_string()
     } else {
-        writeln!(std::io::stdout().lock(), "generated: {}", ids.join(","))?;
-    }
+        ids.join(",")
+    };
+    writeln!(std::io::stdout().lock(), "generated: {ids}")?;
     if args.json {
         writeln!(
             std::io::stdout().lock(),

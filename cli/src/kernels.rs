@@ -38,10 +38,11 @@ pub fn run(args: &KernelsArgs) -> Result<()> {
     // Refused before the work where a file stands at the folder's place or above it; the
     // folder is made only when there is something to write (most drivers offer nothing).
     if let Some(dir) = &args.representations {
+        // ("" ends a relative path's ancestors: the current folder.)
         let existing = dir
             .ancestors()
-            .find(|a| a.as_os_str().is_empty() || a.exists());
-        if let Some(file) = existing.filter(|a| !a.as_os_str().is_empty() && !a.is_dir()) {
+            .find(|a| !a.as_os_str().is_empty() && a.exists());
+        if let Some(file) = existing.filter(|a| !a.is_dir()) {
             anyhow::bail!(
                 "--representations {}: {} is a file, not a folder to write into",
                 dir.display(),

@@ -36,7 +36,7 @@ use crate::session::{
     CacheFile, CacheStatus, Eager, LoadOptions, Loaded, Persistence, Replay, SessionError,
     StepOutput, TensorBytes, MAX_TOKENS_PER_SUBMIT,
 };
-use crate::{Counters, Device, Feature, Handoffs, Instance, InstanceOptions, Requirements};
+use crate::{Counters, Device, Handoffs, Instance, InstanceOptions, Requirements};
 
 /// The device `options` names, with the validation layer if asked for.
 fn open_device(options: &SessionOptions) -> Result<Device, SessionError> {
@@ -45,10 +45,7 @@ fn open_device(options: &SessionOptions) -> Result<Device, SessionError> {
         ..InstanceOptions::default()
     })?;
     let adapter = instance.choose_adapter(options.device.as_ref())?;
-    // The kernels reduce with subgroup arithmetic (kernels/glsl/reduce.glsl): a device without
-    // it is refused here, by name, rather than by the validation layer or the driver.
-    let needs = Requirements::new(&[Feature::SubgroupBasic, Feature::SubgroupArithmetic]);
-    Ok(Device::new(&instance, &adapter, &needs)?)
+    Ok(Device::new(&instance, &adapter, &Requirements::kernels())?)
 }
 
 /// Which executor runs the decode step.

@@ -370,8 +370,8 @@ pub(crate) fn matvec_tuning(o: usize, w: DType) -> (u32, u32) {
         _ => 4,
     };
     let (wg, small, large) = tuning_override().unwrap_or((128, 2, large));
-    // Vocabulary-sized (lm_head: Qwen3-0.6B's ~38k workgroups at 4 rows, in waves): 8 rows for block-quantised
-    // weights, whose rows are short (H100: lm_head q8_0 92.7 -> 84.4 µs, q4_0 101.9 -> 85.8
+    // Vocabulary-sized (lm_head: Qwen3-0.6B's ~38k workgroups at 4 rows, in waves): 8 rows
+    // for block-quantised weights, whose rows are short (H100: lm_head q8_0 92.7 -> 84.4 µs, q4_0 101.9 -> 85.8
     // µs); 16-bit ones already stream at the copy bandwidth and lose with 8 (105.7 -> 108.2).
     let huge = huge_rows().unwrap_or(if w.is_quantized() { 8 } else { large });
     let rows = match o {
@@ -387,8 +387,8 @@ pub(crate) fn matvec_tuning(o: usize, w: DType) -> (u32, u32) {
     // and +0.49% tokens/s, q8_0 +0.30%, and +0.89% with its argmax atomics filtered, which lost
     // at 32 (codegen::matvec's STEP_FILTER; 128: q8_0 +0.25%, q4_0 -1.24%; docs/perf.md session
     // 57). One subgroup a workgroup meets the SM's limit of 32 workgroups at 32 warps; two
-    // keep 40 resident (q8_0's lm_head 56.7 -> 50.1 µs). Whole 32-weight blocks per invocation (16-byte code loads, x once per block)
-    // measured slower: 104.8 µs.
+    // keep 40 resident (q8_0's lm_head 56.7 -> 50.1 µs). Whole 32-weight blocks per invocation
+    // (16-byte code loads, x once per block) measured slower: 104.8 µs.
     let huge_wg = if w.is_quantized() { 64 } else { wg };
     let wg = match o {
         0..=65535 => wg,

@@ -238,6 +238,13 @@ impl Requirements {
         Self::default()
     }
 
+    /// What every vkfuse kernel needs: they reduce with subgroup arithmetic
+    /// (kernels/glsl/reduce.glsl), so a device without it is refused by name when it opens
+    /// rather than by the validation layer or the driver.
+    pub fn kernels() -> Self {
+        Self::new(&[Feature::SubgroupBasic, Feature::SubgroupArithmetic])
+    }
+
     /// These capabilities.
     pub fn new(features: &[Feature]) -> Self {
         Self {
