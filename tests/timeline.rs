@@ -30,7 +30,7 @@ fn timed_replay(device: &vkfuse_runtime::Device, handoffs: Handoffs, opts: &Fuse
     let (schedule, _) = lower_fused(
         &program,
         &Meta::of(&model),
-        &mut SpirvCache::timeline(),
+        &mut SpirvCache::timeline(vkfuse_compiler::kernels::timeline::Records::Times),
         opts,
     )
     .unwrap();

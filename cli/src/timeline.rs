@@ -34,8 +34,9 @@ pub struct TimelineArgs {
     #[arg(long, default_value = "auto", value_name = "auto|on|off")]
     pub handoffs: Handoffs,
     /// Also write every workgroup's record as JSON: an array of dispatches, each with its step,
-    /// dispatch index, level, label, kernel and [begin, mark 0, mark 1, end] ns per workgroup
-    /// (a mark is 0 where the kernel names none). Named as `run --logits-out` is: `--json`
+    /// dispatch index, level, label, kernel, [begin, mark 0, mark 1, end] ns per workgroup (a
+    /// mark is 0 where the kernel names none) and, from `compile-model --timeline-sm`, each
+    /// workgroup's SM. Named as `run --logits-out` is: `--json`
     /// elsewhere prints to stdout (`--json FILE`, its old name, still works).
     #[arg(long = "json-out", alias = "json", value_name = "FILE")]
     pub json_out: Option<PathBuf>,
@@ -51,6 +52,8 @@ struct JsonRun<'a> {
     label: &'a str,
     kernel: &'a str,
     groups: Vec<[u64; 4]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sms: Option<Vec<u32>>,
 }
 
 pub fn run(args: &TimelineArgs) -> Result<()> {
@@ -115,6 +118,7 @@ pub fn run(args: &TimelineArgs) -> Result<()> {
     )?;
     let show = args.show_step.unwrap_or((k.min(args.steps) / 2) as usize);
     print_step(&mut out, &runs, show, s, &level_of)?;
+    print_late(&mut out, &runs, show, s)?;
     print_summary(&mut out, &runs, s)?;
     let span = |f: fn(&DispatchRun) -> u64| runs.iter().map(f);
     let first = span(DispatchRun::first_begin).min().unwrap_or(0);
@@ -160,6 +164,7 @@ pub fn run(args: &TimelineArgs) -> Result<()> {
                     .iter()
                     .map(|g| [g.begin, g.marks[0], g.marks[1], g.end])
                     .collect(),
+                sms: r.groups.iter().map(|g| g.sm).collect(),
             })
             .collect();
         std::fs::write(path, serde_json::to_string(&json)?)
@@ -223,6 +228,73 @@ fn print_step(
         "step {step}: {:.2} µs from first begin to last end",
         us(end)
     )?;
+    Ok(())
+}
+
+/// Where the kernels record their SMs (`compile-model --timeline-sm`): in `step`, each
+/// dispatch's workgroups that began [`LATE_NS`] or more after its first, and for each what last
+/// ran on its SM before it: the dispatch whose workgroup there ended last before it began.
+fn print_late(
+    out: &mut dyn Write,
+    runs: &[DispatchRun],
+    step: usize,
+    s: &vkfuse_runtime::schedule::Schedule,
+) -> Result<()> {
+    const LATE_NS: u64 = 1000;
+    let mine: Vec<&DispatchRun> = runs.iter().filter(|r| r.step == step).collect();
+    if !mine.iter().any(|r| r.groups.iter().any(|g| g.sm.is_some())) {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "\nstep {step}, workgroups that began {:.1} µs or more after their dispatch's first, \
+         by what ran last on their SM before them (SMs: how many the dispatch ran on):",
+        LATE_NS as f64 / 1e3
+    )?;
+    writeln!(
+        out,
+        "{:>4} {:<44} {:>6} {:>5} {:>5}  before the late ones",
+        "#", "dispatch", "groups", "SMs", "late"
+    )?;
+    for r in &mine {
+        let first = r.first_begin();
+        let sms: std::collections::BTreeSet<u32> = r.groups.iter().filter_map(|g| g.sm).collect();
+        let mut before: BTreeMap<String, usize> = BTreeMap::new();
+        let mut late = 0;
+        for g in r.groups.iter().filter(|g| g.begin >= first + LATE_NS) {
+            late += 1;
+            let Some(sm) = g.sm else { continue };
+            // The latest end on this SM at or before this workgroup's begin, over the step.
+            let last = mine
+                .iter()
+                .flat_map(|o| o.groups.iter().map(move |w| (o.dispatch, w)))
+                .filter(|(_, w)| w.sm == Some(sm) && w.end <= g.begin)
+                .max_by_key(|(_, w)| w.end);
+            let name = last.map_or("nothing in the step".to_string(), |(d, _)| {
+                format!(
+                    "#{d} {}",
+                    crate::profile::shortened(&s.dispatches[d].label, 28)
+                )
+            });
+            *before.entry(name).or_default() += 1;
+        }
+        if late == 0 {
+            continue;
+        }
+        let mut list: Vec<(String, usize)> = before.into_iter().collect();
+        list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let list: Vec<String> = list.iter().map(|(n, c)| format!("{c} after {n}")).collect();
+        writeln!(
+            out,
+            "{:>4} {:<44} {:>6} {:>5} {:>5}  {}",
+            r.dispatch,
+            crate::profile::shortened(&s.dispatches[r.dispatch].label, 44),
+            r.groups.len(),
+            sms.len(),
+            late,
+            list.join(", ")
+        )?;
+    }
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 //! clear errors (no panic) on bad input.
 
 use std::process::Command;
+use vkfuse_compiler::kernels::timeline::Records;
 use vkfuse_compiler::npy;
 use vkfuse_tests::{assert_rows_close, expected, fixture_dir};
 
@@ -857,12 +858,13 @@ fn kernels_lists_every_kernel_with_its_driver_statistics() {
     assert_eq!(runs, schedule.dispatches.len() + layers, "{stdout}");
 }
 
-/// `vkfuse timeline FILE`: a schedule compiled with the timeline probe runs its steps and prints
-/// one step dispatch by dispatch, the medians per kernel and the clock check; `--json` holds a
-/// record of four clock readings for every workgroup of every dispatch of every timed step. A
-/// schedule without the probe, and a first position of 0, are refused by name.
-#[test]
-fn timeline_runs_a_probed_schedule_and_refuses_others() {
+/// The qwen3-tied fixture and its fused schedule with the timeline probe recording `records`.
+fn timed_fixture(
+    records: Records,
+) -> (
+    vkfuse_compiler::import::Model,
+    vkfuse_runtime::schedule::Schedule,
+) {
     use vkfuse_compiler::fuse::{lower_fused, FuseOptions};
     use vkfuse_compiler::lower::{Meta, SpirvCache};
     let model = vkfuse_compiler::import::load(&fixture_dir("qwen3-tied")).unwrap();
@@ -872,10 +874,20 @@ fn timeline_runs_a_probed_schedule_and_refuses_others() {
     let (timed, _) = lower_fused(
         &program,
         &Meta::of(&model),
-        &mut SpirvCache::timeline(),
+        &mut SpirvCache::timeline(records),
         &FuseOptions::default(),
     )
     .unwrap();
+    (model, timed)
+}
+
+/// `vkfuse timeline FILE`: a schedule compiled with the timeline probe runs its steps and prints
+/// one step dispatch by dispatch, the medians per kernel and the clock check; `--json` holds a
+/// record of four clock readings for every workgroup of every dispatch of every timed step. A
+/// schedule without the probe, and a first position of 0, are refused by name.
+#[test]
+fn timeline_runs_a_probed_schedule_and_refuses_others() {
+    let (model, timed) = timed_fixture(Records::Times);
     let dir = std::env::temp_dir();
     let id = std::process::id();
     let (path, plain, json) = (
@@ -921,10 +933,21 @@ fn timeline_runs_a_probed_schedule_and_refuses_others() {
             d.workgroups.iter().product::<u32>(),
             "{r}"
         );
+        // Four readings, the end (taken from its low half and the begin's) not before the
+        // begin; no SMs where the kernels do not record them.
         assert!(
-            groups.iter().all(|g| g.as_array().unwrap().len() == 4),
+            groups.iter().all(|g| {
+                let g: Vec<u64> = g
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap())
+                    .collect();
+                g.len() == 4 && g[3] >= g[0] && g[3] - g[0] < 1_000_000_000
+            }),
             "{r}"
         );
+        assert!(r.get("sms").is_none(), "{r}");
     }
     let refused = vkfuse(&["timeline", plain.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -962,6 +985,57 @@ fn timeline_runs_a_probed_schedule_and_refuses_others() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains("compiled with --timeline"), "{stderr}");
     for f in [&path, &plain, &json] {
+        std::fs::remove_file(f).ok();
+    }
+}
+
+/// `compile-model --timeline-sm`'s schedules record each workgroup's SM: where the device reads
+/// SM ids (NVIDIA's VK_NV_shader_sm_builtins) `vkfuse timeline` writes them into the JSON, one
+/// per workgroup, and lists the late workgroups by what ran before them on their SMs; where it
+/// cannot (lavapipe) the schedule is refused by the extension's name.
+#[test]
+fn timeline_sm_ids_are_recorded_where_the_device_reads_them_and_refused_by_name_elsewhere() {
+    let (model, timed) = timed_fixture(Records::TimesAndSms);
+    let dir = std::env::temp_dir();
+    let id = std::process::id();
+    let (path, json) = (
+        dir.join(format!("vkfuse-timeline-sm-{id}.vkf")),
+        dir.join(format!("vkfuse-timeline-sm-{id}.json")),
+    );
+    timed.write_file(&path, &model.tensors).unwrap();
+    let p = path.to_str().unwrap();
+    let out = vkfuse(&[
+        "timeline",
+        p,
+        "--position",
+        "4",
+        "--steps",
+        "2",
+        "--json-out",
+        json.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        let records: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        for r in records.as_array().unwrap() {
+            let groups = r["groups"].as_array().unwrap().len();
+            let sms = r["sms"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no sms in {r}"));
+            assert_eq!(sms.len(), groups, "{r}");
+            assert!(sms.iter().all(|s| s.as_u64().unwrap() < 4096), "{r}");
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("per kernel"), "{stdout}");
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("VK_NV_shader_sm_builtins") && stderr.contains("--timeline-sm"),
+            "{stderr}"
+        );
+    }
+    for f in [&path, &json] {
         std::fs::remove_file(f).ok();
     }
 }

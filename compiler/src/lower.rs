@@ -96,18 +96,19 @@ pub struct SpirvCache {
     library: HashMap<KernelSource, Vec<u32>>,
     /// Generated sources (the fused kernels), by content.
     generated: HashMap<String, Vec<u32>>,
-    /// Every kernel wrapped for the timeline probe (`kernels::timeline`).
-    timeline: bool,
+    /// Every kernel wrapped for the timeline probe, recording these (`kernels::timeline`).
+    timeline: Option<kernels::timeline::Records>,
     /// A probe's defines for every generated kernel ([`Self::with_probe_defines`]); `None`:
     /// `VKFUSE_DEFINES`.
     probe_defines: Option<String>,
 }
 
 impl SpirvCache {
-    /// A cache whose kernels all record their workgroups' times (`compile-model --timeline`).
-    pub fn timeline() -> SpirvCache {
+    /// A cache whose kernels all record their workgroups' times, and where `records` says so
+    /// the SMs they ran on (`compile-model --timeline`, `--timeline-sm`).
+    pub fn timeline(records: kernels::timeline::Records) -> SpirvCache {
         SpirvCache {
-            timeline: true,
+            timeline: Some(records),
             ..SpirvCache::default()
         }
     }
@@ -145,10 +146,11 @@ impl SpirvCache {
             None => std::env::var("VKFUSE_DEFINES").unwrap_or_default(),
         };
         let text = kernels::with_defines(source, &defines);
-        let words = if self.timeline {
-            kernels::compile_source(label, &kernels::timeline::wrap(&text))?
-        } else {
-            kernels::compile_source(label, &text)?
+        let words = match self.timeline {
+            Some(records) => {
+                kernels::compile_source(label, &kernels::timeline::wrap(&text, records))?
+            }
+            None => kernels::compile_source(label, &text)?,
         };
         self.generated.insert(source.to_string(), words.clone());
         Ok(words)

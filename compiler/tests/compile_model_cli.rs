@@ -131,6 +131,11 @@ fn bad_arguments_are_clear_errors() {
             "{args:?}: `{stderr}` should mention `{needle}`"
         );
     }
+    // The SM ids are the timeline's: alone, the flag is a usage error naming what it needs.
+    let out = compile_model(&[&tied, "--timeline-sm", "-o", &bands_out]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--timeline "), "{stderr}");
 }
 
 /// `-o` where something other than a file is: a directory, a device, a link to a device are

@@ -9,7 +9,10 @@
 // The records live in a buffer the runtime allocates and passes by device address
 // (VK_KHR_buffer_device_address) in specialization constants, so no kernel's bindings change:
 // per probe pipeline one counter per workgroup of its largest grid, then per counter DEPTH
-// records of eight words (begin, two marks, end: each the clock's two 32-bit halves). A
+// records of eight words (begin and two marks, each the clock's two 32-bit halves; the end's low
+// half, its high half being the begin's or one more, as a workgroup lives far less than 2^32 ns;
+// and the SM the workgroup ran on, gl_SMIDNV where the kernel was wrapped with TIMELINE_SM, for
+// `compile-model --timeline-sm` on NVIDIA's VK_NV_shader_sm_builtins, else ~0). A
 // kernel's dispatches share a probe pipeline where barriers separate them (those that may run
 // at once get their own: runtime/src/session/timeline.rs), so a counter's records, in the order
 // its workgroups take them, are its dispatches in recording order. A workgroup takes its
@@ -60,6 +63,10 @@ void main() {
         tl.tl_words[at + 4u] = vkfuse_timeline_marks[1].x;
         tl.tl_words[at + 5u] = vkfuse_timeline_marks[1].y;
         tl.tl_words[at + 6u] = end.x;
-        tl.tl_words[at + 7u] = end.y;
+#ifdef TIMELINE_SM
+        tl.tl_words[at + 7u] = gl_SMIDNV;
+#else
+        tl.tl_words[at + 7u] = ~0u;
+#endif
     }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use vkfuse_compiler::kernels::timeline::Records;
 use vkfuse_compiler::lower::{self, SpirvCache};
 use vkfuse_compiler::{fuse, import, quant, trace};
 use vkfuse_runtime::schedule::BufferRole;
@@ -190,6 +191,13 @@ struct Args {
     /// and buffer device addresses.
     #[arg(long)]
     timeline: bool,
+    /// With --timeline: also record the SM each workgroup ran on (NVIDIA only).
+    ///
+    /// With --timeline: each workgroup's record also names the SM it ran on (`gl_SMIDNV`), so
+    /// that `vkfuse timeline` can say what held the SMs a late workgroup waited for. Needs a
+    /// device with VK_NV_shader_sm_builtins (NVIDIA's).
+    #[arg(long, requires = "timeline")]
+    timeline_sm: bool,
     /// Print why each fusion was taken or refused, per template, with the ops each kernel covers.
     #[arg(long)]
     explain: bool,
@@ -469,10 +477,10 @@ fn run(args: Args) -> Result<()> {
     };
     let segmentation = st.run("discover", || Ok(fuse::discover(&program)))?;
     let meta = lower::Meta::of(&model);
-    let mut spirv = if args.timeline {
-        SpirvCache::timeline()
-    } else {
-        SpirvCache::default()
+    let mut spirv = match (args.timeline, args.timeline_sm) {
+        (true, false) => SpirvCache::timeline(Records::Times),
+        (true, true) => SpirvCache::timeline(Records::TimesAndSms),
+        (false, _) => SpirvCache::default(),
     };
     // The costs fusion minimises (an unfused schedule has none).
     let cost_line = (!args.no_fuse).then(|| device.to_string());

@@ -23,24 +23,25 @@ pub enum KernelError {
 /// The SPIR-V (Vulkan 1.1 target) of `kernel` with `defines`; `#include "x.glsl"` resolves to
 /// the headers of `vkfuse_kernels`. Errors name the kernel and its defines.
 pub fn compile(kernel: &str, defines: &[(String, String)]) -> Result<Vec<u32>, KernelError> {
-    compile_with(kernel, defines, false)
+    compile_with(kernel, defines, None)
 }
 
-/// [`compile`], with the timeline probe's wrapper around the kernel where `timeline`
-/// ([`super::timeline`]).
+/// [`compile`], with the timeline probe's wrapper around the kernel where `timeline` says
+/// what it records ([`super::timeline`]).
 pub fn compile_with(
     kernel: &str,
     defines: &[(String, String)],
-    timeline: bool,
+    timeline: Option<super::timeline::Records>,
 ) -> Result<Vec<u32>, KernelError> {
     let source =
         vkfuse_kernels::source(kernel).ok_or_else(|| KernelError::UnknownKernel(kernel.into()))?;
     let wrapped;
-    let source = if timeline {
-        wrapped = super::timeline::wrap(source);
-        wrapped.as_str()
-    } else {
-        source
+    let source = match timeline {
+        Some(records) => {
+            wrapped = super::timeline::wrap(source, records);
+            wrapped.as_str()
+        }
+        None => source,
     };
     let list = defines
         .iter()

@@ -224,6 +224,13 @@ impl KernelDecl {
         .is_some()
     }
 
+    /// Whether its SPIR-V reads the SM it runs on (the timeline probe's `--timeline-sm`:
+    /// capability `ShaderSMBuiltinsNV`).
+    pub fn records_sms(&self) -> bool {
+        const SHADER_SM_BUILTINS_NV: u32 = 5373;
+        crate::vulkan::spirv::declares_capability(&self.spirv, SHADER_SM_BUILTINS_NV)
+    }
+
     /// The handoff role the SPIR-V declares (`kernels/glsl/handoff.glsl`), if any.
     pub fn handoff_role(&self) -> Option<crate::HandoffRole> {
         crate::HandoffRole::of_spirv(&self.spirv)

@@ -15,8 +15,9 @@
 //!
 //! The buffer: per probe pipeline, one counter per workgroup of its largest grid, then per
 //! counter `depth` records (its dispatches per step times [`TIMELINE_STEPS`]) of eight words
-//! (begin, two marks, end: each the clock's low and high halves; a mark is a point of
-//! invocation 0's way that the kernel names, `TIMELINE_MARK` in `common.glsl`, 0 where none).
+//! (begin and two marks, each the clock's low and high halves, a mark being a point of
+//! invocation 0's way that the kernel names, `TIMELINE_MARK` in `common.glsl`, 0 where none;
+//! the end's low half, its high half taken from the begin; the SM, ~0 where not recorded).
 //! The records of [`TIMELINE_STEPS`] steps after [`Timeline::clear`] are kept and later ones
 //! counted as dropped.
 
@@ -71,6 +72,8 @@ pub struct Workgroup {
     pub marks: [u64; 2],
     /// Its invocation 0's last instruction.
     pub end: u64,
+    /// The SM it ran on, where the kernel records it (`compile-model --timeline-sm`).
+    pub sm: Option<u32>,
 }
 
 /// One dispatch as it ran: its workgroups, by index.
@@ -139,6 +142,19 @@ pub fn check_device(device: &Device, schedule: &Schedule) -> Result<bool, Error>
                 wrapped.label
             ),
         });
+    }
+    if !f.shader_sm_builtins {
+        if let Some(k) = schedule.kernels.iter().find(|k| k.records_sms()) {
+            return Err(Error::UnsupportedDevice {
+                device: device.info().name.clone(),
+                reason: format!(
+                    "kernel `{}` records the SM each workgroup ran on (compile-model \
+                     --timeline-sm), which needs NVIDIA's VK_NV_shader_sm_builtins (compile \
+                     without --timeline-sm)",
+                    k.label
+                ),
+            });
+        }
     }
     Ok(true)
 }
@@ -374,10 +390,15 @@ impl Timeline {
                         (self.records_at + RECORD_WORDS * (s.record + g * s.depth + n)) as usize;
                     let w = &words[at..at + RECORD_WORDS as usize];
                     let clock = |i: usize| u64::from(w[i]) | (u64::from(w[i + 1]) << 32);
+                    let begin = clock(0);
+                    // A workgroup lives far less than 2^32 ns: the end is the begin plus the
+                    // low halves' difference.
+                    let end = begin + u64::from(w[6].wrapping_sub(w[0]));
                     groups.push(Workgroup {
-                        begin: clock(0),
+                        begin,
                         marks: [clock(2), clock(4)],
-                        end: clock(6),
+                        end,
+                        sm: (w[7] != u32::MAX).then_some(w[7]),
                     });
                     taken[p][g as usize] += 1;
                 }
@@ -422,6 +443,7 @@ mod tests {
                     begin,
                     marks: [0, end],
                     end,
+                    sm: None,
                 })
                 .collect(),
         }

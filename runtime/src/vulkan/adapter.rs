@@ -163,6 +163,9 @@ pub struct ShaderFeatures {
     /// accesses unchecked (NVIDIA's driver checks every storage-buffer access against its
     /// binding's range otherwise, robustBufferAccess enabled or not). Not a shader feature.
     pub pipeline_robustness: bool,
+    /// `shaderSMBuiltins` (`VK_NV_shader_sm_builtins`): the SM a shader runs on (the timeline
+    /// probe's `compile-model --timeline-sm`).
+    pub shader_sm_builtins: bool,
 }
 
 /// A capability a caller can require of a device (see [`Requirements`]).
@@ -486,7 +489,7 @@ impl fmt::Display for AdapterInfo {
         let s = &self.features;
         write!(
             f,
-            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}, int64 atomics {}, pipeline statistics {}, device clock {}, buffer addresses {}, host query reset {}, int8 dot products {}, pipeline robustness {}",
+            "    features:   f16 {}, int8 {}, int16 {}, int64 {}, 16-bit storage {}, 8-bit storage {}, float atomic add {}, int64 atomics {}, pipeline statistics {}, device clock {}, buffer addresses {}, host query reset {}, int8 dot products {}, pipeline robustness {}, SM ids {}",
             yes(s.shader_float16),
             yes(s.shader_int8),
             yes(s.shader_int16),
@@ -500,7 +503,8 @@ impl fmt::Display for AdapterInfo {
             yes(s.buffer_device_address),
             yes(s.host_query_reset),
             yes(s.integer_dot_product),
-            yes(s.pipeline_robustness)
+            yes(s.pipeline_robustness),
+            yes(s.shader_sm_builtins)
         )
     }
 }
@@ -640,6 +644,7 @@ fn query_info(instance: &ash::Instance, instance_api: u32, pd: vk::PhysicalDevic
     let mut int_dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
     let mut robustness = vk::PhysicalDevicePipelineRobustnessFeaturesEXT::default();
     let has_robustness = offers(ash::ext::pipeline_robustness::NAME);
+    let mut sm_builtins = vk::PhysicalDeviceShaderSMBuiltinsFeaturesNV::default();
     // Core where both the device and the instance are 1.3; below that, the extension (which
     // the device then enables).
     let has_int_dot = (v1_3 && instance_api >= vk::API_VERSION_1_3)
@@ -668,6 +673,9 @@ fn query_info(instance: &ash::Instance, instance_api: u32, pd: vk::PhysicalDevic
         }
         if has_robustness {
             features2 = features2.push_next(&mut robustness);
+        }
+        if has_sm {
+            features2 = features2.push_next(&mut sm_builtins);
         }
         // SAFETY: as above.
         unsafe { instance.get_physical_device_features2(pd, &mut features2) };
@@ -757,6 +765,7 @@ fn query_info(instance: &ash::Instance, instance_api: u32, pd: vk::PhysicalDevic
             host_query_reset: host_reset.host_query_reset == vk::TRUE,
             integer_dot_product: has_int_dot && int_dot.shader_integer_dot_product == vk::TRUE,
             pipeline_robustness: robustness.pipeline_robustness == vk::TRUE,
+            shader_sm_builtins: sm_builtins.shader_sm_builtins == vk::TRUE,
         },
         compute_units,
         max_storage_buffers_per_stage: limits.max_per_stage_descriptor_storage_buffers,

@@ -142,6 +142,11 @@ impl Device {
         if f.pipeline_robustness {
             features2 = features2.push_next(&mut robustness);
         }
+        let mut sm_builtins = vk::PhysicalDeviceShaderSMBuiltinsFeaturesNV::default()
+            .shader_sm_builtins(f.shader_sm_builtins);
+        if f.shader_sm_builtins {
+            features2 = features2.push_next(&mut sm_builtins);
+        }
 
         // SAFETY: `pd` belongs to the live instance.
         let device_extensions = unsafe { instance_raw.enumerate_device_extension_properties(pd) }
@@ -166,6 +171,9 @@ impl Device {
         }
         if f.pipeline_robustness {
             extensions.push(ash::ext::pipeline_robustness::NAME.as_ptr());
+        }
+        if f.shader_sm_builtins {
+            extensions.push(ash::nv::shader_sm_builtins::NAME.as_ptr());
         }
         // Below 1.3 (the device's or the instance's) the adapter reported the feature only
         // where the extension is offered.

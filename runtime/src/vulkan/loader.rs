@@ -45,9 +45,23 @@ pub(crate) fn entry() -> Result<ash::Entry, ash::LoadingError> {
 /// Creates the bare instance that is never destroyed; false where it could not (no driver
 /// now: the caller's own instance then reports why, and the next call tries again).
 fn keep_drivers_loaded(entry: &ash::Entry) -> bool {
-    // Vulkan 1.0, no layer, no extension: what any loader accepts.
+    // Vulkan 1.0, no layer, and no extension but portability enumeration where the loader
+    // has it: without it the loader would not open drivers listed only through it (MoltenVK),
+    // which `Instance::new` does open.
+    let portability = ash::khr::portability_enumeration::NAME;
+    // SAFETY: a global query with no layer named; the loader is loaded (`entry`).
+    let listed = unsafe { entry.enumerate_instance_extension_properties(None) }
+        .unwrap_or_default()
+        .iter()
+        .any(|e| e.extension_name_as_c_str() == Ok(portability));
+    let extensions = [portability.as_ptr()];
     let app = vk::ApplicationInfo::default().application_name(c"vkfuse: drivers kept loaded");
-    let info = vk::InstanceCreateInfo::default().application_info(&app);
+    let mut info = vk::InstanceCreateInfo::default().application_info(&app);
+    if listed {
+        info = info
+            .enabled_extension_names(&extensions)
+            .flags(vk::InstanceCreateFlags::ENUMERATE_PORTABILITY_KHR);
+    }
     // SAFETY: `info` points into locals that outlive the call. The instance is never
     // destroyed on purpose (`ash::Instance` has no destructor); the process's end frees it.
     unsafe { entry.create_instance(&info, None) }.is_ok()
