@@ -441,6 +441,13 @@ void main() {
 #endif
     }
 #endif
+#if defined(PROBE_MARK0_READY) && PRE_STEPS > 0
+    // Probe (timeline only): mark 0 once the preloaded weights are back (the branch on them
+    // keeps the clock read after their loads).
+    if (wp[0].z != 0x7fc00001u || b == 0xffffu) {
+        TIMELINE_MARK(0);
+    }
+#endif
 #endif
 #ifdef ABLATE_EMPTY
     // Timing only (compile-model --ablate chain / wide-matvec): no weights loaded; x waited for
@@ -514,7 +521,9 @@ void main() {
     wg_publish_sum(ss);
 #endif
     barrier();
+#ifndef PROBE_MARK0_READY
     TIMELINE_MARK(0);
+#endif
 #if NORM && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)
     // The norm's scale, read from the x² partials now, before the dots: after them it sat on
     // the act rows' path, which the whole workgroup waits for. On an H100 q4_0 +0.35%, q8_0
