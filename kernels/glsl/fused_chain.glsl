@@ -194,6 +194,8 @@ const uint SPK = CH_I / 8u / KS;
 layout(set = 0, binding = 0, std430) buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };
+// q8_0's steps as one 8-byte load each (inner_raw; fused_matvec.glsl says what it gains).
+layout(set = 0, binding = 1, std430) readonly buffer WPair { uvec2 w_pair[]; };
 layout(set = 0, binding = 2, std430) readonly buffer X { float x[]; };
 #if NORM
 #include "norm_weights.glsl"
@@ -283,8 +285,8 @@ uvec4 inner_raw(uint row, uint c) {
 #if W_DTYPE == Q8_0 || W_DTYPE == Q4_0
     uint at = row * q_row_bytes(W_DTYPE, CH_I);
     uint sw = w[(at + q_code_bytes(W_DTYPE, CH_I)) / 4u + c / 8u];
-    return W_DTYPE == Q8_0 ? uvec4(w[at / 4u + 2u * c], w[at / 4u + 2u * c + 1u], sw, 0u)
-                           : uvec4(w[at / 4u + c], 0u, sw, 0u);
+    // Rows start on 16 bytes (q_row_bytes): q8_0's step is one aligned 8-byte load.
+    return W_DTYPE == Q8_0 ? uvec4(w_pair[at / 8u + c], sw, 0u) : uvec4(w[at / 4u + c], 0u, sw, 0u);
 #else
     return w4[row * (CH_I / 8u) + c];
 #endif
