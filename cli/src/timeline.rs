@@ -231,18 +231,84 @@ fn print_step(
     Ok(())
 }
 
+/// Workgroups that begin this long after their dispatch's first are late ([`late_workgroups`]).
+const LATE_NS: u64 = 1000;
+
+/// One dispatch's late workgroups ([`late_workgroups`]).
+#[derive(Debug, PartialEq)]
+struct Late {
+    dispatch: usize,
+    /// Its workgroups, and the SMs they ran on.
+    groups: usize,
+    sms: usize,
+    /// Its workgroups that began [`LATE_NS`] or more after its first.
+    late: usize,
+    /// For the late ones with an SM: the dispatch whose workgroup last ended on that SM before
+    /// each began (None: none in the step), with how many, most first.
+    after: Vec<(Option<usize>, usize)>,
+}
+
+/// The late workgroups of each dispatch of `step` (those of `runs` whose SMs are recorded), and
+/// what last ran on their SMs before them; dispatches with none late are left out.
+fn late_workgroups(runs: &[DispatchRun], step: usize) -> Vec<Late> {
+    let mine: Vec<&DispatchRun> = runs.iter().filter(|r| r.step == step).collect();
+    // Every workgroup's end on each SM, in order (lm_head alone has ~19k workgroups: one sort,
+    // then a binary search per late workgroup).
+    let mut ends: BTreeMap<u32, Vec<(u64, usize)>> = BTreeMap::new();
+    for o in &mine {
+        for w in &o.groups {
+            if let Some(sm) = w.sm {
+                ends.entry(sm).or_default().push((w.end, o.dispatch));
+            }
+        }
+    }
+    for v in ends.values_mut() {
+        v.sort_unstable();
+    }
+    let mut rows = vec![];
+    for r in &mine {
+        let first = r.first_begin();
+        let sms: std::collections::BTreeSet<u32> = r.groups.iter().filter_map(|g| g.sm).collect();
+        let mut after: BTreeMap<Option<usize>, usize> = BTreeMap::new();
+        let mut late = 0;
+        for g in r.groups.iter().filter(|g| g.begin >= first + LATE_NS) {
+            late += 1;
+            let Some(sm) = g.sm else { continue };
+            // The latest end on this SM at or before this workgroup's begin.
+            let last = ends.get(&sm).and_then(|v| {
+                let i = v.partition_point(|&(end, _)| end <= g.begin);
+                i.checked_sub(1).map(|i| v[i].1)
+            });
+            *after.entry(last).or_default() += 1;
+        }
+        if late == 0 {
+            continue;
+        }
+        let mut after: Vec<(Option<usize>, usize)> = after.into_iter().collect();
+        after.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        rows.push(Late {
+            dispatch: r.dispatch,
+            groups: r.groups.len(),
+            sms: sms.len(),
+            late,
+            after,
+        });
+    }
+    rows
+}
+
 /// Where the kernels record their SMs (`compile-model --timeline-sm`): in `step`, each
-/// dispatch's workgroups that began [`LATE_NS`] or more after its first, and for each what last
-/// ran on its SM before it: the dispatch whose workgroup there ended last before it began.
+/// dispatch's late workgroups by what last ran on their SMs before them ([`late_workgroups`]).
 fn print_late(
     out: &mut dyn Write,
     runs: &[DispatchRun],
     step: usize,
     s: &vkfuse_runtime::schedule::Schedule,
 ) -> Result<()> {
-    const LATE_NS: u64 = 1000;
-    let mine: Vec<&DispatchRun> = runs.iter().filter(|r| r.step == step).collect();
-    if !mine.iter().any(|r| r.groups.iter().any(|g| g.sm.is_some())) {
+    if !runs
+        .iter()
+        .any(|r| r.step == step && r.groups.iter().any(|g| g.sm.is_some()))
+    {
         return Ok(());
     }
     writeln!(
@@ -256,42 +322,26 @@ fn print_late(
         "{:>4} {:<44} {:>6} {:>5} {:>5}  before the late ones",
         "#", "dispatch", "groups", "SMs", "late"
     )?;
-    for r in &mine {
-        let first = r.first_begin();
-        let sms: std::collections::BTreeSet<u32> = r.groups.iter().filter_map(|g| g.sm).collect();
-        let mut before: BTreeMap<String, usize> = BTreeMap::new();
-        let mut late = 0;
-        for g in r.groups.iter().filter(|g| g.begin >= first + LATE_NS) {
-            late += 1;
-            let Some(sm) = g.sm else { continue };
-            // The latest end on this SM at or before this workgroup's begin, over the step.
-            let last = mine
-                .iter()
-                .flat_map(|o| o.groups.iter().map(move |w| (o.dispatch, w)))
-                .filter(|(_, w)| w.sm == Some(sm) && w.end <= g.begin)
-                .max_by_key(|(_, w)| w.end);
-            let name = last.map_or("nothing in the step".to_string(), |(d, _)| {
-                format!(
-                    "#{d} {}",
-                    crate::profile::shortened(&s.dispatches[d].label, 28)
-                )
-            });
-            *before.entry(name).or_default() += 1;
-        }
-        if late == 0 {
-            continue;
-        }
-        let mut list: Vec<(String, usize)> = before.into_iter().collect();
-        list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let list: Vec<String> = list.iter().map(|(n, c)| format!("{c} after {n}")).collect();
+    for row in late_workgroups(runs, step) {
+        let list: Vec<String> = row
+            .after
+            .iter()
+            .map(|(d, c)| match d {
+                Some(d) => format!(
+                    "{c} after #{d} {}",
+                    crate::profile::shortened(&s.dispatches[*d].label, 28)
+                ),
+                None => format!("{c} after nothing in the step"),
+            })
+            .collect();
         writeln!(
             out,
             "{:>4} {:<44} {:>6} {:>5} {:>5}  {}",
-            r.dispatch,
-            crate::profile::shortened(&s.dispatches[r.dispatch].label, 44),
-            r.groups.len(),
-            sms.len(),
-            late,
+            row.dispatch,
+            crate::profile::shortened(&s.dispatches[row.dispatch].label, 44),
+            row.groups,
+            row.sms,
+            row.late,
             list.join(", ")
         )?;
     }
@@ -408,4 +458,66 @@ fn median(v: &mut [f64]) -> f64 {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vkfuse_runtime::schedule::KernelId;
+    use vkfuse_runtime::session::timeline::Workgroup;
+
+    fn run(step: usize, dispatch: usize, groups: &[(u64, u64, u32)]) -> DispatchRun {
+        DispatchRun {
+            step,
+            dispatch,
+            kernel: KernelId(0),
+            groups: groups
+                .iter()
+                .map(|&(begin, end, sm)| Workgroup {
+                    begin,
+                    marks: [0, 0],
+                    end,
+                    sm: Some(sm),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn late_workgroups_are_named_by_what_last_ended_on_their_sm_before_them() {
+        let runs = vec![
+            // Dispatch 0 on SMs 0 and 1 (ending at 5 and 3 µs), dispatch 1 on SM 2 (ending at
+            // 8 µs) and SM 0 (ending at 9 µs, after the late workgroup there began).
+            run(0, 0, &[(0, 5_000, 0), (0, 3_000, 1)]),
+            run(0, 1, &[(100, 8_000, 2), (200, 9_000, 0)]),
+            // Dispatch 2: one on time, three late: on SM 0 after dispatch 0's (ended 5, not
+            // dispatch 1's, which ends later), on SM 2 after dispatch 1's, on SM 1 after 0's.
+            run(
+                0,
+                2,
+                &[
+                    (1_000, 1_500, 3),
+                    (6_000, 7_000, 0),
+                    (8_500, 9_500, 2),
+                    (4_000, 4_500, 1),
+                ],
+            ),
+            // Another step is not looked at.
+            run(1, 2, &[(0, 10, 0), (50_000, 60_000, 0)]),
+        ];
+        let rows = late_workgroups(&runs, 0);
+        assert_eq!(
+            rows,
+            vec![Late {
+                dispatch: 2,
+                groups: 4,
+                sms: 4,
+                late: 3,
+                after: vec![(Some(0), 2), (Some(1), 1)],
+            }]
+        );
+        // A late workgroup on an SM where nothing ended before it.
+        let runs = vec![run(0, 0, &[(0, 10, 0), (2_000, 3_000, 1)])];
+        assert_eq!(late_workgroups(&runs, 0)[0].after, vec![(None, 1)]);
+    }
 }
