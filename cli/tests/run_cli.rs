@@ -921,6 +921,8 @@ fn timeline_runs_a_probed_schedule_and_refuses_others() {
     ] {
         assert!(stdout.contains(needle), "`{needle}` in {stdout}");
     }
+    // No SMs recorded, no table of late workgroups by SM.
+    assert!(!stdout.contains("workgroups that began"), "{stdout}");
     let records: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let runs = records.as_array().unwrap();
@@ -1027,7 +1029,9 @@ fn timeline_sm_ids_are_recorded_where_the_device_reads_them_and_refused_by_name_
             assert!(sms.iter().all(|s| s.as_u64().unwrap() < 4096), "{r}");
         }
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(stdout.contains("per kernel"), "{stdout}");
+        for needle in ["workgroups that began", "per kernel"] {
+            assert!(stdout.contains(needle), "`{needle}` in {stdout}");
+        }
     } else {
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(

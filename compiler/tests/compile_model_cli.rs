@@ -135,7 +135,10 @@ fn bad_arguments_are_clear_errors() {
     let out = compile_model(&[&tied, "--timeline-sm", "-o", &bands_out]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("--timeline "), "{stderr}");
+    assert!(
+        stderr.contains("required arguments were not provided") && stderr.contains("--timeline\n"),
+        "{stderr}"
+    );
 }
 
 /// `-o` where something other than a file is: a directory, a device, a link to a device are

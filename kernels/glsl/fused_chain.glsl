@@ -444,9 +444,13 @@ void main() {
     }
 #endif
 #if defined(PROBE_MARK0_READY) && PRE_STEPS > 0
-    // Probe (timeline only): mark 0 once the preloaded weights are back (the branch on them
-    // keeps the clock read after their loads).
-    if (wp[0].z != 0x7fc00001u || b == 0xffffu) {
+    // Probe (timeline only): mark 0 once the preloaded weights are back (the branch on all of
+    // them keeps the clock read after their loads).
+    uint ready = 0u;
+    for (uint e = 0u; e < DG * PRE_STEPS; e++) {
+        ready ^= wp[e].z;
+    }
+    if (ready != 0x7fc00001u || b == 0xffffu) {
         TIMELINE_MARK(0);
     }
 #endif
@@ -523,7 +527,7 @@ void main() {
     wg_publish_sum(ss);
 #endif
     barrier();
-#ifndef PROBE_MARK0_READY
+#if !(defined(PROBE_MARK0_READY) && PRE_STEPS > 0)
     TIMELINE_MARK(0);
 #endif
 #if NORM && (W_DTYPE == Q8_0 || W_DTYPE == Q4_0)

@@ -87,6 +87,7 @@ f16vec2 q8_pair_step_dot2(uint aw, uint c, uvec4 xh) {
     uvec2 p = w_pair[aw / 2u + c];
     return qh_step_dot2(Q8_0, p.x, p.y, xh);
 }
+// Both read binding 1 whatever array they are given: every caller here passes `w`.
 #undef QH_STEP_DOT
 #define QH_STEP_DOT(dt, A, aw, c, xh) q8_pair_step_dot(aw, c, xh)
 #undef QH_STEP_DOT2

@@ -17,7 +17,7 @@
 //! counter `depth` records (its dispatches per step times [`TIMELINE_STEPS`]) of eight words
 //! (begin and two marks, each the clock's low and high halves, a mark being a point of
 //! invocation 0's way that the kernel names, `TIMELINE_MARK` in `common.glsl`, 0 where none;
-//! the end's low half, its high half taken from the begin; the SM, ~0 where not recorded).
+//! the end's low half, its high half taken from the begin; the SM where the kernel records it).
 //! The records of [`TIMELINE_STEPS`] steps after [`Timeline::clear`] are kept and later ones
 //! counted as dropped.
 
@@ -48,6 +48,10 @@ struct Slots {
     depth: u32,
     /// Counters.
     groups: u32,
+    /// Whether its kernel records its SM (`Kernel::records_sms`): decided by the kernel, not by
+    /// the word, which a schedule compiled before the SMs were recorded fills with the end's
+    /// high half.
+    sms: bool,
 }
 
 /// The records' buffer, the probe's pipelines and which one each dispatch runs.
@@ -288,6 +292,7 @@ impl Timeline {
                 record: record as u32,
                 depth,
                 groups,
+                sms: schedule.kernels[kernel.index()].records_sms(),
             });
             slot += u64::from(groups);
             record += u64::from(groups) * u64::from(depth);
@@ -398,7 +403,7 @@ impl Timeline {
                         begin,
                         marks: [clock(2), clock(4)],
                         end,
-                        sm: (w[7] != u32::MAX).then_some(w[7]),
+                        sm: s.sms.then_some(w[7]),
                     });
                     taken[p][g as usize] += 1;
                 }

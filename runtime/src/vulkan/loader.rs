@@ -49,6 +49,8 @@ fn keep_drivers_loaded(entry: &ash::Entry) -> bool {
     // has it: without it the loader would not open drivers listed only through it (MoltenVK),
     // which `Instance::new` does open.
     let portability = ash::khr::portability_enumeration::NAME;
+    // The query opens and closes the drivers once more (one static TLS block on NVIDIA, as an
+    // instance would take), only until the bare instance exists.
     // SAFETY: a global query with no layer named; the loader is loaded (`entry`).
     let listed = unsafe { entry.enumerate_instance_extension_properties(None) }
         .unwrap_or_default()
