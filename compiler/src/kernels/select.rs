@@ -371,8 +371,9 @@ pub(crate) fn matvec_tuning(o: usize, w: DType) -> (u32, u32) {
     };
     let (wg, small, large) = tuning_override().unwrap_or((128, 2, large));
     // Vocabulary-sized (lm_head: Qwen3-0.6B's ~38k workgroups at 4 rows, in waves): 8 rows
-    // for block-quantised weights, whose rows are short (H100: lm_head q8_0 92.7 -> 84.4 µs, q4_0 101.9 -> 85.8
-    // µs); 16-bit ones already stream at the copy bandwidth and lose with 8 (105.7 -> 108.2).
+    // for block-quantised weights, whose rows are short (H100: lm_head q8_0 92.7 -> 84.4 µs,
+    // q4_0 101.9 -> 85.8 µs); 16-bit ones already stream at the copy bandwidth and lose with 8
+    // (105.7 -> 108.2).
     let huge = huge_rows().unwrap_or(if w.is_quantized() { 8 } else { large });
     let rows = match o {
         0..=1 => 1,

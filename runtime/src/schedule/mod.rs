@@ -228,7 +228,7 @@ impl KernelDecl {
     /// capability `ShaderSMBuiltinsNV`).
     pub fn records_sms(&self) -> bool {
         const SHADER_SM_BUILTINS_NV: u32 = 5373;
-        crate::vulkan::spirv::declares_capability(&self.spirv, SHADER_SM_BUILTINS_NV)
+        self.declares_capability(SHADER_SM_BUILTINS_NV)
     }
 
     /// The handoff role the SPIR-V declares (`kernels/glsl/handoff.glsl`), if any.

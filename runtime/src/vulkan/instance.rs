@@ -294,7 +294,11 @@ impl Instance {
     }
 }
 
-fn instance_extensions(entry: &ash::Entry, layer: Option<&CStr>) -> Result<Vec<std::ffi::CString>> {
+/// The instance extensions the loader lists (`layer`'s own where given).
+pub(super) fn instance_extensions(
+    entry: &ash::Entry,
+    layer: Option<&CStr>,
+) -> Result<Vec<std::ffi::CString>> {
     // SAFETY: a global command; `layer` is a valid NUL-terminated name when given.
     let props = unsafe { entry.enumerate_instance_extension_properties(layer) }
         .map_err(vk_err("vkEnumerateInstanceExtensionProperties"))?;

@@ -51,11 +51,10 @@ fn keep_drivers_loaded(entry: &ash::Entry) -> bool {
     let portability = ash::khr::portability_enumeration::NAME;
     // The query opens and closes the drivers once more (one static TLS block on NVIDIA, as an
     // instance would take), only until the bare instance exists.
-    // SAFETY: a global query with no layer named; the loader is loaded (`entry`).
-    let listed = unsafe { entry.enumerate_instance_extension_properties(None) }
+    let listed = super::instance::instance_extensions(entry, None)
         .unwrap_or_default()
         .iter()
-        .any(|e| e.extension_name_as_c_str() == Ok(portability));
+        .any(|e| e.as_c_str() == portability);
     let extensions = [portability.as_ptr()];
     let app = vk::ApplicationInfo::default().application_name(c"vkfuse: drivers kept loaded");
     let mut info = vk::InstanceCreateInfo::default().application_info(&app);
