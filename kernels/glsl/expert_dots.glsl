@@ -12,8 +12,8 @@
 // SwiGLU's output, comes to it unnormed: its f16 pairs overflow only past |x| ~ 32768, as
 // quant.glsl says of the matvecs' x.
 //
-// The including kernel declares W / W4 on the weight binding (DTYPE_1), X / X4 on the input
-// binding, and includes matvec_core.glsl (the constants I and VEC4, reduce.glsl) first.
+// The including kernel declares W / WPair / W4 on the weight binding (DTYPE_1), X / X4 on the
+// input binding, and includes matvec_core.glsl (the constants I and VEC4, reduce.glsl) first.
 
 // Dot d < nd of weight row wrow[d] with x[xoff[d] .. xoff[d] + I]; afterwards (a barrier ends
 // the exchange) wg_dot_total(d) is dot d's total in any invocation. nd <= MAX_DOTS is a

@@ -194,7 +194,7 @@ const uint SPK = CH_I / 8u / KS;
 layout(set = 0, binding = 0, std430) buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };
-// q8_0's steps as one 8-byte load each (inner_raw; fused_matvec.glsl says what it gains).
+// q8_0's steps as one 8-byte load each (inner_raw; quant.glsl's Q8_STEP says what it gains).
 layout(set = 0, binding = 1, std430) readonly buffer WPair { uvec2 w_pair[]; };
 layout(set = 0, binding = 2, std430) readonly buffer X { float x[]; };
 #if NORM

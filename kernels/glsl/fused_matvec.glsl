@@ -20,7 +20,7 @@
 //
 // The including source defines W_DTYPE, NORM, NW_DTYPE, NORM_ZC, PARTS, ZIPPED, N_IN (extra
 // inputs, at least 1), PRELOAD_INS, EPILOGUE and STEP (with STEP_BINDING).
-// Bindings: 0 = y f32, 1 = w (uint / uvec4 views), 2 = x f32 (float / vec4 views),
+// Bindings: 0 = y f32, 1 = w (uint / uvec2 / uvec4 views), 2 = x f32 (float / vec4 views),
 // 3 = nw [I] of NW_DTYPE when NORM, then the extra inputs, then STEP's three.
 // Spec constants: 0 = workgroup size (power of two), 1 = O, 2 = I, 3 = ROWS (output rows per
 // workgroup; ROWS * (ZIPPED ? PARTS : 1) <= 8), 4 = VEC4 (1 when rows and x are 16-byte
@@ -43,6 +43,8 @@
 #endif
 #include "handoff.glsl"
 #include "reduce.glsl"
+// q8_0's steps as one 8-byte load each (quant.glsl's Q8_STEP) through WPair, declared below.
+#define Q8_PAIRS w_pair
 #include "quant.glsl"
 #include "fused_epilogue.glsl"
 
@@ -71,28 +73,7 @@ layout(constant_id = 21) const uint SHIFT7 = 0;
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };
-#if W_DTYPE == Q8_0 && defined(F16_MV)
-// q8_0's steps (two code words) as one 8-byte load each, where quant.glsl's step dots load two
-// 4-byte words (a subgroup's load instruction then spans 256 bytes with a gap after every
-// word): with fused_chain.glsl's inner steps likewise, q8_0 +1.38% on an H200 (this one alone
-// +1.01%; on the H100 with its bounds checks one 8-byte load had lost 1.1%: docs/perf.md,
-// sessions 28 and 58). Rows start on 16 bytes (q_row_bytes), so every step's load is aligned.
 layout(set = 0, binding = 1, std430) readonly buffer WPair { uvec2 w_pair[]; };
-// Step c of the row whose codes start at word aw (even) as QH_STEP_DOT / QH_STEP_DOT2 read it.
-float q8_pair_step_dot(uint aw, uint c, uvec4 xh) {
-    uvec2 p = w_pair[aw / 2u + c];
-    return qh_step_dot(Q8_0, p.x, p.y, xh);
-}
-f16vec2 q8_pair_step_dot2(uint aw, uint c, uvec4 xh) {
-    uvec2 p = w_pair[aw / 2u + c];
-    return qh_step_dot2(Q8_0, p.x, p.y, xh);
-}
-// Both read binding 1 whatever array they are given: every caller here passes `w`.
-#undef QH_STEP_DOT
-#define QH_STEP_DOT(dt, A, aw, c, xh) q8_pair_step_dot(aw, c, xh)
-#undef QH_STEP_DOT2
-#define QH_STEP_DOT2(dt, A, aw, c, xh) q8_pair_step_dot2(aw, c, xh)
-#endif
 layout(set = 0, binding = 2, std430) readonly buffer X { float x[]; };
 layout(set = 0, binding = 2, std430) readonly buffer X4 { vec4 x4[]; };
 #if NORM

@@ -11,6 +11,7 @@
 layout(set = 0, binding = 0, std430) writeonly buffer Y { float y[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W { uint w[]; };
 layout(set = 0, binding = 1, std430) readonly buffer W4 { uvec4 w4[]; };
+layout(set = 0, binding = 1, std430) readonly buffer WPair { uvec2 w_pair[]; };
 layout(set = 0, binding = 2, std430) readonly buffer X { float x[]; };
 layout(set = 0, binding = 2, std430) readonly buffer X4 { vec4 x4[]; };
 

@@ -3,7 +3,8 @@
 // subgroup-plus-shared-memory reduction for all rows at once (reduce.glsl's wg_share_dots).
 //
 // The including kernel declares, before including this file:
-//   W  (uint w[]) and W4 (uvec4 w4[]) on the weight binding (DTYPE_1),
+//   W (uint w[]), WPair (uvec2 w_pair[]: q8_0's steps, quant.glsl's Q8_PAIRS) and W4
+//   (uvec4 w4[]) on the weight binding (DTYPE_1),
 //   X  (float x[]) and X4 (vec4 x4[]) on the input binding.
 // Spec constants declared here: 1 = O (rows per matrix), 2 = I (row length), 3 = ROWS (rows
 // per workgroup, 1..=8), 4 = VEC4 (1 when rows and the input are 16-byte aligned: I % 4 == 0
@@ -18,6 +19,7 @@ layout(constant_id = 3) const uint ROWS = 1;
 layout(constant_id = 4) const uint VEC4 = 0;
 
 #include "reduce.glsl"
+#define Q8_PAIRS w_pair
 #include "quant.glsl"
 
 const uint MAX_ROWS = MAX_DOTS;

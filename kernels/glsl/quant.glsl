@@ -64,12 +64,29 @@ vec4 q4_high(uint w) {
 // (One uvec4 of codes per step, 16 or 32 weights, measured slower on the H200: a quarter of
 // the invocations per row, each with 4x the arithmetic; docs/perf.md.)
 
+// q8_0's step c (its two code words) of the row whose codes start at word `aw` (even: rows
+// start on 16 bytes) of the uint array A. Where the includer names, in Q8_PAIRS before it
+// includes this file, a uvec2 view of the binding that holds A (the weights' every caller
+// passes), one 8-byte load: a subgroup's load instruction then spans 256 contiguous bytes
+// where two 4-byte loads leave a gap after every word (q8_0 +1.38% on an H200 in the chain and
+// the fused matvecs; on the H100 with its bounds checks it had lost 1.1%: docs/perf.md,
+// sessions 28 and 58). Else two 4-byte loads.
+#ifdef Q8_PAIRS
+#define Q8_STEP(A, aw, c) Q8_PAIRS[(aw) / 2u + (c)]
+#else
+#define Q8_STEP(A, aw, c) uvec2(A[(aw) + 2u * (c)], A[(aw) + 2u * (c) + 1u])
+#endif
+
+// The dot of q8_0's step codes s (Q8_STEP) with the inputs xa, xb.
+float q8_step_dot(uvec2 s, vec4 xa, vec4 xb) {
+    return dot(q8_codes(s.x), xa) + dot(q8_codes(s.y), xb);
+}
+
 // The dot of step c's codes (the row's codes start at word `aw` of the uint array A) with
 // the inputs xa, xb, before the block's scale.
 #define Q_STEP_DOT(dt, A, aw, c, xa, xb) \
-    ((dt) == Q8_0 \
-         ? dot(q8_codes(A[(aw) + 2u * (c)]), xa) + dot(q8_codes(A[(aw) + 2u * (c) + 1u]), xb) \
-         : dot(q4_low(A[(aw) + (c)]), xa) + dot(q4_high(A[(aw) + (c)]), xb))
+    ((dt) == Q8_0 ? q8_step_dot(Q8_STEP(A, aw, c), xa, xb) \
+                  : dot(q4_low(A[(aw) + (c)]), xa) + dot(q4_high(A[(aw) + (c)]), xb))
 
 // q4_0's codes in the linear form: each nibble n as f = 0.5 + n / 256 exactly (the byte, which
 // must be below 128, in bits 16..22 of 0.5's pattern: one permute), so that n - 8 = 256 (f -
@@ -163,6 +180,13 @@ f16vec2 qh_step_dot2(uint dt, uint w0, uint w1, uvec4 xh) {
     return qh_dot2(qh_pair(dt, w0, w1, 0u), qh_pair(dt, w0, w1, 1u), qh_pair(dt, w0, w1, 2u),
                    qh_pair(dt, w0, w1, 3u), xh);
 }
+// The same of q8_0's step codes s (Q8_STEP).
+float qh_q8_step_dot(uvec2 s, uvec4 xh) {
+    return qh_step_dot(Q8_0, s.x, s.y, xh);
+}
+f16vec2 qh_q8_step_dot2(uvec2 s, uvec4 xh) {
+    return qh_step_dot2(Q8_0, s.x, s.y, xh);
+}
 // F16_ACC (with F16_MV or F16_CHAIN): each row's steps accumulated in f16 pairs too, one
 // multiply-add per step by the block's f16 scale instead of two conversions, an add and a
 // multiply-add in f32. The scale is taken times QH_UNSCALE (exact), so the sums are the dots'
@@ -176,10 +200,10 @@ f16vec2 qh_scale2(uint dt, uint word, uint b) {
 }
 // Step c of the row whose codes start at word aw of the uint array A, as Q_STEP_DOT reads it.
 #define QH_STEP_DOT(dt, A, aw, c, xh) \
-    ((dt) == Q8_0 ? qh_step_dot(Q8_0, A[(aw) + 2u * (c)], A[(aw) + 2u * (c) + 1u], xh) \
+    ((dt) == Q8_0 ? qh_q8_step_dot(Q8_STEP(A, aw, c), xh) \
                   : qh_step_dot(Q4_0, A[(aw) + (c)], 0u, xh))
 #define QH_STEP_DOT2(dt, A, aw, c, xh) \
-    ((dt) == Q8_0 ? qh_step_dot2(Q8_0, A[(aw) + 2u * (c)], A[(aw) + 2u * (c) + 1u], xh) \
+    ((dt) == Q8_0 ? qh_q8_step_dot2(Q8_STEP(A, aw, c), xh) \
                   : qh_step_dot2(Q4_0, A[(aw) + (c)], 0u, xh))
 #endif
 
