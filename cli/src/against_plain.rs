@@ -10,6 +10,12 @@
 //! matvecs' weights into the cache ahead of them, and the plain step has none. Its other work
 //! that no op names (zeroing the chained MLP's sums) is a row of its own, counted in the total.
 //!
+//! The two steps are timed in turns, 8 of each, both loaded and warmed up first
+//! ([`crate::profile::warm_up`]), so that the device's clocks, which drift with its load,
+//! are the same for both sides (one timed after the other, a kernel read up to 1.7x apart
+//! from one table to the next on an H200: docs/perf.md, session 59). Both sets of weights are
+//! on the device at once for it.
+//!
 //! Each kernel's time includes the barrier before it, so the plain side pays one barrier per
 //! kernel, as eager runs it. The "kernels only" columns take that out: they subtract, from
 //! every dispatch, the cheapest dispatch of the plain step (a barrier and a launch of almost no
@@ -107,14 +113,12 @@ fn description(d: &Dispatch) -> String {
     crate::profile::shortened(text, 56)
 }
 
-/// Each dispatch's mean ns over `steps` greedy steps (as clamped to the schedule's capacity,
-/// returned too), `schedule` run one dispatch per level.
-fn dispatch_times(
+/// `schedule` loaded to run one dispatch per level, as both sides are timed.
+fn replay_per_level(
     device: &Device,
     schedule: &Schedule,
     weights: &dyn TensorBytes,
-    steps: u32,
-) -> Result<(Vec<f64>, u32)> {
+) -> Result<Replay> {
     let loaded = Loaded::load(
         device.clone(),
         schedule.one_dispatch_per_level(),
@@ -127,11 +131,46 @@ fn dispatch_times(
             ..LoadOptions::default()
         },
     )?;
-    let mut replay = Replay::new(loaded)?;
-    let steps = crate::profile::profiled_steps(&replay, steps);
-    let ns = crate::profile::level_times(&mut replay, steps)?
-        .context("the device has no timestamp queries")?;
-    Ok((ns, steps))
+    Ok(Replay::new(loaded)?)
+}
+
+/// Each dispatch's mean ns in both steps.
+struct Timed {
+    fused: Vec<f64>,
+    plain: Vec<f64>,
+    /// Greedy steps timed (as clamped to both schedules' capacity).
+    steps: u32,
+}
+
+/// Each dispatch's mean ns over `steps` greedy steps of each replay, their steps timed in
+/// turns of 8 after both are warmed up; `None` where the device has no timestamp queries.
+fn dispatch_times(fused: &mut Replay, plain: &mut Replay, steps: u32) -> Result<Option<Timed>> {
+    let steps = crate::profile::profiled_steps(fused, steps)
+        .min(crate::profile::profiled_steps(plain, steps));
+    if !crate::profile::warm_up(fused)? || !crate::profile::warm_up(plain)? {
+        return Ok(None);
+    }
+    let mut sums: [Vec<f64>; 2] = [vec![], vec![]];
+    let mut done = 0;
+    while done < steps {
+        let turn = (steps - done).min(8);
+        for (replay, sum) in [&mut *fused, &mut *plain].into_iter().zip(&mut sums) {
+            let ns = replay
+                .profile_levels(turn)?
+                .context("the device has no timestamp queries")?;
+            sum.resize(ns.len(), 0.0);
+            for (s, t) in sum.iter_mut().zip(ns) {
+                *s += t * f64::from(turn);
+            }
+        }
+        done += turn;
+    }
+    let [fused, plain] = sums.map(|s| s.into_iter().map(|t| t / f64::from(steps)).collect());
+    Ok(Some(Timed {
+        fused,
+        plain,
+        steps,
+    }))
 }
 
 /// Times both schedules one dispatch per level and prints the table.
@@ -159,8 +198,20 @@ pub fn print(
             .collect(),
         ..fused.clone()
     };
-    let (fused_ns, _) = dispatch_times(device, &fused, weights, steps)?;
-    let (plain_ns, steps) = dispatch_times(device, plain, weights, steps)?;
+    let mut fused_replay = replay_per_level(device, &fused, weights)?;
+    let mut plain_replay = replay_per_level(device, plain, weights)?;
+    let Some(Timed {
+        fused: fused_ns,
+        plain: plain_ns,
+        steps,
+    }) = dispatch_times(&mut fused_replay, &mut plain_replay, steps)?
+    else {
+        writeln!(
+            out,
+            "fused against plain: the device has no timestamp queries"
+        )?;
+        return Ok(());
+    };
     let rows = pair(&fused, &fused_ns, plain, &plain_ns);
     // The cheapest plain dispatch: a barrier and a launch of almost no work.
     let floor = plain_ns.iter().copied().fold(f64::INFINITY, f64::min);
@@ -169,7 +220,7 @@ pub fn print(
         out,
         "\nfused kernels against the plain kernels of their ops: both schedules one dispatch per \
          level (a barrier before each, no handoffs; the fused step without its L2 prefetch), \
-         mean of {steps} greedy steps; a kernel's µs include its barrier; \"kernels only\" takes \
+         mean of {steps} greedy steps, the two steps timed in turns after a warm-up; a kernel's µs include its barrier; \"kernels only\" takes \
          {:.2} µs (the cheapest plain dispatch: a barrier and a near-empty launch) from every \
          dispatch",
         floor / 1e3

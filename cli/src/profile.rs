@@ -5,7 +5,19 @@
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::time::{Duration, Instant};
 use vkfuse_runtime::session::Replay;
+use vkfuse_runtime::DeviceType;
+
+/// How long the device is kept stepping before any step is timed. An idle GPU lowers its
+/// clocks, and loading a schedule leaves it idle for its upload: an H200 sampled by
+/// nvidia-smi sat at 345-800 MHz after one and took up to ~1 s of steady work to come back to
+/// 1980 MHz, so that a few warm-up steps left the timed ones at whatever clock it had reached
+/// (the same kernel read 1.7x slower from one table to the next: docs/perf.md, session 59).
+/// Vulkan on the CPU (lavapipe, the test suite's) has no such clocks to raise: its pipelines
+/// and caches warm in a few steps.
+const WARM_UP: Duration = Duration::from_millis(1500);
+const WARM_UP_CPU: Duration = Duration::from_millis(100);
 
 /// `steps` within what the schedule's KV capacity lets a sequence run after its first token.
 pub fn profiled_steps(replay: &Replay, steps: u32) -> u32 {
@@ -13,13 +25,43 @@ pub fn profiled_steps(replay: &Replay, steps: u32) -> u32 {
     steps.clamp(1, capacity.saturating_sub(2).max(1))
 }
 
-/// The mean ns of each level over `steps` greedy steps after token 1, after a warm-up
-/// (pipelines, caches); `None` where the device has no timestamp queries.
-pub fn level_times(replay: &mut Replay, steps: u32) -> Result<Option<Vec<f64>>> {
-    replay.step(Some(1))?;
-    replay.profile_levels(steps.min(8))?;
+/// Steps `replay` through profiled steps (pipelines, caches, the device's clocks) for at least
+/// [`WARM_UP`] ([`WARM_UP_CPU`] on the CPU), starting the sequence again wherever its KV
+/// capacity ends it, then leaves it at a new sequence's token 1, where the timed steps begin.
+/// False where the device has no timestamp queries (nothing is run).
+pub fn warm_up(replay: &mut Replay) -> Result<bool> {
+    let capacity = profiled_steps(replay, u32::MAX);
+    let chunk = capacity.min(8);
+    let least = match replay.loaded().device.info().device_type {
+        DeviceType::Cpu => WARM_UP_CPU,
+        _ => WARM_UP,
+    };
+    let start = Instant::now();
+    'warm: loop {
+        replay.reset()?;
+        replay.step(Some(1))?;
+        let mut done = 0;
+        while done + chunk <= capacity {
+            if replay.profile_levels(chunk)?.is_none() {
+                return Ok(false);
+            }
+            done += chunk;
+            if start.elapsed() >= least {
+                break 'warm;
+            }
+        }
+    }
     replay.reset()?;
     replay.step(Some(1))?;
+    Ok(true)
+}
+
+/// The mean ns of each level over `steps` greedy steps after token 1, after a warm-up
+/// ([`warm_up`]); `None` where the device has no timestamp queries.
+pub fn level_times(replay: &mut Replay, steps: u32) -> Result<Option<Vec<f64>>> {
+    if !warm_up(replay)? {
+        return Ok(None);
+    }
     Ok(replay.profile_levels(steps)?)
 }
 
