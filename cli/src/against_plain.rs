@@ -13,8 +13,9 @@
 //! The two steps are timed in turns, 8 of each, both loaded and warmed up first
 //! ([`crate::profile::warm_up`]), so that the device's clocks, which drift with its load,
 //! are the same for both sides (one timed after the other, a kernel read up to 1.7x apart
-//! from one table to the next on an H200: docs/perf.md, session 59). Both sets of weights are
-//! on the device at once for it.
+//! from one table to the next on an H200: docs/perf.md, session 59). That holds both sets of
+//! weights on the device at once; where the second does not load, each step is timed alone
+//! after its own warm-up, one after the other, and the table says so.
 //!
 //! Each kernel's time includes the barrier before it, so the plain side pays one barrier per
 //! kernel, as eager runs it. The "kernels only" columns take that out: they subtract, from
@@ -143,23 +144,27 @@ struct Timed {
 }
 
 /// Each dispatch's mean ns over `steps` greedy steps of each replay, their steps timed in
-/// turns of 8 after both are warmed up; `None` where the device has no timestamp queries.
+/// turns of 8 (the fused step first in every other turn, so that neither always finds the
+/// other's data in the caches) after both are warmed up; `None` where the device has no
+/// timestamp queries.
 fn dispatch_times(fused: &mut Replay, plain: &mut Replay, steps: u32) -> Result<Option<Timed>> {
     let steps = crate::profile::profiled_steps(fused, steps)
         .min(crate::profile::profiled_steps(plain, steps));
     if !crate::profile::warm_up(fused)? || !crate::profile::warm_up(plain)? {
         return Ok(None);
     }
+    let replays = [fused, plain];
     let mut sums: [Vec<f64>; 2] = [vec![], vec![]];
     let mut done = 0;
     while done < steps {
         let turn = (steps - done).min(8);
-        for (replay, sum) in [&mut *fused, &mut *plain].into_iter().zip(&mut sums) {
-            let ns = replay
+        let order = if (done / 8) % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let ns = replays[i]
                 .profile_levels(turn)?
                 .context("the device has no timestamp queries")?;
-            sum.resize(ns.len(), 0.0);
-            for (s, t) in sum.iter_mut().zip(ns) {
+            sums[i].resize(ns.len(), 0.0);
+            for (s, t) in sums[i].iter_mut().zip(ns) {
                 *s += t * f64::from(turn);
             }
         }
@@ -170,6 +175,33 @@ fn dispatch_times(fused: &mut Replay, plain: &mut Replay, steps: u32) -> Result<
         fused,
         plain,
         steps,
+    }))
+}
+
+/// As [`dispatch_times`], where both steps' weights do not fit the device at once: each step
+/// loaded, warmed up and timed alone, one after the other.
+fn dispatch_times_alone(
+    device: &Device,
+    fused: &Schedule,
+    plain: &Schedule,
+    weights: &dyn TensorBytes,
+    steps: u32,
+) -> Result<Option<Timed>> {
+    let alone = |schedule: &Schedule| -> Result<Option<(Vec<f64>, u32)>> {
+        let mut replay = replay_per_level(device, schedule, weights)?;
+        let steps = crate::profile::profiled_steps(&replay, steps);
+        Ok(crate::profile::level_times(&mut replay, steps)?.map(|ns| (ns, steps)))
+    };
+    let Some((fused, fused_steps)) = alone(fused)? else {
+        return Ok(None);
+    };
+    let Some((plain, plain_steps)) = alone(plain)? else {
+        return Ok(None);
+    };
+    Ok(Some(Timed {
+        fused,
+        plain,
+        steps: fused_steps.min(plain_steps),
     }))
 }
 
@@ -199,12 +231,23 @@ pub fn print(
         ..fused.clone()
     };
     let mut fused_replay = replay_per_level(device, &fused, weights)?;
-    let mut plain_replay = replay_per_level(device, plain, weights)?;
+    let timed = match replay_per_level(device, plain, weights) {
+        Ok(mut plain_replay) => dispatch_times(&mut fused_replay, &mut plain_replay, steps)?,
+        Err(e) => {
+            drop(fused_replay);
+            writeln!(
+                out,
+                "\nnote: the plain step did not load beside the fused one ({e:#}): the two are \
+                 timed one after the other, each after its own warm-up"
+            )?;
+            dispatch_times_alone(device, &fused, plain, weights, steps)?
+        }
+    };
     let Some(Timed {
         fused: fused_ns,
         plain: plain_ns,
         steps,
-    }) = dispatch_times(&mut fused_replay, &mut plain_replay, steps)?
+    }) = timed
     else {
         writeln!(
             out,

@@ -11,8 +11,8 @@ use vkfuse_runtime::DeviceType;
 
 /// How long the device is kept stepping before any step is timed. An idle GPU lowers its
 /// clocks, and loading a schedule leaves it idle for its upload: an H200 sampled by
-/// nvidia-smi sat at 345-800 MHz after one and took up to ~1 s of steady work to come back to
-/// 1980 MHz, so that a few warm-up steps left the timed ones at whatever clock it had reached
+/// nvidia-smi every 250 ms sat at 345-800 MHz after one and at 1980 MHz under steady work, and
+/// a step and 8 profiled steps of warm-up left the timed ones at whatever clock it had reached
 /// (the same kernel read 1.7x slower from one table to the next: docs/perf.md, session 59).
 /// Vulkan on the CPU (lavapipe, the test suite's) has no such clocks to raise: its pipelines
 /// and caches warm in a few steps.
@@ -30,8 +30,10 @@ pub fn profiled_steps(replay: &Replay, steps: u32) -> u32 {
 /// capacity ends it, then leaves it at a new sequence's token 1, where the timed steps begin.
 /// False where the device has no timestamp queries (nothing is run).
 pub fn warm_up(replay: &mut Replay) -> Result<bool> {
+    if !replay.loaded().device.info().timestamps() {
+        return Ok(false);
+    }
     let capacity = profiled_steps(replay, u32::MAX);
-    let chunk = capacity.min(8);
     let least = match replay.loaded().device.info().device_type {
         DeviceType::Cpu => WARM_UP_CPU,
         _ => WARM_UP,
@@ -41,7 +43,8 @@ pub fn warm_up(replay: &mut Replay) -> Result<bool> {
         replay.reset()?;
         replay.step(Some(1))?;
         let mut done = 0;
-        while done + chunk <= capacity {
+        while done < capacity {
+            let chunk = (capacity - done).min(8);
             if replay.profile_levels(chunk)?.is_none() {
                 return Ok(false);
             }

@@ -66,8 +66,8 @@ vec4 q4_high(uint w) {
 
 // q8_0's step c (its two code words) of the row whose codes start at word `aw` (even: rows
 // start on 16 bytes) of the uint array A. Where the includer names, in Q8_PAIRS before it
-// includes this file, a uvec2 view of the binding that holds A (the weights' every caller
-// passes), one 8-byte load: a subgroup's load instruction then spans 256 contiguous bytes
+// includes this file, a uvec2 view of the binding that holds A (every caller passes the
+// weights' array; with Q8_PAIRS, A itself is not read), one 8-byte load: a subgroup's load instruction then spans 256 contiguous bytes
 // where two 4-byte loads leave a gap after every word (q8_0 +1.38% on an H200 in the chain and
 // the fused matvecs; on the H100 with its bounds checks it had lost 1.1%: docs/perf.md,
 // sessions 28 and 58). Else two 4-byte loads.
