@@ -41,7 +41,9 @@ pub struct BenchArgs {
     /// Also time every dependency level of the fused replay step (a separate recording with a
     /// timestamp after each level) and print where the step's GPU time goes; for a model
     /// directory, also each fused kernel against the plain kernels of its ops (both schedules
-    /// timed one dispatch per level).
+    /// timed one dispatch per level, in turns, both loaded at once where the device holds both
+    /// sets of weights). Each profiled schedule first steps for 1.5 s untimed (0.1 s on a CPU
+    /// device), so that a GPU that lowered its clocks while idle is timed at its working ones.
     #[arg(long)]
     pub profile: bool,
     /// Profiled steps to average (at least 1).
